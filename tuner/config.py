@@ -1,0 +1,293 @@
+"""What users write: the study file and the search-space file, validated strictly.
+
+Every model forbids unknown keys. The `host`, `deploy` and `engine` tables carry a `kind`; the
+plugin registered under that kind validates the rest of its table with its own strict model
+(`validate_options`), so that a new kind plugs in without a change here.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.errors import ConfigError
+
+__all__ = [
+    "BudgetSpec",
+    "Constraint",
+    "MetricsSpec",
+    "ObjectiveSpec",
+    "ParamSpec",
+    "ParamValue",
+    "PluginSpec",
+    "SearchSpace",
+    "SearchSpec",
+    "StrictModel",
+    "StudySpec",
+    "WorkloadSpec",
+    "apply_overrides",
+    "load_search_space",
+    "load_study",
+    "validate_options",
+]
+
+ParamValue = int | float | bool | str
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every model a user writes: unknown keys are refused, values are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PluginSpec(BaseModel):
+    """A `[host]`, `[deploy]` or `[engine]` table: a `kind` plus options its plugin validates."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kind: str = Field(description="Which plugin to use; `tuner kinds` lists them.")
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class BudgetSpec(StrictModel):
+    trials: int = Field(default=10, ge=0, description="Trials to run after the baseline, across resumes.")
+    hours: float | None = Field(default=None, gt=0, description="Stop starting trials after this long.")
+
+
+class WorkloadSpec(StrictModel):
+    path: Path = Field(description="Trace file (JSONL), relative to the study file.")
+    time_scale: float = Field(default=1.0, gt=0, description="Arrival offsets are multiplied by this.")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="A request taking longer fails.")
+    seed: int = Field(default=0, description="Seed for the synthesized prompt tokens.")
+
+
+class MetricsSpec(StrictModel):
+    long_prompt_tokens: int = Field(
+        default=1000,
+        gt=0,
+        description="A prompt with at least this many new tokens counts as a long prefill (L).",
+    )
+    min_overlap_s: float = Field(
+        default=0.5, gt=0, description="Shortest decode/prefill overlap window that counts for stall tok/s."
+    )
+
+
+class ObjectiveSpec(StrictModel):
+    metric: str = Field(description="A metric name, e.g. stall_tok_s, prefill_tok_s, ttft_p95_s.")
+    direction: Literal["maximize", "minimize"]
+    weight: float = Field(default=1.0, gt=0, description="Weight of this metric's log-ratio in the score.")
+
+
+class SearchSpec(StrictModel):
+    space: Path = Field(description="Search-space TOML file, relative to the study file.")
+    params: list[str] | None = Field(
+        default=None, description="Which knobs of the space to tune; the others stay at the baseline."
+    )
+    sampler: Literal["tpe", "random", "qmc", "gp"] = "tpe"
+
+
+class StudySpec(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Names the run directory.")
+    description: str = ""
+    rounds: int = Field(default=2, ge=2, description="Measurement rounds per trial (at least 2).")
+    seed: int = Field(default=0, description="Sampler seed.")
+    budget: BudgetSpec = BudgetSpec()
+    host: PluginSpec = PluginSpec(kind="local")
+    deploy: PluginSpec = PluginSpec(kind="process")
+    engine: PluginSpec
+    workload: WorkloadSpec
+    search: SearchSpec
+    metrics: MetricsSpec = MetricsSpec()
+    objectives: list[ObjectiveSpec] = Field(min_length=1)
+
+
+class ParamSpec(StrictModel):
+    """One knob: a list of `choices`, or an integer or float range `low`..`high`."""
+
+    description: str = ""
+    choices: list[ParamValue] | None = None
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    step: int | float | None = None
+    default: ParamValue | None = Field(
+        default=None, description="The engine's own default: the value the baseline runs with."
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ParamSpec:
+        has_range = self.low is not None or self.high is not None
+        if (self.choices is None) == (not has_range):
+            raise ValueError("give either choices = [...] or low and high")
+        if has_range:
+            if self.low is None or self.high is None or self.low > self.high:
+                raise ValueError("a range needs low <= high")
+        elif not self.choices:
+            raise ValueError("choices must not be empty")
+        if self.default is not None and not self.allows(self.default):
+            raise ValueError(f"default {self.default!r} is not a valid value of this knob")
+        return self
+
+    def allows(self, value: ParamValue) -> bool:
+        if self.choices is not None:
+            return any(type(value) is type(c) and value == c for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        assert self.low is not None and self.high is not None
+        return self.low <= value <= self.high
+
+
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*(<=|>=|==|!=|<|>)\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*$")
+
+
+class Constraint(StrictModel):
+    """`left op right`, each side a knob name or a number; e.g. `n_ubatch <= n_batch`."""
+
+    text: str
+    left: str
+    op: str
+    right: str
+
+    @classmethod
+    def parse(cls, text: str) -> Constraint:
+        match = _CONSTRAINT.match(text)
+        if not match:
+            raise ValueError(f"constraint {text!r} is not 'knob op knob' with op one of <= < >= > == !=")
+        return cls(text=text, left=match[1], op=match[2], right=match[3])
+
+    def names(self) -> list[str]:
+        return [side for side in (self.left, self.right) if not _is_number(side)]
+
+    def holds(self, values: Mapping[str, ParamValue]) -> bool:
+        def side(token: str) -> Any:
+            return float(token) if _is_number(token) else values[token]
+
+        return _COMPARISONS[self.op](side(self.left), side(self.right))
+
+
+def _is_number(token: str) -> bool:
+    return bool(re.fullmatch(r"-?\d+(?:\.\d+)?", token))
+
+
+class SearchSpace(StrictModel):
+    engine: str = Field(description="The engine kind these knobs belong to.")
+    description: str = ""
+    params: dict[str, ParamSpec]
+    constraints: list[Constraint] = Field(default_factory=list)
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _parse_constraints(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [Constraint.parse(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _constraints_name_knobs(self) -> SearchSpace:
+        for constraint in self.constraints:
+            unknown = [n for n in constraint.names() if n not in self.params]
+            if unknown:
+                raise ValueError(f"constraint {constraint.text!r} names unknown knob {unknown[0]!r}")
+        return self
+
+    def restricted_to(self, names: Sequence[str] | None) -> SearchSpace:
+        if names is None:
+            return self
+        unknown = [n for n in names if n not in self.params]
+        if unknown:
+            raise ConfigError(
+                f"search.params names {unknown[0]!r}, which the search space does not define; "
+                f"valid: {', '.join(sorted(self.params))}"
+            )
+        return self.model_copy(update={"params": {n: self.params[n] for n in names}})
+
+
+def _format_validation_error(source: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key {where!r}; remove it or check its spelling"
+    if first["type"] == "missing":
+        return f"{source}: missing required key {where!r}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{source}: {where}: {message} (got {first.get('input')!r})"
+
+
+def validate_options(model: type[OptionsT], options: Mapping[str, Any], *, where: str) -> OptionsT:
+    """Validates a plugin's table with its strict model; errors name `where.key`."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(where, exc)) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found; check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Applies `--set a.b=value` overrides; `value` is read as TOML, or as a string if it is not TOML."""
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. budget.trials=3")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {override!r}: {part!r} is not a table")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Path]:
+    """Loads a study file; returns the spec and the directory its relative paths are resolved from."""
+    data = apply_overrides(_read_toml(path), overrides)
+    data.setdefault("name", path.stem)
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(str(path), exc)) from None
+    base = path.resolve().parent
+    for objective in spec.objectives:
+        if not math.isfinite(objective.weight):
+            raise ConfigError(f"{path}: objective {objective.metric!r} has a non-finite weight")
+    return spec, base
+
+
+def load_search_space(path: Path) -> SearchSpace:
+    data = _read_toml(path)
+    try:
+        return SearchSpace.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(str(path), exc)) from None

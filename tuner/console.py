@@ -1,0 +1,130 @@
+"""Rich rendering: a line-per-event observer of the study, and the leaderboard table.
+
+Line-per-event rather than a live display, because overnight runs end up in log files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tuner.config import ParamValue
+from tuner.metrics import METRICS
+from tuner.observers import NullObserver
+from tuner.report import Leaderboard, LeaderboardRow
+
+__all__ = ["ConsoleObserver", "render_leaderboard"]
+
+_ROUND_METRICS = ("ttft_p95_s", "stall_tok_s", "prefill_tok_s", "itl_max_s")
+_TABLE_METRICS = (
+    "stall_tok_s",
+    "unstalled_tok_s",
+    "prefill_tok_s",
+    "ttft_p95_s",
+    "itl_max_s",
+    "output_tok_s",
+    "failures",
+)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _label(name: str) -> str:
+    info = METRICS.get(name)
+    short = name.removesuffix("_s").removesuffix("_tok").replace("_", " ")
+    return f"{short} ({info.unit})" if info and info.unit else short
+
+
+def _settings(params: Mapping[str, ParamValue]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(baseline)"
+
+
+class ConsoleObserver(NullObserver):
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+
+    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None:
+        resumed = f", resuming with {resumed_trials} done" if resumed_trials else ""
+        self.console.print(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
+
+    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:
+        what = "baseline (the server's own settings)" if baseline else _settings(params)
+        self.console.print(f"[bold cyan]trial {number}[/]  {what}")
+
+    def server_ready(self, *, number: int, seconds: float) -> None:
+        self.console.print(f"  server healthy after {seconds:.1f} s")
+
+    def round_finished(
+        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
+    ) -> None:
+        parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
+        failed = f"  [red]{failures} failed[/]" if failures else ""
+        self.console.print(f"  round {round_index + 1}/{rounds}  " + "  ".join(parts) + failed)
+
+    def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
+        flag = f"  [yellow]rounds differ by 20%+ on {', '.join(noisy)}[/]" if noisy else ""
+        self.console.print(f"  score {score:+.2f}{flag}")
+
+    def trial_failed(self, *, number: int, reason: str) -> None:
+        self.console.print(f"  [red]FAIL[/] {reason}")
+
+    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
+        self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
+
+    def restoring(self) -> None:
+        self.console.print("restoring the baseline ...")
+
+
+def _cell(row: LeaderboardRow, name: str) -> Text:
+    if name not in row.metrics:
+        return Text("-")
+    median, low, high = row.metrics[name]
+    text = Text(_fmt(median))
+    if high != low:
+        text.append(f" [{_fmt(low)}-{_fmt(high)}]", style="dim")
+    if name in row.noisy:
+        text.append(" !", style="yellow")
+    return text
+
+
+def render_leaderboard(board: Leaderboard, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"leaderboard: {board.study_name} (median [min-max] over rounds)", title_justify="left")
+    table.add_column("trial", justify="right")
+    table.add_column("settings (changed from baseline)")
+    table.add_column("score", justify="right")
+    for name in _TABLE_METRICS:
+        table.add_column(_label(name), justify="right")
+    for row in board.rows:
+        if row.score is None:
+            settings = Text(_settings(row.changed or row.params))
+            settings.append(f"  {row.state}: {row.reason or ''}", style="red")
+            table.add_row(str(row.number), settings, "-", *["-" for _ in _TABLE_METRICS])
+            continue
+        label = (
+            Text("baseline", style="bold")
+            if row.baseline
+            else Text(_settings(row.changed) if row.changed else "same as baseline")
+        )
+        score = Text(f"{row.score:+.2f}")
+        if row.score_range and row.score_range[0] != row.score_range[1]:
+            score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
+        table.add_row(str(row.number), label, score, *[_cell(row, n) for n in _TABLE_METRICS])
+    console.print(table)
+    console.print(
+        "score: weighted log-ratio against the baseline's median (0 = baseline, +0.69 = twice as good); "
+        "! = rounds differ by 20% or more"
+    )
+    style = "bold green" if board.recommendation.row is not None else "bold yellow"
+    console.print(Text(board.recommendation.message, style=style))

@@ -1,0 +1,10 @@
+"""Deployers apply a `LaunchSpec` on a host, restart the server, wait until it is healthy, hand over
+its log, and restore exactly what they found. A deployer never sees an engine.
+"""
+
+from __future__ import annotations
+
+from tuner.deployers.base import DEPLOYERS, Deployer, Deployment, create_deployer, wait_until_healthy
+from tuner.deployers.process import ProcessDeployer
+
+__all__ = ["DEPLOYERS", "Deployer", "Deployment", "ProcessDeployer", "create_deployer", "wait_until_healthy"]

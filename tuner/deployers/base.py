@@ -1,0 +1,97 @@
+"""The `Deployer` protocol, its registry, and the health wait every deployer shares."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel
+
+from tuner.config import PluginSpec, validate_options
+from tuner.errors import ServerNotReady
+from tuner.models import LaunchSpec
+from tuner.registry import Registry
+from tuner.transports.base import Transport
+
+__all__ = ["DEPLOYERS", "Deployer", "DeployerFactory", "Deployment", "create_deployer", "wait_until_healthy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """A server that runs a launch spec and answered its health check."""
+
+    launch: LaunchSpec
+    pid: int | None
+    started_in_s: float
+    log_path: str | None
+
+
+class Deployer(Protocol):
+    async def __aenter__(self) -> Deployer:
+        """Snapshots the host's current state: the baseline to restore."""
+        ...
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Restores the baseline, whatever happened."""
+        ...
+
+    async def apply(self, launch: LaunchSpec, *, log_path: str) -> Deployment:
+        """Runs the server with `launch` and returns once it is healthy; `ServerNotReady` otherwise."""
+        ...
+
+    async def check_alive(self) -> str | None:
+        """None while the deployed server runs; otherwise why it is not running."""
+        ...
+
+    async def restore(self) -> None: ...
+
+
+class DeployerFactory(Protocol):
+    @property
+    def options_model(self) -> type[BaseModel]: ...
+
+    def __call__(self, options: Any, *, transport: Transport) -> Deployer: ...
+
+
+DEPLOYERS: Registry[DeployerFactory] = Registry("deploy")
+
+
+def create_deployer(spec: PluginSpec, *, transport: Transport) -> Deployer:
+    factory = DEPLOYERS.get(spec.kind)
+    options = validate_options(factory.options_model, spec.options(), where="deploy")
+    return factory(options, transport=transport)
+
+
+async def wait_until_healthy(
+    launch: LaunchSpec,
+    *,
+    timeout_s: float,
+    exited: Callable[[], Awaitable[str | None]],
+    poll_s: float = 0.25,
+) -> float:
+    """Polls the health path until it answers 200; fails early when `exited` reports the server gone.
+
+    Returns the seconds it took. llama-server binds its socket before loading the model and answers
+    503 meanwhile, so only a 200 counts.
+    """
+    started = time.monotonic()
+    last = "no answer yet"
+    async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
+        while True:
+            reason = await exited()
+            if reason is not None:
+                raise ServerNotReady(f"the server stopped while starting: {reason}")
+            try:
+                response = await client.get(launch.base_url + launch.health_path)
+                if response.status_code == 200:
+                    return time.monotonic() - started
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if time.monotonic() - started > timeout_s:
+                raise ServerNotReady(f"the server did not become healthy within {timeout_s:g} s (last answer: {last})")
+            await asyncio.sleep(poll_s)

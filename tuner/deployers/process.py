@@ -1,0 +1,84 @@
+"""The `process` deployer: the server is a child process of the controller, configured through its
+environment and arguments. Its baseline is "nothing of ours running", so restoring stops the child.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+
+from tuner.config import StrictModel
+from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
+from tuner.errors import ServerNotReady
+from tuner.models import LaunchSpec
+from tuner.transports.base import ProcessHandle, Transport
+
+__all__ = ["ProcessDeployer", "ProcessOptions"]
+
+
+class ProcessOptions(StrictModel):
+    start_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait for a healthy server.")
+    stop_grace_s: float = Field(default=10.0, gt=0, description="Wait after SIGTERM before SIGKILL.")
+    inherit_env: list[str] = Field(
+        default_factory=lambda: ["PATH", "HOME", "LANG", "TMPDIR"],
+        description="Variables of the controller's environment the server also gets; nothing else leaks in.",
+    )
+
+
+@DEPLOYERS.register("process")
+class ProcessDeployer:
+    options_model = ProcessOptions
+
+    def __init__(self, options: ProcessOptions, *, transport: Transport) -> None:
+        self._options = options
+        self._transport = transport
+        self._child: ProcessHandle | None = None
+        self._log_path: str | None = None
+
+    async def __aenter__(self) -> ProcessDeployer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.restore()
+
+    async def apply(self, launch: LaunchSpec, *, log_path: str) -> Deployment:
+        await self._stop_child()
+        env = {name: os.environ[name] for name in self._options.inherit_env if name in os.environ}
+        env.update(launch.env)
+        self._log_path = log_path
+        self._child = await self._transport.spawn([launch.executable, *launch.args], env=env, log_path=log_path)
+        try:
+            took = await wait_until_healthy(launch, timeout_s=self._options.start_timeout_s, exited=self.check_alive)
+        except ServerNotReady as exc:
+            await self._stop_child()
+            raise ServerNotReady(f"{exc}{_log_tail(log_path)}") from None
+        return Deployment(launch=launch, pid=self._child.pid, started_in_s=took, log_path=log_path)
+
+    async def check_alive(self) -> str | None:
+        if self._child is None:
+            return "no server was started"
+        status = await self._child.poll()
+        return None if status is None else f"the process exited with status {status}"
+
+    async def restore(self) -> None:
+        await self._stop_child()
+
+    async def _stop_child(self) -> None:
+        if self._child is not None:
+            child, self._child = self._child, None
+            await child.stop(grace_s=self._options.stop_grace_s)
+
+
+def _log_tail(log_path: str) -> str:
+    """The server's last error line, which usually names the real cause (bad flag, port in use)."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        lowered = line.lower()
+        if any(word in lowered for word in ("error", "failed", "invalid", "abort")):
+            return f"; server log: {line.strip()[:200]}"
+    return f"; server log ends: {lines[-1].strip()[:200]}" if lines else ""

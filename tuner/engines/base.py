@@ -1,0 +1,97 @@
+"""The `Engine` protocol, the description of one knob, and the engine registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from tuner.config import ParamValue, PluginSpec, validate_options
+from tuner.errors import ConfigError
+from tuner.models import LaunchSpec, ReplayRequest, ServerTimings
+from tuner.registry import Registry
+
+__all__ = ["ENGINES", "Engine", "EngineFactory", "HttpCall", "Knob", "StreamEvent", "create_engine"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One server setting: how it is passed and which values are valid."""
+
+    name: str
+    value_type: Literal["int", "bool", "str"]
+    env: str | None = None
+    flag: str | None = None
+    minimum: int | None = None
+    choices: tuple[str, ...] = ()
+    description: str = ""
+
+    def check(self, value: ParamValue) -> None:
+        expected: type | tuple[type, ...] = {"int": int, "bool": bool, "str": str}[self.value_type]
+        if isinstance(value, bool) and self.value_type != "bool":
+            raise ConfigError(f"knob {self.name!r} takes a {self.value_type}, got {value!r}")
+        if not isinstance(value, expected):
+            raise ConfigError(f"knob {self.name!r} takes a {self.value_type}, got {value!r}")
+        if self.minimum is not None and isinstance(value, int) and value < self.minimum:
+            raise ConfigError(f"knob {self.name!r} must be >= {self.minimum}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"knob {self.name!r} must be one of {', '.join(self.choices)}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpCall:
+    method: str
+    path: str
+    json: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamEvent:
+    """What one line of a response stream carried."""
+
+    tokens: int = 0
+    done: bool = False
+    timings: ServerTimings | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    kind: str
+    knobs: Mapping[str, Knob]
+
+    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        """Raises `ConfigError` for an unknown knob or an invalid value."""
+        ...
+
+    def launch_spec(self, tuned: Mapping[str, ParamValue], *, port: int) -> LaunchSpec:
+        """The launch of the engine's base settings with `tuned` on top; empty `tuned` is the baseline."""
+        ...
+
+    def prompt_token_range(self) -> tuple[int, int]:
+        """Token ids that are safe to put in a synthesized prompt: [low, high)."""
+        ...
+
+    def build_request(self, request: ReplayRequest) -> HttpCall: ...
+
+    def parse_stream_line(self, line: str) -> StreamEvent | None:
+        """Reads one line of the streamed response; None for lines that carry nothing."""
+        ...
+
+
+class EngineFactory(Protocol):
+    @property
+    def options_model(self) -> type[BaseModel]: ...
+
+    def __call__(self, options: Any) -> Engine: ...
+
+
+ENGINES: Registry[EngineFactory] = Registry("engine")
+
+
+def create_engine(spec: PluginSpec) -> Engine:
+    factory = ENGINES.get(spec.kind)
+    options = validate_options(factory.options_model, spec.options(), where="engine")
+    return factory(options)

@@ -1,0 +1,256 @@
+"""llama.cpp's llama-server: knobs as `LLAMA_ARG_*` variables, `/completion` with token-id prompts.
+
+Prompts go as token ids so that every request has exactly the recorded number of prompt tokens
+without a tokenizer round trip, and `ignore_eos` makes every answer exactly as long as recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import Field
+
+from tuner import assets
+from tuner.config import ParamValue, StrictModel
+from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.errors import AssetError, ConfigError
+from tuner.models import LaunchSpec, ReplayRequest, ServerTimings
+
+__all__ = ["LLAMA_SERVER_KNOBS", "LlamaServerEngine", "LlamaServerOptions"]
+
+LLAMA_SERVER_KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            name="n_batch",
+            value_type="int",
+            env="LLAMA_ARG_BATCH",
+            flag="-b",
+            minimum=1,
+            description="Logical batch: most tokens per server loop iteration, all slots together.",
+        ),
+        Knob(
+            name="n_ubatch",
+            value_type="int",
+            env="LLAMA_ARG_UBATCH",
+            flag="-ub",
+            minimum=1,
+            description="Physical micro-batch.",
+        ),
+        Knob(
+            name="n_parallel",
+            value_type="int",
+            env="LLAMA_ARG_N_PARALLEL",
+            flag="-np",
+            minimum=1,
+            description="Slots: requests served at once.",
+        ),
+        Knob(
+            name="kv_unified",
+            value_type="bool",
+            env="LLAMA_ARG_KV_UNIFIED",
+            flag="--kv-unified",
+            description="One KV buffer shared by all slots.",
+        ),
+        Knob(
+            name="cache_ram",
+            value_type="int",
+            env="LLAMA_ARG_CACHE_RAM",
+            flag="--cache-ram",
+            minimum=-1,
+            description="Host-RAM prompt cache in MiB (-1 no limit, 0 off).",
+        ),
+        Knob(
+            name="ctx_size",
+            value_type="int",
+            env="LLAMA_ARG_CTX_SIZE",
+            flag="-c",
+            minimum=0,
+            description="Total KV tokens over all slots.",
+        ),
+        Knob(
+            name="threads",
+            value_type="int",
+            env="LLAMA_ARG_THREADS",
+            flag="-t",
+            minimum=-1,
+            description="Generation threads.",
+        ),
+        Knob(
+            name="cont_batching",
+            value_type="bool",
+            env="LLAMA_ARG_CONT_BATCHING",
+            flag="-cb",
+            description="Mix prefill into decode iterations.",
+        ),
+        Knob(
+            name="cache_prompt",
+            value_type="bool",
+            env="LLAMA_ARG_CACHE_PROMPT",
+            flag="--cache-prompt",
+            description="Reuse the common prefix of a slot's previous prompt.",
+        ),
+        Knob(
+            name="flash_attn",
+            value_type="str",
+            env="LLAMA_ARG_FLASH_ATTN",
+            flag="-fa",
+            choices=("on", "off", "auto"),
+            description="Flash attention.",
+        ),
+        Knob(
+            name="cache_type_k",
+            value_type="str",
+            env="LLAMA_ARG_CACHE_TYPE_K",
+            flag="-ctk",
+            choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+            description="KV cache type for K.",
+        ),
+        Knob(
+            name="cache_type_v",
+            value_type="str",
+            env="LLAMA_ARG_CACHE_TYPE_V",
+            flag="-ctv",
+            choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+            description="KV cache type for V.",
+        ),
+    )
+}
+
+# Ids below 100 hold SmolLM2's and most vocabularies' special tokens; 30000 fits any vocabulary of
+# 32K or more, so synthesized prompts never contain a control token.
+_PROMPT_TOKEN_RANGE = (100, 30000)
+
+
+class LlamaServerOptions(StrictModel):
+    binary: str = Field(default="auto", description="Path of llama-server, or auto for the built one.")
+    model: str = Field(default="auto", description="Path of the GGUF model, or auto for SmolLM2-135M.")
+    host: str = Field(default="127.0.0.1", description="Address the server listens on.")
+    settings: dict[str, ParamValue] = Field(
+        default_factory=dict, description="Knobs fixed for the whole study, the baseline included."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
+
+
+def _render(knob: Knob, value: ParamValue) -> str:
+    if knob.value_type == "bool":
+        return "1" if value else "0"
+    return str(value)
+
+
+@ENGINES.register("llama-server")
+class LlamaServerEngine:
+    kind = "llama-server"
+    knobs: Mapping[str, Knob] = LLAMA_SERVER_KNOBS
+    options_model = LlamaServerOptions
+
+    def __init__(self, options: LlamaServerOptions) -> None:
+        self._options = options
+        try:
+            self.check_settings(options.settings)
+        except ConfigError as exc:
+            raise ConfigError(f"engine.settings: {exc}") from None
+
+    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        for name, value in settings.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                raise ConfigError(f"unknown llama-server knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
+            knob.check(value)
+
+    @property
+    def base_settings(self) -> Mapping[str, ParamValue]:
+        return self._options.settings
+
+    def resolve_binary(self) -> str:
+        if self._options.binary != "auto":
+            path = Path(self._options.binary)
+            if not path.is_file():
+                raise AssetError(f"llama-server binary {path} does not exist; fix engine.binary")
+            return str(path)
+        found = assets.find_llama_server()
+        if found is None:
+            raise AssetError("llama-server is not built yet; run `tuner setup` (one time, about 10 minutes)")
+        return str(found)
+
+    def resolve_model(self) -> str:
+        if self._options.model != "auto":
+            path = Path(self._options.model)
+            if not path.is_file():
+                raise AssetError(f"model file {path} does not exist; fix engine.model")
+            return str(path)
+        found = assets.find_model()
+        if found is None:
+            raise AssetError("the SmolLM2 model is not fetched yet; run `tuner setup`")
+        return str(found)
+
+    def launch_spec(self, tuned: Mapping[str, ParamValue], *, port: int) -> LaunchSpec:
+        self.check_settings(tuned)
+        env = {
+            "LLAMA_ARG_MODEL": self.resolve_model(),
+            "LLAMA_ARG_HOST": self._options.host,
+            "LLAMA_ARG_PORT": str(port),
+            "LLAMA_ARG_ENDPOINT_METRICS": "1",
+        }
+        for name, value in {**self._options.settings, **tuned}.items():
+            knob = self.knobs[name]
+            assert knob.env is not None
+            env[knob.env] = _render(knob, value)
+        return LaunchSpec(
+            executable=self.resolve_binary(),
+            args=tuple(self._options.extra_args),
+            env=env,
+            host=self._options.host,
+            port=port,
+            health_path="/health",
+        )
+
+    def prompt_token_range(self) -> tuple[int, int]:
+        return _PROMPT_TOKEN_RANGE
+
+    def build_request(self, request: ReplayRequest) -> HttpCall:
+        body: dict[str, object] = {
+            "prompt": list(request.prompt_token_ids),
+            "n_predict": request.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "cache_prompt": True,
+            "temperature": 0.0,
+        }
+        if request.lora is not None:
+            body["lora"] = [{"id": adapter, "scale": scale} for adapter, scale in request.lora]
+        return HttpCall(method="POST", path="/completion", json=body)
+
+    def parse_stream_line(self, line: str) -> StreamEvent | None:
+        if not line.startswith("data:"):
+            return None
+        payload = line[5:].strip()
+        if not payload or payload == "[DONE]":
+            return None
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            return StreamEvent(error=f"unreadable stream chunk: {payload[:80]}")
+        if "error" in chunk:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            return StreamEvent(error=str(message), done=True)
+        tokens = chunk.get("tokens")
+        count = len(tokens) if isinstance(tokens, list) else (1 if chunk.get("content") else 0)
+        if not chunk.get("stop"):
+            return StreamEvent(tokens=count)
+        timings = chunk.get("timings") or {}
+        return StreamEvent(
+            tokens=count,
+            done=True,
+            timings=ServerTimings(
+                cache_n=int(timings.get("cache_n", 0)),
+                prompt_n=int(timings.get("prompt_n", 0)),
+                prompt_ms=float(timings.get("prompt_ms", 0.0)),
+                predicted_n=int(timings.get("predicted_n", 0)),
+                predicted_ms=float(timings.get("predicted_ms", 0.0)),
+            ),
+            extra={"stop_type": chunk.get("stop_type"), "id_slot": chunk.get("id_slot")},
+        )

@@ -1,0 +1,83 @@
+"""The one error tree of serve-tuner. Every failure a user can meet is a `TunerError`.
+
+    TunerError
+    ├── ConfigError            a study, search space or workload file is wrong (exit code 2)
+    ├── AssetError             llama-server or the model could not be fetched or built
+    ├── TransportError         a command or file operation on the host failed
+    │   └── CommandFailed      a command exited non-zero (argv, exit status, stderr tail)
+    ├── DeployError            a config could not be applied or restored
+    │   └── ServerNotReady     the server did not become healthy in time, or exited
+    ├── WorkloadError          a workload trace is malformed or unusable
+    ├── MeasurementError       a round could not be measured (server died, no requests finished)
+    └── StudyError             the study cannot go on (no baseline, run directory locked, ...)
+
+The CLI prints `str(error)` as one line; messages name the problem and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "AssetError",
+    "CommandFailed",
+    "ConfigError",
+    "DeployError",
+    "MeasurementError",
+    "ServerNotReady",
+    "StudyError",
+    "TransportError",
+    "TunerError",
+    "WorkloadError",
+]
+
+
+class TunerError(Exception):
+    """Root of every error serve-tuner raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(TunerError):
+    """Something a user wrote is invalid; the message names the file, the key and the fix."""
+
+    exit_code = 2
+
+
+class AssetError(TunerError):
+    """A real part (llama-server binary, model file) could not be fetched or built."""
+
+
+class TransportError(TunerError):
+    """A command or file operation on the host could not be carried out."""
+
+
+class CommandFailed(TransportError):
+    """A command ran but exited with a non-zero status."""
+
+    def __init__(self, *, argv: Sequence[str], exit_status: int, stderr_tail: str) -> None:
+        self.argv = tuple(argv)
+        self.exit_status = exit_status
+        self.stderr_tail = stderr_tail
+        tail = stderr_tail.strip().splitlines()[-1:] or ["no stderr"]
+        super().__init__(f"{self.argv[0]} exited with status {exit_status}: {tail[0]}")
+
+
+class DeployError(TunerError):
+    """A config could not be applied to, or restored on, the host."""
+
+
+class ServerNotReady(DeployError):
+    """The server exited, or did not answer its health check within the start timeout."""
+
+
+class WorkloadError(TunerError):
+    """A workload trace is malformed, of an unknown version, or cannot be replayed."""
+
+
+class MeasurementError(TunerError):
+    """A measurement round produced no usable result."""
+
+
+class StudyError(TunerError):
+    """The study cannot continue: no baseline, a locked run directory, an incompatible resume."""

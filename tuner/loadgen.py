@@ -1,0 +1,114 @@
+"""The async replayer: sends a workload's requests on schedule and timestamps every streamed token.
+
+Open loop with sessions: a request is sent at its arrival offset, but never before its session's
+previous turn has ended plus the recorded think time. Every request has its own deadline, because a
+server can keep answering its health check while requests hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import httpx
+
+from tuner.engines.base import Engine
+from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
+
+__all__ = ["replay"]
+
+
+async def replay(
+    requests: Sequence[ReplayRequest],
+    *,
+    engine: Engine,
+    base_url: str,
+    request_timeout_s: float,
+) -> list[RequestRecord]:
+    """Replays `requests` against `base_url`; returns one record per request, in arrival order."""
+    sessions: dict[str, list[ReplayRequest]] = defaultdict(list)
+    for request in requests:
+        sessions[request.session].append(request)
+    limits = httpx.Limits(max_connections=len(requests) + 4, max_keepalive_connections=len(requests) + 4)
+    timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
+    records: list[RequestRecord] = []
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        started = time.perf_counter()
+
+        async def run_session(turns: list[ReplayRequest]) -> None:
+            previous_end: float | None = None
+            for request in sorted(turns, key=lambda r: (r.turn, r.offset_s)):
+                due = request.offset_s
+                if previous_end is not None:
+                    due = max(due, previous_end + request.think_s)
+                delay = due - (time.perf_counter() - started)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                record = await _send(client, engine, request, started, request_timeout_s)
+                records.append(record)
+                previous_end = record.end_s
+
+        async with asyncio.TaskGroup() as group:
+            for turns in sessions.values():
+                group.create_task(run_session(turns))
+    return sorted(records, key=lambda r: r.send_s)
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    engine: Engine,
+    request: ReplayRequest,
+    started: float,
+    request_timeout_s: float,
+) -> RequestRecord:
+    call = engine.build_request(request)
+    send_s = time.perf_counter() - started
+    token_s: list[float] = []
+    timings: ServerTimings | None = None
+    status = RequestStatus.OK
+    http_status: int | None = None
+    error: str | None = None
+    try:
+        async with asyncio.timeout(request_timeout_s):
+            async with client.stream(call.method, call.path, json=call.json) as response:
+                http_status = response.status_code
+                if response.status_code != 200:
+                    body = (await response.aread()).decode(errors="replace")
+                    status, error = RequestStatus.HTTP_ERROR, body.strip()[:300]
+                else:
+                    async for line in response.aiter_lines():
+                        event = engine.parse_stream_line(line)
+                        if event is None:
+                            continue
+                        now = time.perf_counter() - started
+                        token_s.extend([now] * event.tokens)
+                        if event.error is not None:
+                            status, error = RequestStatus.HTTP_ERROR, event.error
+                        if event.timings is not None:
+                            timings = event.timings
+                        if event.done:
+                            break
+    except TimeoutError:
+        status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
+    except httpx.TimeoutException:
+        status, error = RequestStatus.TIMEOUT, "the server stopped sending"
+    except httpx.HTTPError as exc:
+        status, error = RequestStatus.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"[:300]
+    if status is RequestStatus.OK and not token_s:
+        status, error = RequestStatus.NO_OUTPUT, "the answer had no tokens"
+    return RequestRecord(
+        request_id=request.request_id,
+        session=request.session,
+        tag=request.tag,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens_requested=request.output_tokens,
+        send_s=send_s,
+        token_s=tuple(token_s),
+        end_s=time.perf_counter() - started,
+        status=status,
+        http_status=http_status,
+        error=error,
+        timings=timings,
+    )

@@ -1,0 +1,202 @@
+"""Pure functions from request records to the metrics defined in docs/metrics.md.
+
+Nothing here does I/O or looks at a clock, so every metric can be checked on a hand-made timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.models import RequestRecord
+
+__all__ = ["METRICS", "MetricInfo", "OverlapWindow", "compute_metrics", "long_prefill_windows", "stall_samples"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricInfo:
+    name: str
+    unit: str
+    better: str  # "higher" or "lower"
+    description: str
+
+
+METRICS: dict[str, MetricInfo] = {
+    info.name: info
+    for info in (
+        MetricInfo(name="ttft_p50_s", unit="s", better="lower", description="Time to first token, median."),
+        MetricInfo(name="ttft_p95_s", unit="s", better="lower", description="Time to first token, 95th percentile."),
+        MetricInfo(name="ttft_p99_s", unit="s", better="lower", description="Time to first token, 99th percentile."),
+        MetricInfo(name="itl_p95_s", unit="s", better="lower", description="Gap between streamed tokens, p95."),
+        MetricInfo(name="itl_max_s", unit="s", better="lower", description="Longest gap between streamed tokens."),
+        MetricInfo(
+            name="decode_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="Per-user decode speed, median over requests.",
+        ),
+        MetricInfo(
+            name="stall_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="A stream's decode speed while another request's long prompt is prefilled, "
+            "median over overlap windows.",
+        ),
+        MetricInfo(
+            name="unstalled_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="The same streams' decode speed outside long-prefill windows.",
+        ),
+        MetricInfo(
+            name="prefill_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="New prompt tokens per second of prompt eval, long prompts only.",
+        ),
+        MetricInfo(
+            name="output_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="Output tokens received per second of the measurement window.",
+        ),
+        MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
+    )
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlapWindow:
+    """The time a long prompt was being prefilled."""
+
+    request_id: str
+    start_s: float
+    end_s: float
+    new_tokens: int
+
+
+def _new_prompt_tokens(record: RequestRecord) -> int:
+    if record.timings is not None and record.timings.prompt_n > 0:
+        return record.timings.prompt_n
+    return record.prompt_tokens
+
+
+def long_prefill_windows(records: Sequence[RequestRecord], *, long_prompt_tokens: int) -> list[OverlapWindow]:
+    """Prefill windows of requests with at least `long_prompt_tokens` new prompt tokens.
+
+    A window ends at the request's first token. It starts where the server says prefill started
+    (first token minus `prompt_ms`), or at the send time when the server gave no timings.
+    """
+    windows = []
+    for record in records:
+        first = record.first_token_s
+        if first is None or _new_prompt_tokens(record) < long_prompt_tokens:
+            continue
+        if record.timings is not None and record.timings.prompt_ms > 0:
+            start = max(record.send_s, first - record.timings.prompt_ms / 1000.0)
+        else:
+            start = record.send_s
+        windows.append(
+            OverlapWindow(
+                request_id=record.request_id, start_s=start, end_s=first, new_tokens=_new_prompt_tokens(record)
+            )
+        )
+    return windows
+
+
+def _tokens_between(token_s: Sequence[float], start: float, end: float) -> int:
+    times = np.asarray(token_s)
+    return int(np.count_nonzero((times > start) & (times <= end)))
+
+
+def stall_samples(
+    records: Sequence[RequestRecord], windows: Sequence[OverlapWindow], *, min_overlap_s: float
+) -> tuple[list[float], list[float]]:
+    """Decode speeds of streams inside long-prefill windows, and of the same streams outside them.
+
+    A stream is measured from its first token to its last. Inside: for every (stream, window) pair
+    overlapping at least `min_overlap_s`, tokens that arrived in the overlap over its length. Outside:
+    per stream, tokens in its decode time not covered by any window over that time.
+    """
+    inside: list[float] = []
+    outside: list[float] = []
+    for record in records:
+        if not record.ok or len(record.token_s) < 2:
+            continue
+        first, last = record.token_s[0], record.token_s[-1]
+        covered: list[tuple[float, float]] = []
+        for window in windows:
+            if window.request_id == record.request_id:
+                continue
+            start, end = max(first, window.start_s), min(last, window.end_s)
+            if end - start >= min_overlap_s:
+                inside.append(_tokens_between(record.token_s, start, end) / (end - start))
+            if end > start:
+                covered.append((start, end))
+        free_time, free_tokens = _outside(record.token_s, first, last, covered)
+        if covered and free_time >= min_overlap_s:
+            outside.append(free_tokens / free_time)
+    return inside, outside
+
+
+def _outside(
+    token_s: Sequence[float], first: float, last: float, covered: list[tuple[float, float]]
+) -> tuple[float, int]:
+    merged: list[list[float]] = []
+    for start, end in sorted(covered):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    covered_time = sum(end - start for start, end in merged)
+    covered_tokens = sum(_tokens_between(token_s, start, end) for start, end in merged)
+    # Tokens after the first one are what the decode produced in (first, last].
+    return (last - first) - covered_time, (len(token_s) - 1) - covered_tokens
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def compute_metrics(
+    records: Sequence[RequestRecord], *, long_prompt_tokens: int, min_overlap_s: float
+) -> dict[str, float | None]:
+    """All per-round metrics; a metric with no data (no long prompts, say) is None, never 0."""
+    ok = [r for r in records if r.ok]
+    ttft = [r.token_s[0] - r.send_s for r in ok]
+    gaps = [b - a for r in ok for a, b in zip(r.token_s, r.token_s[1:], strict=False)]
+    decode = [
+        (len(r.token_s) - 1) / (r.token_s[-1] - r.token_s[0])
+        for r in ok
+        if len(r.token_s) >= 2 and r.token_s[-1] > r.token_s[0]
+    ]
+    windows = long_prefill_windows(ok, long_prompt_tokens=long_prompt_tokens)
+    inside, outside = stall_samples(ok, windows, min_overlap_s=min_overlap_s)
+    long_timed = [
+        r.timings
+        for r in ok
+        if r.timings is not None and r.timings.prompt_ms > 0 and _new_prompt_tokens(r) >= long_prompt_tokens
+    ]
+    prefill = (
+        sum(t.prompt_n for t in long_timed) / (sum(t.prompt_ms for t in long_timed) / 1000.0) if long_timed else None
+    )
+    span = (max(r.end_s for r in records) - min(r.send_s for r in records)) if records else 0.0
+    return {
+        "ttft_p50_s": _percentile(ttft, 50),
+        "ttft_p95_s": _percentile(ttft, 95),
+        "ttft_p99_s": _percentile(ttft, 99),
+        "itl_p95_s": _percentile(gaps, 95),
+        "itl_max_s": max(gaps) if gaps else None,
+        "decode_tok_s": _median(decode),
+        "stall_tok_s": _median(inside),
+        "unstalled_tok_s": _median(outside),
+        "prefill_tok_s": prefill,
+        "output_tok_s": sum(len(r.token_s) for r in ok) / span if span > 0 else None,
+        "failures": float(len(records) - len(ok)),
+    }

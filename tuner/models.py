@@ -1,0 +1,110 @@
+"""The data contracts between the seams: what a deployer launches, what the load generator sends,
+what it records, and what a trial produced. Timing stays apart from payload: a `ReplayRequest`
+says what to send and when, a `RequestRecord` says what happened, measured on one monotonic clock.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "LaunchSpec",
+    "ReplayRequest",
+    "RequestRecord",
+    "RequestStatus",
+    "RoundResult",
+    "ServerTimings",
+]
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LaunchSpec(_Contract):
+    """Everything a deployer needs to start a server, and nothing about which engine it is."""
+
+    executable: str = Field(description="Program to run.")
+    args: tuple[str, ...] = Field(default=(), description="Command-line arguments after the program.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables the server reads.")
+    host: str = Field(default="127.0.0.1", description="Address the server listens on.")
+    port: int = Field(description="TCP port the server listens on.")
+    health_path: str = Field(default="/health", description="GET path that answers 200 once ready.")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class ReplayRequest(_Contract):
+    """One request of a workload, ready to send: its schedule, its prompt as token ids, its output."""
+
+    request_id: str
+    session: str
+    turn: int = 0
+    offset_s: float = Field(ge=0, description="Arrival time relative to the start of the replay.")
+    think_s: float = Field(default=0.0, ge=0, description="Pause after the session's previous turn ended.")
+    prompt_token_ids: tuple[int, ...]
+    output_tokens: int = Field(gt=0)
+    tag: str = "chat"
+    lora: tuple[tuple[int, float], ...] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class RequestStatus(StrEnum):
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    NO_OUTPUT = "no_output"
+
+
+class ServerTimings(_Contract):
+    """What the server says it spent on one request (llama-server's `timings` object)."""
+
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+
+class RequestRecord(_Contract):
+    """What happened to one request, on the replay's monotonic clock (seconds from its start)."""
+
+    request_id: str
+    session: str
+    tag: str
+    prompt_tokens: int
+    output_tokens_requested: int
+    send_s: float
+    token_s: tuple[float, ...] = Field(default=(), description="Arrival time of every streamed token.")
+    end_s: float
+    status: RequestStatus
+    http_status: int | None = None
+    error: str | None = None
+    timings: ServerTimings | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RequestStatus.OK
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_s[0] if self.token_s else None
+
+
+class RoundResult(_Contract):
+    """One measurement round of one trial: its metrics and where its raw records were kept."""
+
+    round_index: int
+    metrics: dict[str, float | None]
+    failures: int
+    requests: int
+    details: dict[str, Any] = Field(default_factory=dict)

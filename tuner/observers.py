@@ -1,0 +1,60 @@
+"""Progress hooks: the study reports what happens, observers show it. The study never imports rich."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from tuner.config import ParamValue
+
+__all__ = ["NullObserver", "StudyObserver"]
+
+
+class StudyObserver(Protocol):
+    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None: ...
+
+    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None: ...
+
+    def server_ready(self, *, number: int, seconds: float) -> None: ...
+
+    def round_finished(
+        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
+    ) -> None: ...
+
+    def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None: ...
+
+    def trial_failed(self, *, number: int, reason: str) -> None: ...
+
+    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
+
+    def restoring(self) -> None: ...
+
+
+class NullObserver:
+    """Observes nothing; the base for observers that only care about some events."""
+
+    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None:
+        pass
+
+    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:
+        pass
+
+    def server_ready(self, *, number: int, seconds: float) -> None:
+        pass
+
+    def round_finished(
+        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
+    ) -> None:
+        pass
+
+    def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
+        pass
+
+    def trial_failed(self, *, number: int, reason: str) -> None:
+        pass
+
+    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
+        pass
+
+    def restoring(self) -> None:
+        pass

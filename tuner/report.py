@@ -1,0 +1,139 @@
+"""The leaderboard and the recommendation, computed from the study's storage alone.
+
+Nothing here measures or prints: `console.py` renders these rows, `tuner leaderboard` reads them
+back from `runs/<study>/` at any time, also while a study is running.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config import ParamValue
+from tuner.scoring import Verdict, verdict
+
+__all__ = ["Leaderboard", "LeaderboardRow", "Recommendation", "build_leaderboard", "leaderboard_frame"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderboardRow:
+    number: int
+    baseline: bool
+    state: str
+    params: dict[str, ParamValue]
+    changed: dict[str, ParamValue]
+    score: float | None
+    score_range: tuple[float, float] | None
+    metrics: dict[str, tuple[float, float, float]]  # name -> (median, min, max) over rounds
+    noisy: list[str]
+    reason: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    row: LeaderboardRow | None
+    verdict: Verdict | None
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leaderboard:
+    study_name: str
+    rows: list[LeaderboardRow]
+    baseline: LeaderboardRow | None
+    recommendation: Recommendation
+    objectives: list[str] = field(default_factory=list)
+
+
+def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
+    result = {}
+    for name in sorted({n for r in rounds for n in r}):
+        values = [v for v in (r.get(name) for r in rounds) if v is not None]
+        if values:
+            result[name] = (statistics.median(values), min(values), max(values))
+    return result
+
+
+def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> LeaderboardRow:
+    scores = list(trial.user_attrs.get("round_scores", []))
+    is_baseline = bool(trial.user_attrs.get("baseline"))
+    return LeaderboardRow(
+        number=trial.number,
+        baseline=is_baseline,
+        state=trial.state.name,
+        params=dict(trial.params),
+        changed={} if is_baseline else {k: v for k, v in trial.params.items() if baseline_params.get(k) != v},
+        score=trial.value if trial.state == TrialState.COMPLETE else None,
+        score_range=(min(scores), max(scores)) if scores else None,
+        metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
+        noisy=list(trial.user_attrs.get("noisy", [])),
+        reason=trial.user_attrs.get("fail_reason"),
+    )
+
+
+def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Leaderboard:
+    """Deployed trials, best first; failed trials last, with their reasons."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("deployed")]
+    baseline_trial = next((t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
+    baseline_params = dict(baseline_trial.params) if baseline_trial else {}
+    rows = [_row(t, baseline_params) for t in trials if t.state != TrialState.RUNNING]
+    rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
+    baseline = next((r for r in rows if r.baseline and r.score is not None), None)
+    return Leaderboard(
+        study_name=study.study_name,
+        rows=rows,
+        baseline=baseline,
+        recommendation=_recommend(rows, baseline, baseline_trial),
+        objectives=list(objectives),
+    )
+
+
+def _recommend(
+    rows: list[LeaderboardRow], baseline: LeaderboardRow | None, baseline_trial: FrozenTrial | None
+) -> Recommendation:
+    if baseline is None or baseline_trial is None:
+        return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
+    candidates = [r for r in rows if not r.baseline and r.score is not None and r.changed]
+    if not candidates:
+        return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
+    best = candidates[0]
+    baseline_scores = list(baseline_trial.user_attrs.get("round_scores", []))
+    best_scores = [best.score_range[0], best.score_range[1]] if best.score_range else []
+    decision = verdict(best_scores, baseline_scores)
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(best.changed.items()))
+    if decision.better:
+        message = f"recommended: {settings} (trial {best.number}): {decision.reason}"
+    else:
+        message = (
+            f"no setting beat the baseline beyond the run-to-run spread; keep the baseline "
+            f"(best candidate was {settings}, trial {best.number}: {decision.reason})"
+        )
+    return Recommendation(row=best if decision.better else None, verdict=decision, message=message)
+
+
+def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
+    """One row per trial, for CSV export: params, score and each metric's median, min and max."""
+    records = []
+    for row in board.rows:
+        record: dict[str, object] = {
+            "trial": row.number,
+            "baseline": row.baseline,
+            "state": row.state,
+            "score": row.score,
+            "score_min": row.score_range[0] if row.score_range else None,
+            "score_max": row.score_range[1] if row.score_range else None,
+            "noisy": ",".join(row.noisy),
+            "reason": row.reason,
+        }
+        record.update({f"param_{k}": v for k, v in row.params.items()})
+        for name, (median, low, high) in row.metrics.items():
+            record[name] = median
+            record[f"{name}_min"] = low
+            record[f"{name}_max"] = high
+        records.append(record)
+    return pd.DataFrame.from_records(records)

@@ -1,0 +1,115 @@
+"""The `runs/<study>/` layout: one controller at a time, Optuna's journal, and per-trial evidence.
+
+runs/<study>/
+  .lock               held by the running controller (flock), so a second one refuses to start
+  spec.json           the study as first run; a resume must match it (budget aside)
+  optuna.journal      Optuna storage (append-only, locked, fsynced)
+  trials/0003/server.log        the server's log for that trial
+  trials/0003/round-1.jsonl     one RequestRecord per line
+  summary.json        the last leaderboard and recommendation
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from tuner.errors import StudyError
+from tuner.models import RequestRecord
+
+__all__ = ["RunDirectory", "write_atomic"]
+
+# Keys of the spec that may change between runs of the same study without invalidating its trials.
+_RESUMABLE_KEYS = ("budget", "description")
+
+
+def write_atomic(path: Path, data: str) -> None:
+    """Writes a file so that readers see the old or the new content, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class RunDirectory:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock: IO[str] | None = None
+
+    @property
+    def journal(self) -> Path:
+        return self.path / "optuna.journal"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    def trial_dir(self, number: int) -> Path:
+        return self.path / "trials" / f"{number:04d}"
+
+    def __enter__(self) -> RunDirectory:
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = (self.path / ".lock").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise StudyError(
+                f"another tuner (pid {owner}) is running the study in {self.path}; wait for it or stop it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock = handle
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def check_spec(self, spec: dict[str, Any]) -> None:
+        """Records the spec on the first run; refuses a resume whose spec changed what trials measure."""
+        stored_path = self.path / "spec.json"
+        comparable = {k: v for k, v in spec.items() if k not in _RESUMABLE_KEYS}
+        if stored_path.exists():
+            stored = json.loads(stored_path.read_text())
+            stored_comparable = {k: v for k, v in stored.items() if k not in _RESUMABLE_KEYS}
+            if stored_comparable != comparable:
+                changed = sorted(
+                    k for k in set(stored_comparable) | set(comparable) if stored_comparable.get(k) != comparable.get(k)
+                )
+                raise StudyError(
+                    f"{self.path} holds a study with a different {', '.join(changed)}; "
+                    "rename the study (name = ...) or remove that run directory"
+                )
+        write_atomic(stored_path, json.dumps(spec, indent=2, sort_keys=True, default=str) + "\n")
+
+    def save_records(self, number: int, round_index: int, records: Iterable[RequestRecord]) -> Path:
+        path = self.trial_dir(number) / f"round-{round_index + 1}.jsonl"
+        write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records))
+        return path
+
+    def load_records(self, number: int, round_index: int) -> list[RequestRecord]:
+        path = self.trial_dir(number) / f"round-{round_index + 1}.jsonl"
+        return [RequestRecord.model_validate_json(line) for line in path.read_text().splitlines() if line]

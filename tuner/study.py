@@ -1,0 +1,343 @@
+"""The ask/tell loop: baseline first, every trial measured in several rounds, restore in `finally`.
+
+Optuna only proposes settings; this module owns trial execution. Trial 0 is the baseline (the
+engine's base settings with nothing tuned) and exists once across resumes. A trial that was RUNNING
+when a previous controller died is marked FAIL on the next start. The trial budget counts trials
+that were deployed, across resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space
+from tuner.deployers.base import Deployer, create_deployer
+from tuner.engines.base import Engine, create_engine
+from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
+from tuner.loadgen import replay
+from tuner.metrics import METRICS, compute_metrics
+from tuner.models import ReplayRequest
+from tuner.observers import NullObserver, StudyObserver
+from tuner.runs import RunDirectory
+from tuner.scoring import median_metrics, noisy_metrics, score_round
+from tuner.transports.base import create_transport
+from tuner.workloads import Trace, load_trace, synthesize_requests
+
+__all__ = ["PreparedStudy", "open_optuna_study", "open_optuna_study_readonly", "prepare_study", "run_study"]
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# Consecutive proposals that are skipped (constraint violated, already measured) before we decide
+# the sampler has nothing new to offer.
+_MAX_SKIPPED_PROPOSALS = 200
+
+_SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
+    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedStudy:
+    """A study file resolved and checked: everything is validated before the host is touched."""
+
+    spec: StudySpec
+    engine: Engine
+    space: SearchSpace
+    baseline_params: dict[str, ParamValue]
+    trace: Trace
+
+
+def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
+    engine = create_engine(spec.engine)
+    space = load_search_space(base_dir / spec.search.space).restricted_to(spec.search.params)
+    if space.engine != engine.kind:
+        raise ConfigError(
+            f"search space {spec.search.space} is for {space.engine!r}, the study's engine is {engine.kind!r}"
+        )
+    for name in space.params:
+        if name not in engine.knobs:
+            raise ConfigError(
+                f"search space knob {name!r} is not a {engine.kind} knob; valid: {', '.join(sorted(engine.knobs))}"
+            )
+    for objective in spec.objectives:
+        if objective.metric not in METRICS:
+            raise ConfigError(f"objective metric {objective.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}")
+    base_settings: Mapping[str, ParamValue] = getattr(engine, "base_settings", {})
+    baseline: dict[str, ParamValue] = {}
+    for name, param in space.params.items():
+        value = base_settings.get(name, param.default)
+        if value is None:
+            raise ConfigError(
+                f"knob {name!r} has no default in the search space; set engine.settings.{name} so the baseline is known"
+            )
+        if not param.allows(value):
+            raise ConfigError(
+                f"the baseline value {value!r} of {name!r} is outside its search space; add it to choices"
+            )
+        baseline[name] = value
+    trace = load_trace(base_dir / spec.workload.path)
+    return PreparedStudy(spec=spec, engine=engine, space=space, baseline_params=baseline, trace=trace)
+
+
+def _distribution(param: ParamSpec) -> BaseDistribution:
+    if param.choices is not None:
+        return CategoricalDistribution(param.choices)
+    assert param.low is not None and param.high is not None
+    if isinstance(param.low, int) and isinstance(param.high, int) and not isinstance(param.step, float):
+        return IntDistribution(param.low, param.high, log=param.log, step=int(param.step or 1))
+    return FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
+
+
+def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(str(run_dir.journal)))
+    return optuna.create_study(
+        study_name=spec.name,
+        storage=storage,
+        sampler=_SAMPLERS[spec.search.sampler](spec.seed),
+        direction="maximize",
+        load_if_exists=True,
+    )
+
+
+def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
+    """Opens the study a run directory holds, for reading; works while a controller is running it."""
+    storage = JournalStorage(JournalFileBackend(str(run_dir.journal)))
+    names = optuna.get_all_study_names(storage)
+    if not names:
+        raise StudyError(f"{run_dir.path} holds no study yet")
+    return optuna.load_study(study_name=names[0], storage=storage)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
+    return bool(trial.user_attrs.get("baseline"))
+
+
+class _StudyRun:
+    def __init__(
+        self, prepared: PreparedStudy, run_dir: RunDirectory, study: optuna.Study, observer: StudyObserver
+    ) -> None:
+        self.prepared = prepared
+        self.spec = prepared.spec
+        self.run_dir = run_dir
+        self.study = study
+        self.observer = observer
+        self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
+
+    def fail_interrupted_trials(self) -> None:
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            optuna.Trial(self.study, trial._trial_id).set_user_attr(
+                "fail_reason", "interrupted: the controller stopped during this trial"
+            )
+            self.study.tell(trial.number, state=TrialState.FAIL)
+
+    def ensure_baseline_queued(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        done = any(_is_baseline(t) and t.state == TrialState.COMPLETE for t in trials)
+        queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
+        if not done and not queued:
+            self.study.enqueue_trial(dict(self.prepared.baseline_params), user_attrs={"baseline": True})
+
+    def baseline_trial(self) -> FrozenTrial | None:
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if _is_baseline(trial):
+                return trial
+        return None
+
+    def deployed_trials(self) -> int:
+        return sum(
+            1 for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("deployed") and not _is_baseline(t)
+        )
+
+    def measured_params(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
+        measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if trial.user_attrs.get("deployed"):
+                measured.setdefault(tuple(sorted(trial.params.items())), trial)
+        return measured
+
+    async def run(self, deployer: Deployer, deadline: float | None) -> None:
+        skipped = 0
+        while True:
+            if self.baseline_trial() is not None and self.deployed_trials() >= self.spec.budget.trials:
+                return
+            if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
+                return
+            trial = self.study.ask(self.distributions)
+            params = dict(trial.params)
+            reason = self.skip_reason(trial, params)
+            if reason is not None:
+                skipped += 1
+                self.observer.trial_skipped(params=params, reason=reason)
+                if skipped >= _MAX_SKIPPED_PROPOSALS:
+                    raise StudyError("the sampler keeps proposing measured or invalid settings; the space is exhausted")
+                continue
+            skipped = 0
+            await self.run_trial(trial, params, deployer)
+
+    def skip_reason(self, trial: optuna.Trial, params: dict[str, ParamValue]) -> str | None:
+        """Settings that need no deployment: invalid ones, and ones measured before."""
+        if _is_baseline(trial):
+            return None
+        for constraint in self.prepared.space.constraints:
+            if not constraint.holds(params):
+                trial.set_user_attr("skip_reason", f"violates {constraint.text}")
+                self.study.tell(trial, state=TrialState.PRUNED)
+                return f"violates {constraint.text}"
+        earlier = self.measured_params().get(tuple(sorted(params.items())))
+        if earlier is not None and earlier.value is not None:
+            # Telling the earlier value keeps the sampler informed without spending a restart.
+            trial.set_user_attr("duplicate_of", earlier.number)
+            self.study.tell(trial, earlier.value)
+            return f"same settings as trial {earlier.number}"
+        return None
+
+    async def run_trial(self, trial: optuna.Trial, params: dict[str, ParamValue], deployer: Deployer) -> None:
+        baseline = _is_baseline(trial)
+        engine = self.prepared.engine
+        self.observer.trial_started(number=trial.number, params=params, baseline=baseline)
+        trial.set_user_attr("deployed", True)
+        tuned: dict[str, ParamValue] = {} if baseline else params
+        trial_dir = self.run_dir.trial_dir(trial.number)
+        try:
+            launch = engine.launch_spec(tuned, port=_free_port("127.0.0.1"))
+            deployment = await deployer.apply(launch, log_path=str(trial_dir / "server.log"))
+            self.observer.server_ready(number=trial.number, seconds=deployment.started_in_s)
+            await self.warm_up(launch.base_url)
+            rounds = []
+            for round_index in range(self.spec.rounds):
+                rounds.append(await self.measure_round(trial.number, round_index, launch.base_url, deployer))
+        except (DeployError, MeasurementError) as exc:
+            trial.set_user_attr("fail_reason", str(exc))
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.observer.trial_failed(number=trial.number, reason=str(exc))
+            if baseline:
+                raise StudyError(f"the baseline could not be measured: {exc}") from None
+            return
+        self.finish_trial(trial, rounds, baseline=baseline)
+
+    async def warm_up(self, base_url: str) -> None:
+        """One short request first, so that no round pays for the server's cold start."""
+        low, _ = self.prepared.engine.prompt_token_range()
+        warm = ReplayRequest(
+            request_id="warm-up",
+            session="warm-up",
+            offset_s=0.0,
+            prompt_token_ids=tuple(range(low, low + 16)),
+            output_tokens=8,
+            tag="warm-up",
+        )
+        records = await replay(
+            [warm],
+            engine=self.prepared.engine,
+            base_url=base_url,
+            request_timeout_s=self.spec.workload.request_timeout_s,
+        )
+        if not records[0].ok:
+            raise MeasurementError(f"the warm-up request failed: {records[0].error}")
+
+    async def measure_round(
+        self, number: int, round_index: int, base_url: str, deployer: Deployer
+    ) -> dict[str, float | None]:
+        requests = synthesize_requests(
+            self.prepared.trace,
+            token_range=self.prepared.engine.prompt_token_range(),
+            seed=self.spec.workload.seed * 1_000_003 + number,
+            round_index=round_index,
+            time_scale=self.spec.workload.time_scale,
+        )
+        records = await replay(
+            requests,
+            engine=self.prepared.engine,
+            base_url=base_url,
+            request_timeout_s=self.spec.workload.request_timeout_s,
+        )
+        self.run_dir.save_records(number, round_index, records)
+        gone = await deployer.check_alive()
+        if gone is not None:
+            raise MeasurementError(f"the server died during round {round_index + 1}: {gone}")
+        if not any(r.ok for r in records):
+            first_error = next((r.error for r in records if r.error), "unknown")
+            raise MeasurementError(f"no request of round {round_index + 1} succeeded (first error: {first_error})")
+        metrics = compute_metrics(
+            records,
+            long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
+            min_overlap_s=self.spec.metrics.min_overlap_s,
+        )
+        failures = sum(1 for r in records if not r.ok)
+        self.observer.round_finished(
+            number=number, round_index=round_index, rounds=self.spec.rounds, metrics=metrics, failures=failures
+        )
+        return metrics
+
+    def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
+        objectives = self.spec.objectives
+        reference_trial = None if baseline else self.baseline_trial()
+        reference = (
+            median_metrics(rounds) if reference_trial is None else median_metrics(reference_trial.user_attrs["rounds"])
+        )
+        try:
+            scores = [score_round(metrics, reference, objectives) for metrics in rounds]
+        except MeasurementError as exc:
+            trial.set_user_attr("rounds", rounds)
+            trial.set_user_attr("fail_reason", str(exc))
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.observer.trial_failed(number=trial.number, reason=str(exc))
+            if baseline:
+                raise StudyError(f"the baseline could not be scored: {exc}") from None
+            return
+        noisy = noisy_metrics(rounds, [o.metric for o in objectives])
+        trial.set_user_attr("rounds", rounds)
+        trial.set_user_attr("round_scores", scores)
+        trial.set_user_attr("noisy", noisy)
+        value = statistics.median(scores)
+        self.study.tell(trial, value if math.isfinite(value) else None)
+        self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
+
+
+async def run_study(
+    spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver | None = None
+) -> optuna.Study:
+    """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline."""
+    observer = observer or NullObserver()
+    prepared = prepare_study(spec, base_dir)
+    started = time.monotonic()
+    deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
+    with RunDirectory(run_path) as run_dir:
+        run_dir.check_spec(spec.model_dump(mode="json"))
+        study = open_optuna_study(run_dir, spec)
+        loop = _StudyRun(prepared, run_dir, study, observer)
+        loop.fail_interrupted_trials()
+        loop.ensure_baseline_queued()
+        observer.study_started(
+            name=spec.name, run_dir=str(run_path), resumed_trials=loop.deployed_trials(), budget=spec.budget.trials
+        )
+        async with create_transport(spec.host) as transport:
+            deployer = create_deployer(spec.deploy, transport=transport)
+            async with deployer:
+                try:
+                    await loop.run(deployer, deadline)
+                finally:
+                    observer.restoring()
+        return study

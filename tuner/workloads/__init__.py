@@ -1,0 +1,27 @@
+"""Workloads: the versioned trace format, its loader, and prompt synthesis with exact token counts."""
+
+from __future__ import annotations
+
+from tuner.workloads.synthesis import synthesize_requests
+from tuner.workloads.trace import (
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    PrefixBlock,
+    PromptShape,
+    Trace,
+    TraceHeader,
+    TraceRequest,
+    load_trace,
+)
+
+__all__ = [
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "PrefixBlock",
+    "PromptShape",
+    "Trace",
+    "TraceHeader",
+    "TraceRequest",
+    "load_trace",
+    "synthesize_requests",
+]

@@ -1,0 +1,125 @@
+"""The trace format (JSONL, version 1): a header line, then one request per line.
+
+    {"format": "serve-tuner-trace", "version": 1, "name": "stall", "description": "..."}
+    {"id": "chat-1.0", "offset_s": 0.0, "session": "chat-1", "turn": 0,
+     "prompt": {"shared_prefix": [{"block": "system", "tokens": 64}], "new_tokens": 180},
+     "output_tokens": 300, "tag": "chat"}
+
+Only shapes are stored (token counts, block ids, timings), never message text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from tuner.config import StrictModel
+from tuner.errors import WorkloadError
+
+__all__ = [
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "PrefixBlock",
+    "PromptShape",
+    "Trace",
+    "TraceHeader",
+    "TraceRequest",
+    "load_trace",
+]
+
+TRACE_FORMAT = "serve-tuner-trace"
+TRACE_VERSION = 1
+
+
+class TraceHeader(StrictModel):
+    format: Literal["serve-tuner-trace"]
+    version: int
+    name: str
+    description: str = ""
+
+
+class PrefixBlock(StrictModel):
+    """A run of tokens shared by every request that names the same block id (a system prompt)."""
+
+    block: str
+    tokens: int = Field(gt=0)
+
+
+class PromptShape(StrictModel):
+    shared_prefix: list[PrefixBlock] = Field(default_factory=list)
+    new_tokens: int = Field(ge=0, description="Tokens no other request has: the part that must be prefilled.")
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(b.tokens for b in self.shared_prefix) + self.new_tokens
+
+
+class TraceRequest(StrictModel):
+    id: str
+    offset_s: float = Field(ge=0, description="Arrival time from the start of the trace.")
+    session: str
+    turn: int = Field(default=0, ge=0)
+    think_s: float = Field(default=0.0, ge=0, description="Pause after the session's previous turn ended.")
+    prompt: PromptShape
+    output_tokens: int = Field(gt=0)
+    tag: str = "chat"
+
+    @model_validator(mode="after")
+    def _has_prompt(self) -> TraceRequest:
+        if self.prompt.total_tokens == 0:
+            raise ValueError("a prompt needs at least one token")
+        return self
+
+
+class Trace(StrictModel):
+    header: TraceHeader
+    requests: list[TraceRequest]
+
+
+def load_trace(path: Path) -> Trace:
+    """Reads a trace; every problem is reported with the file and line number."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: workload file not found; check workload.path") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
+    numbered = [(i, line) for i, line in enumerate(lines, start=1) if line.strip()]
+    if not numbered:
+        raise WorkloadError(f"{path}: empty; expected a header line and requests")
+    header_no, header_line = numbered[0]
+    header = TraceHeader.model_validate(_parse_json(path, header_no, header_line, TraceHeader))
+    if header.version != TRACE_VERSION:
+        raise WorkloadError(
+            f"{path}:{header_no}: trace version {header.version} is not supported (this tool reads version "
+            f"{TRACE_VERSION}); convert the file or upgrade serve-tuner"
+        )
+    requests = [TraceRequest.model_validate(_parse_json(path, no, line, TraceRequest)) for no, line in numbered[1:]]
+    if not requests:
+        raise WorkloadError(f"{path}: has a header but no requests")
+    seen: set[str] = set()
+    for request in requests:
+        if request.id in seen:
+            raise WorkloadError(f"{path}: request id {request.id!r} appears twice; ids must be unique")
+        seen.add(request.id)
+    return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
+
+
+def _parse_json(path: Path, number: int, line: str, model: type[StrictModel]) -> dict[str, object]:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{path}:{number}: expected a JSON object")
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(line)"
+        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise WorkloadError(f"{path}:{number}: {where}: {problem}") from None
+    return data
