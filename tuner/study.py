@@ -9,7 +9,6 @@ that were deployed, across resumes.
 from __future__ import annotations
 
 import math
-import socket
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -124,12 +123,6 @@ def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
     return optuna.load_study(study_name=names[0], storage=storage)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
     return bool(trial.user_attrs.get("baseline"))
 
@@ -221,7 +214,7 @@ class _StudyRun:
         tuned: dict[str, ParamValue] = {} if baseline else params
         trial_dir = self.run_dir.trial_dir(trial.number)
         try:
-            launch = engine.launch_spec(tuned, port=_free_port("127.0.0.1"))
+            launch = engine.launch_spec(tuned)
             deployment = await deployer.apply(launch, log_path=str(trial_dir / "server.log"))
             self.observer.server_ready(number=trial.number, seconds=deployment.started_in_s)
             await self.warm_up(launch.base_url)
@@ -322,6 +315,7 @@ async def run_study(
     """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline."""
     observer = observer or NullObserver()
     prepared = prepare_study(spec, base_dir)
+    prepared.engine.launch_spec({})  # fails here, before the host is touched, if the binary or model is missing
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
     with RunDirectory(run_path) as run_dir:

@@ -66,7 +66,7 @@ class Engine(Protocol):
         """Raises `ConfigError` for an unknown knob or an invalid value."""
         ...
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue], *, port: int) -> LaunchSpec:
+    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
         """The launch of the engine's base settings with `tuned` on top; empty `tuned` is the baseline."""
         ...
 

@@ -7,6 +7,7 @@ without a tokenizer round trip, and `ignore_eos` makes every answer exactly as l
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -128,10 +129,17 @@ class LlamaServerOptions(StrictModel):
     binary: str = Field(default="auto", description="Path of llama-server, or auto for the built one.")
     model: str = Field(default="auto", description="Path of the GGUF model, or auto for SmolLM2-135M.")
     host: str = Field(default="127.0.0.1", description="Address the server listens on.")
+    port: int = Field(default=0, ge=0, le=65535, description="Port to listen on; 0 picks a free one per trial.")
     settings: dict[str, ParamValue] = Field(
         default_factory=dict, description="Knobs fixed for the whole study, the baseline included."
     )
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def _render(knob: Knob, value: ParamValue) -> str:
@@ -186,8 +194,9 @@ class LlamaServerEngine:
             raise AssetError("the SmolLM2 model is not fetched yet; run `tuner setup`")
         return str(found)
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue], *, port: int) -> LaunchSpec:
+    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(tuned)
+        port = self._options.port or _free_port(self._options.host)
         env = {
             "LLAMA_ARG_MODEL": self.resolve_model(),
             "LLAMA_ARG_HOST": self._options.host,

@@ -1,0 +1,86 @@
+"""Metrics on hand-made timelines, where the right answer can be worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.metrics import compute_metrics, long_prefill_windows, stall_samples
+from tuner.models import RequestRecord, RequestStatus, ServerTimings
+
+
+def stream(request_id: str, send: float, tokens: list[float], *, prompt: int = 100,
+           timings: ServerTimings | None = None, status: RequestStatus = RequestStatus.OK) -> RequestRecord:
+    return RequestRecord(
+        request_id=request_id, session=request_id, tag="chat", prompt_tokens=prompt,
+        output_tokens_requested=len(tokens), send_s=send, token_s=tuple(tokens),
+        end_s=(tokens[-1] if tokens else send) + 0.01, status=status, timings=timings,
+    )
+
+
+def evenly(start: float, end: float, rate: float) -> list[float]:
+    count = round((end - start) * rate)
+    return [start + i / rate for i in range(count + 1)]
+
+
+def test_stall_speed_is_the_decode_rate_inside_the_long_prefill_window() -> None:
+    # A stream decodes at 10 tok/s, slows to 1 tok/s while a 2,000-token prompt is prefilled from
+    # t=5 to t=15, then recovers to 10 tok/s.
+    tokens = evenly(1.0, 5.0, 10) + evenly(6.0, 15.0, 1) + evenly(15.1, 18.0, 10)
+    chat = stream("chat", 0.5, tokens)
+    long = stream("long", 4.0, [15.0, 15.05], prompt=2000,
+                  timings=ServerTimings(prompt_n=2000, prompt_ms=10_000.0))
+    metrics = compute_metrics([chat, long], long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["stall_tok_s"] == pytest.approx(1.0, rel=0.05)
+    assert metrics["unstalled_tok_s"] == pytest.approx(10.0, rel=0.1)
+    assert metrics["prefill_tok_s"] == pytest.approx(200.0)
+
+
+def test_prefill_window_starts_where_the_server_says_prefill_started() -> None:
+    long = stream("long", 2.0, [12.0], prompt=3000, timings=ServerTimings(prompt_n=3000, prompt_ms=6_000.0))
+    (window,) = long_prefill_windows([long], long_prompt_tokens=1000)
+    # 4 s of the 10 s between send and first token were a wait, not prefill.
+    assert (window.start_s, window.end_s) == (6.0, 12.0)
+
+
+def test_without_server_timings_the_window_starts_at_send() -> None:
+    long = stream("long", 2.0, [12.0], prompt=3000)
+    (window,) = long_prefill_windows([long], long_prompt_tokens=1000)
+    assert window.start_s == 2.0
+
+
+def test_a_stream_that_gets_no_token_during_the_prefill_has_stall_speed_zero() -> None:
+    chat = stream("chat", 0.0, evenly(0.5, 3.0, 10) + [13.0, 13.1])
+    long = stream("long", 3.0, [12.9], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=9_000.0))
+    inside, _ = stall_samples([chat, long], long_prefill_windows([long], long_prompt_tokens=1000), min_overlap_s=0.5)
+    assert inside == [0.0]
+
+
+def test_short_prompts_open_no_stall_window_and_stall_is_none_not_zero() -> None:
+    chat = stream("chat", 0.0, evenly(0.5, 3.0, 10))
+    other = stream("other", 1.0, evenly(1.5, 3.0, 10), prompt=500)
+    metrics = compute_metrics([chat, other], long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["stall_tok_s"] is None
+    assert metrics["prefill_tok_s"] is None
+
+
+def test_ttft_percentiles_include_queueing_and_failures_are_counted() -> None:
+    records = [stream(f"r{i}", 0.0, [float(i + 1), float(i + 2)]) for i in range(20)]
+    records.append(stream("failed", 0.0, [], status=RequestStatus.TIMEOUT))
+    metrics = compute_metrics(records, long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["ttft_p50_s"] == pytest.approx(10.5)
+    assert metrics["ttft_p95_s"] == pytest.approx(19.05)
+    assert metrics["failures"] == 1.0
+
+
+def test_itl_max_is_the_longest_gap_and_decode_speed_excludes_queueing() -> None:
+    chat = stream("chat", 0.0, [5.0, 5.1, 5.2, 8.2, 8.3])
+    metrics = compute_metrics([chat], long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["itl_max_s"] == pytest.approx(3.0)
+    assert metrics["decode_tok_s"] == pytest.approx(4 / 3.3)
+
+
+def test_windows_shorter_than_the_minimum_overlap_are_ignored() -> None:
+    chat = stream("chat", 0.0, evenly(0.0, 5.0, 10))
+    long = stream("long", 4.7, [5.0], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=300.0))
+    inside, _ = stall_samples([chat, long], long_prefill_windows([long], long_prompt_tokens=1000), min_overlap_s=0.5)
+    assert inside == []

@@ -1,0 +1,85 @@
+"""The package's shape: sorted public exports, and imports that only flow down the module map."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tuner
+
+PACKAGE = Path(tuner.__file__).resolve().parent
+
+# Lower layers first; a module may import only from its own layer or below (docs/architecture.md).
+LAYERS = [
+    {"errors", "registry", "assets"},
+    {"models", "config"},
+    {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
+    {"engines", "deployers"},
+    {"loadgen"},
+    {"study", "report"},
+    {"console"},
+    {"cli", "__main__", "__init__"},
+]
+RICH_ALLOWED = {"console", "cli"}
+
+
+def layer_of(module: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if module in layer)
+
+
+def top_module(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py")
+
+
+def imported_tuner_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tuner."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("tuner."))
+    return found
+
+
+def imports_package(path: Path, package: str) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(
+        (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == package)
+        or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == package for a in n.names))
+        for n in ast.walk(tree)
+    )
+
+
+def test_public_exports_are_sorted_and_importable() -> None:
+    assert tuner.__all__ == sorted(tuner.__all__)
+    for name in tuner.__all__:
+        assert hasattr(tuner, name), name
+
+
+def test_no_module_imports_a_layer_above_it() -> None:
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        module = top_module(path)
+        for imported in imported_tuner_modules(path):
+            if imported != module and layer_of(imported) > layer_of(module):
+                upward.append(f"{path.relative_to(PACKAGE)} imports tuner.{imported}")
+    assert upward == []
+
+
+def test_only_the_console_and_cli_import_rich() -> None:
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if imports_package(p, "rich") and top_module(p) not in RICH_ALLOWED
+    ]
+    assert offenders == []
+
+
+def test_only_the_ssh_transport_may_import_asyncssh() -> None:
+    offenders = [
+        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+        if imports_package(p, "asyncssh") and p.name != "ssh.py"
+    ]
+    assert offenders == []

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuner.config import ObjectiveSpec
+from tuner.errors import MeasurementError
+from tuner.scoring import noisy_metrics, score_round, verdict
+
+OBJECTIVES = [
+    ObjectiveSpec(metric="stall_tok_s", direction="maximize", weight=1.0),
+    ObjectiveSpec(metric="ttft_p95_s", direction="minimize", weight=1.0),
+]
+
+
+def test_score_is_zero_at_the_baseline_and_log_of_the_ratio_elsewhere() -> None:
+    base = {"stall_tok_s": 0.2, "ttft_p95_s": 4.0}
+    assert score_round(base, base, OBJECTIVES) == pytest.approx(0.0)
+    better = {"stall_tok_s": 0.4, "ttft_p95_s": 2.0}
+    assert score_round(better, base, OBJECTIVES) == pytest.approx(2 * math.log(2))
+
+
+def test_a_stall_speed_of_zero_is_a_finite_penalty() -> None:
+    score = score_round({"stall_tok_s": 0.0, "ttft_p95_s": 4.0}, {"stall_tok_s": 0.2, "ttft_p95_s": 4.0}, OBJECTIVES)
+    assert math.isfinite(score) and score < -4
+
+
+def test_a_missing_objective_metric_is_an_error_naming_it() -> None:
+    with pytest.raises(MeasurementError, match="stall_tok_s"):
+        score_round({"stall_tok_s": None, "ttft_p95_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES)
+
+
+def test_rounds_differing_by_twenty_percent_are_flagged() -> None:
+    rounds = [{"stall_tok_s": 1.0, "ttft_p95_s": 2.0}, {"stall_tok_s": 1.25, "ttft_p95_s": 2.1}]
+    assert noisy_metrics(rounds, ["stall_tok_s", "ttft_p95_s"]) == ["stall_tok_s"]
+
+
+def test_a_win_inside_the_baselines_spread_is_not_a_win() -> None:
+    assert not verdict([0.05, 0.30], [-0.1, 0.1]).better
+    assert verdict([0.5, 0.7], [-0.1, 0.1]).better

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import WorkloadError
+from tuner.workloads import load_trace, synthesize_requests
+
+REPO = Path(__file__).resolve().parent.parent
+HEADER = '{"format": "serve-tuner-trace", "version": 1, "name": "t"}\n'
+LINE = ('{"id": "%s", "offset_s": 0, "session": "s", "prompt": {"shared_prefix": [{"block": "sys", "tokens": 8}],'
+        ' "new_tokens": %d}, "output_tokens": 4}\n')
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_prompts_have_exact_token_counts_and_share_their_prefix_blocks(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, HEADER + LINE % ("a", 100) + LINE % ("b", 50)))
+    a, b = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=0)
+    assert (a.prompt_tokens, b.prompt_tokens) == (108, 58)
+    assert a.prompt_token_ids[:8] == b.prompt_token_ids[:8]
+    assert a.prompt_token_ids[8:16] != b.prompt_token_ids[8:16]
+    assert all(100 <= t < 30000 for t in a.prompt_token_ids)
+
+
+def test_new_tokens_differ_between_rounds_so_no_round_hits_the_cache_of_another(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, HEADER + LINE % ("a", 100)))
+    (first,) = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=0)
+    (second,) = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=1)
+    assert first.prompt_token_ids[:8] == second.prompt_token_ids[:8]
+    assert first.prompt_token_ids[8:] != second.prompt_token_ids[8:]
+
+
+def test_a_malformed_line_is_reported_with_file_and_line_number(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + LINE % ("a", 100) + "{not json\n")
+    with pytest.raises(WorkloadError, match=r"trace.jsonl:3: not valid JSON"):
+        load_trace(path)
+
+
+def test_an_unknown_field_is_reported_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + (LINE % ("a", 100)).replace('"output_tokens"', '"outputs": 3, "output_tokens"'))
+    with pytest.raises(WorkloadError, match=r":2: outputs: unknown key"):
+        load_trace(path)
+
+
+def test_an_unknown_format_version_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER.replace('"version": 1', '"version": 9') + LINE % ("a", 1))
+    with pytest.raises(WorkloadError, match="version 9 is not supported"):
+        load_trace(path)
+
+
+def test_the_bundled_stall_workload_has_long_prompts_among_streaming_chats() -> None:
+    trace = load_trace(REPO / "workloads" / "stall.jsonl")
+    long = [r for r in trace.requests if r.prompt.new_tokens >= 1000]
+    chats = [r for r in trace.requests if r.tag == "chat"]
+    assert len(long) >= 2 and len(chats) >= 3
+    first_long = min(r.offset_s for r in long)
+    assert any(r.offset_s < first_long for r in chats)
