@@ -34,7 +34,7 @@ def test_an_unknown_key_is_refused_with_the_key_named(tmp_path: Path) -> None:
 
 
 def test_an_unknown_plugin_option_is_refused_where_it_is(tmp_path: Path) -> None:
-    spec, base = load_study(DEMO, ["deploy.start_timout_s=5"])
+    spec, _base = load_study(DEMO, ["deploy.start_timout_s=5"])
     from tuner.deployers import create_deployer
     from tuner.transports import LocalTransport
 
@@ -43,7 +43,7 @@ def test_an_unknown_plugin_option_is_refused_where_it_is(tmp_path: Path) -> None
 
 
 def test_an_unknown_kind_lists_the_valid_ones() -> None:
-    spec, base = load_study(DEMO, ["engine.kind=\"llama-cpp\""])
+    spec, base = load_study(DEMO, ['engine.kind="llama-cpp"'])
     with pytest.raises(ConfigError, match="valid kinds: llama-server"):
         prepare_study(spec, base)
 
@@ -55,19 +55,19 @@ def test_an_out_of_range_value_is_refused() -> None:
 
 def test_an_invalid_knob_value_in_engine_settings_is_refused() -> None:
     spec, base = load_study(DEMO, ["engine.settings.n_parallel=0"])
-    with pytest.raises(ConfigError, match="n_parallel.*>= 1"):
+    with pytest.raises(ConfigError, match=r"n_parallel.*>= 1"):
         prepare_study(spec, base)
 
 
 def test_an_unknown_objective_metric_is_refused() -> None:
-    spec, base = load_study(DEMO, ["objectives=[{metric=\"speed\", direction=\"maximize\"}]"])
+    spec, base = load_study(DEMO, ['objectives=[{metric="speed", direction="maximize"}]'])
     with pytest.raises(ConfigError, match="objective metric 'speed'"):
         prepare_study(spec, base)
 
 
 def test_tuning_a_knob_without_a_known_baseline_is_refused() -> None:
-    spec, base = load_study(DEMO, ["search.params=[\"n_batch\", \"n_parallel\"]", "engine.settings={threads = 2}"])
-    with pytest.raises(ConfigError, match="set engine.settings.n_parallel"):
+    spec, base = load_study(DEMO, ['search.params=["n_batch", "n_parallel"]', "engine.settings={threads = 2}"])
+    with pytest.raises(ConfigError, match=r"set engine\.settings\.n_parallel"):
         prepare_study(spec, base)
 
 
@@ -85,8 +85,9 @@ def test_the_search_space_constraint_is_enforced() -> None:
 
 def test_a_constraint_naming_an_unknown_knob_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "space.toml"
-    path.write_text('engine = "llama-server"\nconstraints = ["n_ubatch <= n_bacth"]\n'
-                    "[params.n_ubatch]\nchoices = [1, 2]\n")
+    path.write_text(
+        'engine = "llama-server"\nconstraints = ["n_ubatch <= n_bacth"]\n[params.n_ubatch]\nchoices = [1, 2]\n'
+    )
     with pytest.raises(ConfigError, match="unknown knob 'n_bacth'"):
         load_search_space(path)
 

@@ -7,20 +7,23 @@ from pathlib import Path
 import pytest
 
 from tuner.config import PluginSpec
-from tuner.engines import create_engine
+from tuner.engines import Engine, create_engine
 from tuner.errors import ConfigError
 from tuner.models import ReplayRequest
 
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def engine(**settings: object) -> object:
-    return create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true", settings=settings))
+def llama(settings: dict[str, object] | None = None) -> Engine:
+    table = {"kind": "llama-server", "binary": "/bin/true", "model": "/bin/true", "settings": settings or {}}
+    return create_engine(PluginSpec.model_validate(table))
 
 
 def test_a_recorded_completion_stream_yields_every_token_and_the_server_timings() -> None:
-    llama = create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true"))
-    events = [e for e in map(llama.parse_stream_line, (DATA / "llama-server-completion.sse").read_text().splitlines()) if e]
+    engine = llama()
+    events = [
+        e for e in map(engine.parse_stream_line, (DATA / "llama-server-completion.sse").read_text().splitlines()) if e
+    ]
     assert sum(e.tokens for e in events) == 8
     final = events[-1]
     assert final.done and final.timings is not None
@@ -29,39 +32,44 @@ def test_a_recorded_completion_stream_yields_every_token_and_the_server_timings(
 
 
 def test_an_error_chunk_is_reported_as_an_error() -> None:
-    llama = create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true"))
-    event = llama.parse_stream_line('data: {"error": {"code": 400, "message": "bad prompt", "type": "invalid_request_error"}}')
+    engine = llama()
+    event = engine.parse_stream_line(
+        'data: {"error": {"code": 400, "message": "bad prompt", "type": "invalid_request_error"}}'
+    )
     assert event is not None and event.error == "bad prompt" and event.done
 
 
 def test_knobs_become_llama_arg_variables_over_the_base_settings() -> None:
-    llama = create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true",
-                                     settings={"n_parallel": 4, "ctx_size": 32768}))
-    launch = llama.launch_spec({"n_batch": 128, "kv_unified": True})
+    engine = llama({"n_parallel": 4, "ctx_size": 32768})
+    launch = engine.launch_spec({"n_batch": 128, "kv_unified": True})
     assert launch.env["LLAMA_ARG_BATCH"] == "128"
     assert launch.env["LLAMA_ARG_KV_UNIFIED"] == "1"
     assert launch.env["LLAMA_ARG_N_PARALLEL"] == "4"
     assert launch.env["LLAMA_ARG_PORT"] == str(launch.port) and launch.port > 0
-    baseline = llama.launch_spec({})
+    baseline = engine.launch_spec({})
     assert "LLAMA_ARG_BATCH" not in baseline.env
 
 
 def test_requests_send_token_ids_and_ask_for_exact_output_length() -> None:
-    llama = create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true"))
-    call = llama.build_request(ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(101, 102),
-                                             output_tokens=5))
+    engine = llama()
+    call = engine.build_request(
+        ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(101, 102), output_tokens=5)
+    )
     assert call.path == "/completion"
     assert call.json["prompt"] == [101, 102] and call.json["n_predict"] == 5 and call.json["ignore_eos"] is True
 
 
-@pytest.mark.parametrize(("knob", "value", "message"), [
-    ("n_batch", 0, ">= 1"),
-    ("n_batch", "512", "takes a int"),
-    ("kv_unified", 1, "takes a bool"),
-    ("flash_attn", "maybe", "one of on, off, auto"),
-    ("batch", 512, "unknown llama-server knob 'batch'"),
-])
+@pytest.mark.parametrize(
+    ("knob", "value", "message"),
+    [
+        ("n_batch", 0, ">= 1"),
+        ("n_batch", "512", "takes a int"),
+        ("kv_unified", 1, "takes a bool"),
+        ("flash_attn", "maybe", "one of on, off, auto"),
+        ("batch", 512, "unknown llama-server knob 'batch'"),
+    ],
+)
 def test_invalid_knob_values_are_refused(knob: str, value: object, message: str) -> None:
-    llama = create_engine(PluginSpec(kind="llama-server", binary="/bin/true", model="/bin/true"))
+    engine = llama()
     with pytest.raises(ConfigError, match=message):
-        llama.launch_spec({knob: value})  # type: ignore[dict-item]
+        engine.launch_spec({knob: value})  # type: ignore[dict-item]

@@ -8,12 +8,26 @@ from tuner.metrics import compute_metrics, long_prefill_windows, stall_samples
 from tuner.models import RequestRecord, RequestStatus, ServerTimings
 
 
-def stream(request_id: str, send: float, tokens: list[float], *, prompt: int = 100,
-           timings: ServerTimings | None = None, status: RequestStatus = RequestStatus.OK) -> RequestRecord:
+def stream(
+    request_id: str,
+    send: float,
+    tokens: list[float],
+    *,
+    prompt: int = 100,
+    timings: ServerTimings | None = None,
+    status: RequestStatus = RequestStatus.OK,
+) -> RequestRecord:
     return RequestRecord(
-        request_id=request_id, session=request_id, tag="chat", prompt_tokens=prompt,
-        output_tokens_requested=len(tokens), send_s=send, token_s=tuple(tokens),
-        end_s=(tokens[-1] if tokens else send) + 0.01, status=status, timings=timings,
+        request_id=request_id,
+        session=request_id,
+        tag="chat",
+        prompt_tokens=prompt,
+        output_tokens_requested=len(tokens),
+        send_s=send,
+        token_s=tuple(tokens),
+        end_s=(tokens[-1] if tokens else send) + 0.01,
+        status=status,
+        timings=timings,
     )
 
 
@@ -27,8 +41,7 @@ def test_stall_speed_is_the_decode_rate_inside_the_long_prefill_window() -> None
     # t=5 to t=15, then recovers to 10 tok/s.
     tokens = evenly(1.0, 5.0, 10) + evenly(6.0, 15.0, 1) + evenly(15.1, 18.0, 10)
     chat = stream("chat", 0.5, tokens)
-    long = stream("long", 4.0, [15.0, 15.05], prompt=2000,
-                  timings=ServerTimings(prompt_n=2000, prompt_ms=10_000.0))
+    long = stream("long", 4.0, [15.0, 15.05], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=10_000.0))
     metrics = compute_metrics([chat, long], long_prompt_tokens=1000, min_overlap_s=0.5)
     assert metrics["stall_tok_s"] == pytest.approx(1.0, rel=0.05)
     assert metrics["unstalled_tok_s"] == pytest.approx(10.0, rel=0.1)
@@ -49,7 +62,7 @@ def test_without_server_timings_the_window_starts_at_send() -> None:
 
 
 def test_a_stream_that_gets_no_token_during_the_prefill_has_stall_speed_zero() -> None:
-    chat = stream("chat", 0.0, evenly(0.5, 3.0, 10) + [13.0, 13.1])
+    chat = stream("chat", 0.0, [*evenly(0.5, 3.0, 10), 13.0, 13.1])
     long = stream("long", 3.0, [12.9], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=9_000.0))
     inside, _ = stall_samples([chat, long], long_prefill_windows([long], long_prompt_tokens=1000), min_overlap_s=0.5)
     assert inside == [0.0]

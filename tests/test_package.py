@@ -79,7 +79,8 @@ def test_only_the_console_and_cli_import_rich() -> None:
 
 def test_only_the_ssh_transport_may_import_asyncssh() -> None:
     offenders = [
-        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
         if imports_package(p, "asyncssh") and p.name != "ssh.py"
     ]
     assert offenders == []

@@ -9,8 +9,10 @@ from tuner.workloads import load_trace, synthesize_requests
 
 REPO = Path(__file__).resolve().parent.parent
 HEADER = '{"format": "serve-tuner-trace", "version": 1, "name": "t"}\n'
-LINE = ('{"id": "%s", "offset_s": 0, "session": "s", "prompt": {"shared_prefix": [{"block": "sys", "tokens": 8}],'
-        ' "new_tokens": %d}, "output_tokens": 4}\n')
+LINE = (
+    '{"id": "%s", "offset_s": 0, "session": "s", "prompt": {"shared_prefix": [{"block": "sys", "tokens": 8}],'
+    ' "new_tokens": %d}, "output_tokens": 4}\n'
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:

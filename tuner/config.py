@@ -7,6 +7,7 @@ plugin registered under that kind validates the rest of its table with its own s
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -138,6 +139,14 @@ class ParamSpec(StrictModel):
             raise ValueError(f"default {self.default!r} is not a valid value of this knob")
         return self
 
+    @property
+    def ordinal(self) -> bool:
+        """Ascending numeric choices (32, 64, ..., 2048): ordered, so samplers see them as an index."""
+        choices = self.choices or []
+        if len(choices) < 3 or not all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices):
+            return False
+        return all(float(a) < float(b) for a, b in itertools.pairwise(choices))
+
     def allows(self, value: ParamValue) -> bool:
         if self.choices is not None:
             return any(type(value) is type(c) and value == c for c in self.choices)
@@ -207,6 +216,22 @@ class SearchSpace(StrictModel):
             if unknown:
                 raise ValueError(f"constraint {constraint.text!r} names unknown knob {unknown[0]!r}")
         return self
+
+    def encode(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Knob values to what the sampler sees: an ordinal knob's value becomes its index."""
+        encoded: dict[str, ParamValue] = {}
+        for name, value in settings.items():
+            param = self.params[name]
+            encoded[name] = param.choices.index(value) if param.ordinal and param.choices else value
+        return encoded
+
+    def decode(self, sampled: Mapping[str, Any]) -> dict[str, ParamValue]:
+        """What the sampler proposed, back to knob values."""
+        decoded: dict[str, ParamValue] = {}
+        for name, value in sampled.items():
+            param = self.params[name]
+            decoded[name] = param.choices[int(value)] if param.ordinal and param.choices else value
+        return decoded
 
     def restricted_to(self, names: Sequence[str] | None) -> SearchSpace:
         if names is None:

@@ -62,12 +62,13 @@ def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple
 def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> LeaderboardRow:
     scores = list(trial.user_attrs.get("round_scores", []))
     is_baseline = bool(trial.user_attrs.get("baseline"))
+    settings: dict[str, ParamValue] = dict(trial.user_attrs.get("settings", trial.params))
     return LeaderboardRow(
         number=trial.number,
         baseline=is_baseline,
         state=trial.state.name,
-        params=dict(trial.params),
-        changed={} if is_baseline else {k: v for k, v in trial.params.items() if baseline_params.get(k) != v},
+        params=settings,
+        changed={} if is_baseline else {k: v for k, v in settings.items() if baseline_params.get(k) != v},
         score=trial.value if trial.state == TrialState.COMPLETE else None,
         score_range=(min(scores), max(scores)) if scores else None,
         metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
@@ -80,7 +81,7 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
     """Deployed trials, best first; failed trials last, with their reasons."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("deployed")]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
-    baseline_params = dict(baseline_trial.params) if baseline_trial else {}
+    baseline_params = dict(baseline_trial.user_attrs.get("settings", baseline_trial.params)) if baseline_trial else {}
     rows = [_row(t, baseline_params) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
     baseline = next((r for r in rows if r.baseline and r.score is not None), None)

@@ -95,6 +95,8 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
 
 
 def _distribution(param: ParamSpec) -> BaseDistribution:
+    if param.ordinal and param.choices is not None:
+        return IntDistribution(0, len(param.choices) - 1)
     if param.choices is not None:
         return CategoricalDistribution(param.choices)
     assert param.low is not None and param.high is not None
@@ -150,7 +152,9 @@ class _StudyRun:
         done = any(_is_baseline(t) and t.state == TrialState.COMPLETE for t in trials)
         queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
         if not done and not queued:
-            self.study.enqueue_trial(dict(self.prepared.baseline_params), user_attrs={"baseline": True})
+            self.study.enqueue_trial(
+                self.prepared.space.encode(self.prepared.baseline_params), user_attrs={"baseline": True}
+            )
 
     def baseline_trial(self) -> FrozenTrial | None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -167,7 +171,7 @@ class _StudyRun:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if trial.user_attrs.get("deployed"):
-                measured.setdefault(tuple(sorted(trial.params.items())), trial)
+                measured.setdefault(tuple(sorted(trial.user_attrs["settings"].items())), trial)
         return measured
 
     async def run(self, deployer: Deployer, deadline: float | None) -> None:
@@ -178,7 +182,8 @@ class _StudyRun:
             if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                 return
             trial = self.study.ask(self.distributions)
-            params = dict(trial.params)
+            params = self.prepared.space.decode(trial.params)
+            trial.set_user_attr("settings", params)
             reason = self.skip_reason(trial, params)
             if reason is not None:
                 skipped += 1

@@ -1,0 +1,22 @@
+# Sourced by demo.sh and test.sh: makes .venv with serve-tuner installed, reinstalling only when
+# pyproject.toml changed. Usage: source scripts/bootstrap.sh [dev]
+python=${PYTHON:-python3}
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "error: $python not found; install Python 3.11 or newer (Debian/Ubuntu: apt-get install python3 python3-venv)" >&2
+  exit 1
+fi
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "error: serve-tuner needs Python 3.11 or newer, $python is $("$python" -V 2>&1); set PYTHON=python3.11" >&2
+  exit 1
+fi
+extras=${1:-}
+stamp_want="$(sha256sum pyproject.toml | cut -c1-16)-${extras:-base}"
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.serve-tuner-stamp 2>/dev/null)" != "$stamp_want" ]; then
+  echo "installing serve-tuner into .venv ..."
+  "$python" -m venv .venv || { echo "error: cannot create a virtual environment; install python3-venv" >&2; exit 1; }
+  target="."
+  [ -n "$extras" ] && target=".[$extras]"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import tuner' || { echo "error: installing serve-tuner into .venv failed" >&2; exit 1; }
+  echo "$stamp_want" > .venv/.serve-tuner-stamp
+fi

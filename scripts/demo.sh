@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: install what is missing (.venv, llama-server, the model), run the
+# demo tuning study against a local llama-server, restore it, print the leaderboard.
+# Extra arguments go to `tuner run`, e.g. ./scripts/demo.sh --set budget.trials=3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap.sh
+.venv/bin/tuner setup
+exec .venv/bin/tuner run studies/stall-demo.toml "$@"

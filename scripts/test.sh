@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: lint, format, types, tests. `.ci/run` calls exactly this.
+# The first run builds llama-server (about 10 minutes on 2 cores); tests that need it skip, saying
+# why, only if it cannot be built here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap.sh dev
+if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
+  echo "$setup_error" >&2
+  export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
+fi
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+exec .venv/bin/pytest "$@"
