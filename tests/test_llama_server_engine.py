@@ -1,4 +1,4 @@
-"""The llama-server engine against a recorded wire transcript (tests/data), and its launch spec."""
+"""The llama-server engine against wire transcripts recorded from the real server (tests/data/*.sse)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tuner.config import PluginSpec
-from tuner.engines import Engine, create_engine
+from tuner.engines import Engine, StreamEvent, create_engine
 from tuner.errors import ConfigError
 from tuner.models import ReplayRequest
 
@@ -19,16 +19,25 @@ def llama(settings: dict[str, object] | None = None) -> Engine:
     return create_engine(PluginSpec.model_validate(table))
 
 
-def test_a_recorded_completion_stream_yields_every_token_and_the_server_timings() -> None:
+def events(name: str) -> list[StreamEvent]:
     engine = llama()
-    events = [
-        e for e in map(engine.parse_stream_line, (DATA / "llama-server-completion.sse").read_text().splitlines()) if e
-    ]
-    assert sum(e.tokens for e in events) == 8
-    final = events[-1]
+    return [e for e in map(engine.parse_stream_line, (DATA / name).read_text().splitlines()) if e is not None]
+
+
+def test_a_recorded_completion_stream_yields_every_token_and_the_server_timings() -> None:
+    stream = events("llama-server-completion.sse")
+    assert [e.tokens_so_far for e in stream] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    final = stream[-1]
     assert final.done and final.timings is not None
     assert final.timings.prompt_n == 40 and final.timings.predicted_n == 8
     assert final.timings.prompt_ms > 0
+
+
+def test_tokens_withheld_for_incomplete_utf8_are_still_counted() -> None:
+    # Recorded: 8 tokens came in 3 lines listing only 2 of them.
+    stream = events("llama-server-completion-withheld-bytes.sse")
+    assert sum(e.tokens for e in stream) < 8
+    assert stream[-1].tokens_so_far == 8 and stream[-1].done
 
 
 def test_an_error_chunk_is_reported_as_an_error() -> None:

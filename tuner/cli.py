@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner import assets
-from tuner.console import ConsoleObserver, render_leaderboard
+from tuner.console import ConsoleObserver, make_console, render_leaderboard
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import StudyError, TunerError
@@ -84,8 +84,8 @@ def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console()
-    err = Console(stderr=True)
+    console = make_console()
+    err = make_console(stderr=True)
     try:
         if args.command == "run":
             return _run(args, console)

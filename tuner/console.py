@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -16,7 +17,7 @@ from tuner.metrics import METRICS
 from tuner.observers import NullObserver
 from tuner.report import Leaderboard, LeaderboardRow
 
-__all__ = ["ConsoleObserver", "render_leaderboard"]
+__all__ = ["ConsoleObserver", "make_console", "render_leaderboard"]
 
 _ROUND_METRICS = ("ttft_p95_s", "stall_tok_s", "prefill_tok_s", "itl_max_s")
 _TABLE_METRICS = (
@@ -50,9 +51,17 @@ def _settings(params: Mapping[str, ParamValue]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(baseline)"
 
 
+def make_console(*, stderr: bool = False) -> Console:
+    """A console that does not wrap tables at 80 columns when the output goes to a log file."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=200)
+    return console
+
+
 class ConsoleObserver(NullObserver):
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console()
+        self.console = console or make_console()
 
     def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None:
         resumed = f", resuming with {resumed_trials} done" if resumed_trials else ""
@@ -91,7 +100,7 @@ def _cell(row: LeaderboardRow, name: str) -> Text:
         return Text("-")
     median, low, high = row.metrics[name]
     text = Text(_fmt(median))
-    if high != low:
+    if _fmt(high) != _fmt(low):
         text.append(f" [{_fmt(low)}-{_fmt(high)}]", style="dim")
     if name in row.noisy:
         text.append(" !", style="yellow")
@@ -99,13 +108,13 @@ def _cell(row: LeaderboardRow, name: str) -> Text:
 
 
 def render_leaderboard(board: Leaderboard, console: Console | None = None) -> None:
-    console = console or Console()
-    table = Table(title=f"leaderboard: {board.study_name} (median [min-max] over rounds)", title_justify="left")
-    table.add_column("trial", justify="right")
-    table.add_column("settings (changed from baseline)")
-    table.add_column("score", justify="right")
+    console = console or make_console()
+    table = Table(title=escape(f"leaderboard: {board.study_name} (median [min-max] over rounds)"), title_justify="left")
+    table.add_column("trial", justify="right", no_wrap=True)
+    table.add_column("settings (changed from baseline)", no_wrap=True)
+    table.add_column("score", justify="right", no_wrap=True)
     for name in _TABLE_METRICS:
-        table.add_column(_label(name), justify="right")
+        table.add_column(_label(name), justify="right", no_wrap=True)
     for row in board.rows:
         if row.score is None:
             settings = Text(_settings(row.changed or row.params))

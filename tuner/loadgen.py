@@ -83,7 +83,8 @@ async def _send(
                         if event is None:
                             continue
                         now = time.perf_counter() - started
-                        token_s.extend([now] * event.tokens)
+                        arrived = event.tokens if event.tokens_so_far is None else event.tokens_so_far - len(token_s)
+                        token_s.extend([now] * max(arrived, 0))
                         if event.error is not None:
                             status, error = RequestStatus.HTTP_ERROR, event.error
                         if event.timings is not None:

@@ -106,9 +106,16 @@ def long_prefill_windows(records: Sequence[RequestRecord], *, long_prompt_tokens
     return windows
 
 
-def _tokens_between(token_s: Sequence[float], start: float, end: float) -> int:
-    times = np.asarray(token_s)
-    return int(np.count_nonzero((times > start) & (times <= end)))
+def _tokens_between(token_s: Sequence[float], start: float, end: float) -> float:
+    """Decode progress between two instants, in tokens.
+
+    Progress is the cumulative token count interpolated linearly between arrivals, so a window that
+    falls inside one long gap gets that gap's rate instead of 0 or 1 whole token: counting whole
+    tokens would make a 7 s stall read 0 tok/s in one round and 0.14 in the next.
+    """
+    times = np.asarray(token_s, dtype=float)
+    counts = np.arange(len(times), dtype=float)
+    return float(np.interp(end, times, counts) - np.interp(start, times, counts))
 
 
 def stall_samples(
@@ -117,8 +124,8 @@ def stall_samples(
     """Decode speeds of streams inside long-prefill windows, and of the same streams outside them.
 
     A stream is measured from its first token to its last. Inside: for every (stream, window) pair
-    overlapping at least `min_overlap_s`, tokens that arrived in the overlap over its length. Outside:
-    per stream, tokens in its decode time not covered by any window over that time.
+    overlapping at least `min_overlap_s`, the stream's progress during the overlap over its length.
+    Outside: per stream, its progress in decode time not covered by any window over that time.
     """
     inside: list[float] = []
     outside: list[float] = []
@@ -143,7 +150,7 @@ def stall_samples(
 
 def _outside(
     token_s: Sequence[float], first: float, last: float, covered: list[tuple[float, float]]
-) -> tuple[float, int]:
+) -> tuple[float, float]:
     merged: list[list[float]] = []
     for start, end in sorted(covered):
         if merged and start <= merged[-1][1]:

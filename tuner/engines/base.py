@@ -49,9 +49,15 @@ class HttpCall:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamEvent:
-    """What one line of a response stream carried."""
+    """What one line of a response stream carried.
+
+    `tokens_so_far`, when the engine reports it, is the number of tokens generated up to this line; it
+    is more reliable than counting tokens per line, because llama-server withholds tokens that end
+    in an incomplete UTF-8 character and sends them later without listing them.
+    """
 
     tokens: int = 0
+    tokens_so_far: int | None = None
     done: bool = False
     timings: ServerTimings | None = None
     error: str | None = None

@@ -248,11 +248,14 @@ class LlamaServerEngine:
             return StreamEvent(error=str(message), done=True)
         tokens = chunk.get("tokens")
         count = len(tokens) if isinstance(tokens, list) else (1 if chunk.get("content") else 0)
+        so_far = chunk.get("tokens_predicted")
+        so_far = so_far if isinstance(so_far, int) else None
         if not chunk.get("stop"):
-            return StreamEvent(tokens=count)
+            return StreamEvent(tokens=count, tokens_so_far=so_far)
         timings = chunk.get("timings") or {}
         return StreamEvent(
             tokens=count,
+            tokens_so_far=so_far,
             done=True,
             timings=ServerTimings(
                 cache_n=int(timings.get("cache_n", 0)),
