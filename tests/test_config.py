@@ -95,3 +95,15 @@ def test_a_constraint_naming_an_unknown_knob_is_refused(tmp_path: Path) -> None:
 def test_a_malformed_constraint_is_refused() -> None:
     with pytest.raises(ValueError, match="knob op knob"):
         Constraint.parse("n_ubatch <= n_batch; rm -rf /")
+
+
+def test_a_sampler_whose_dependency_is_missing_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else real_find_spec(name, *a)
+    )
+    spec, base = load_study(DEMO, ['search.sampler="qmc"'])
+    with pytest.raises(ConfigError, match=r"needs scipy: .*pip install scipy"):
+        prepare_study(spec, base)

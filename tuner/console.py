@@ -63,8 +63,8 @@ class ConsoleObserver(NullObserver):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or make_console()
 
-    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None:
-        resumed = f", resuming with {resumed_trials} done" if resumed_trials else ""
+    def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
+        resumed = f", resuming: baseline and {trials_done} trials already measured" if baseline_done else ""
         self.console.print(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
 
     def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:

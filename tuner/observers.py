@@ -11,7 +11,7 @@ __all__ = ["NullObserver", "StudyObserver"]
 
 
 class StudyObserver(Protocol):
-    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None: ...
+    def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None: ...
 
     def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None: ...
 
@@ -33,7 +33,7 @@ class StudyObserver(Protocol):
 class NullObserver:
     """Observes nothing; the base for observers that only care about some events."""
 
-    def study_started(self, *, name: str, run_dir: str, resumed_trials: int, budget: int) -> None:
+    def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         pass
 
     def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:

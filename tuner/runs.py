@@ -26,8 +26,17 @@ from tuner.models import RequestRecord
 
 __all__ = ["RunDirectory", "write_atomic"]
 
-# Keys of the spec that may change between runs of the same study without invalidating its trials.
-_RESUMABLE_KEYS = ("budget", "description")
+# Keys of the spec that may change between runs of the same study without invalidating its trials:
+# they decide what is tried next, not what a trial measured.
+_RESUMABLE_KEYS = ("budget", "description", "seed")
+_RESUMABLE_SEARCH_KEYS = ("sampler",)
+
+
+def _measured_part(spec: dict[str, Any]) -> dict[str, Any]:
+    part = {k: v for k, v in spec.items() if k not in _RESUMABLE_KEYS}
+    if isinstance(part.get("search"), dict):
+        part["search"] = {k: v for k, v in part["search"].items() if k not in _RESUMABLE_SEARCH_KEYS}
+    return part
 
 
 def write_atomic(path: Path, data: str) -> None:
@@ -91,10 +100,9 @@ class RunDirectory:
     def check_spec(self, spec: dict[str, Any]) -> None:
         """Records the spec on the first run; refuses a resume whose spec changed what trials measure."""
         stored_path = self.path / "spec.json"
-        comparable = {k: v for k, v in spec.items() if k not in _RESUMABLE_KEYS}
+        comparable = _measured_part(spec)
         if stored_path.exists():
-            stored = json.loads(stored_path.read_text())
-            stored_comparable = {k: v for k, v in stored.items() if k not in _RESUMABLE_KEYS}
+            stored_comparable = _measured_part(json.loads(stored_path.read_text()))
             if stored_comparable != comparable:
                 changed = sorted(
                     k for k in set(stored_comparable) | set(comparable) if stored_comparable.get(k) != comparable.get(k)

@@ -8,6 +8,7 @@ that were deployed, across resumes.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
 import time
@@ -43,6 +44,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # the sampler has nothing new to offer.
 _MAX_SKIPPED_PROPOSALS = 200
 
+# Samplers whose Optuna implementation needs a package serve-tuner does not depend on.
+_SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
+
 _SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
@@ -62,7 +66,17 @@ class PreparedStudy:
     trace: Trace
 
 
+def _check_sampler(name: str) -> None:
+    missing = [package for package in _SAMPLER_NEEDS.get(name, ()) if importlib.util.find_spec(package) is None]
+    if missing:
+        raise ConfigError(
+            f"search.sampler {name!r} needs {', '.join(missing)}: .venv/bin/pip install {' '.join(missing)}, "
+            'or use sampler = "tpe"'
+        )
+
+
 def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
+    _check_sampler(spec.search.sampler)
     engine = create_engine(spec.engine)
     space = load_search_space(base_dir / spec.search.space).restricted_to(spec.search.params)
     if space.engine != engine.kind:
@@ -330,7 +344,11 @@ async def run_study(
         loop.fail_interrupted_trials()
         loop.ensure_baseline_queued()
         observer.study_started(
-            name=spec.name, run_dir=str(run_path), resumed_trials=loop.deployed_trials(), budget=spec.budget.trials
+            name=spec.name,
+            run_dir=str(run_path),
+            baseline_done=loop.baseline_trial() is not None,
+            trials_done=loop.deployed_trials(),
+            budget=spec.budget.trials,
         )
         async with create_transport(spec.host) as transport:
             deployer = create_deployer(spec.deploy, transport=transport)
