@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -119,3 +120,34 @@ def test_leaderboard_of_a_directory_without_a_study_says_so(tmp_path: Path) -> N
     result = tuner_cli("leaderboard", str(tmp_path))
     assert result.returncode == 1
     assert "holds no study" in one_error_line(result)
+
+
+@pytest.mark.real_server
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
+    tmp_path: Path, llama_server_binary: Path, sig: signal.Signals, exit_code: int
+) -> None:
+    before = llama_server_processes(llama_server_binary)
+    command = [sys.executable, "-m", "tuner", "run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=1"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "server healthy" in line:
+                break
+        assert len(llama_server_processes(llama_server_binary)) > len(before), "no server was started"
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == exit_code, stderr
+    assert "baseline was restored" in stderr
+    assert llama_server_processes(llama_server_binary) == before, "a llama-server was left running"
+
+    study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
+    (interrupted,) = study.get_trials()
+    assert interrupted.state.name == "FAIL"
+    assert "interrupted" in interrupted.user_attrs["fail_reason"]
+
+    resumed = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0")
+    assert resumed.returncode == 0, resumed.stderr
+    study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
+    baselines = [t for t in study.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]
+    assert len(baselines) == 1

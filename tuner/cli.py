@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tuner.console import ConsoleObserver, make_console, render_leaderboard
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import StudyError, TunerError
-from tuner.report import build_leaderboard, leaderboard_frame
+from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
 
@@ -66,12 +67,16 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         await run_study(spec, base_dir, run_path, ConsoleObserver(console))
 
+    started = time.monotonic()
     asyncio.run(main())
-    _show(run_path, console, [o.metric for o in spec.objectives])
+    board = _show(run_path, console, [o.metric for o in spec.objectives])
+    leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
     return 0
 
 
-def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv: Path | None = None) -> None:
+def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv: Path | None = None) -> Leaderboard:
     from tuner.study import open_optuna_study_readonly
 
     study = open_optuna_study_readonly(RunDirectory(run_path))
@@ -80,6 +85,7 @@ def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv:
     if csv is not None:
         leaderboard_frame(board).to_csv(csv, index=False)
         console.print(f"wrote {csv}")
+    return board
 
 
 def main(argv: Sequence[str] | None = None) -> int:

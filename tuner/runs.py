@@ -64,10 +64,6 @@ class RunDirectory:
     def journal(self) -> Path:
         return self.path / "optuna.journal"
 
-    @property
-    def summary(self) -> Path:
-        return self.path / "summary.json"
-
     def trial_dir(self, number: int) -> Path:
         return self.path / "trials" / f"{number:04d}"
 

@@ -247,6 +247,11 @@ class _StudyRun:
             if baseline:
                 raise StudyError(f"the baseline could not be measured: {exc}") from None
             return
+        except BaseException:
+            # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and the trial is not left RUNNING.
+            trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
         self.finish_trial(trial, rounds, baseline=baseline)
 
     async def warm_up(self, base_url: str) -> None:
