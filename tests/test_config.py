@@ -107,3 +107,15 @@ def test_a_sampler_whose_dependency_is_missing_is_refused_with_the_fix(monkeypat
     spec, base = load_study(DEMO, ['search.sampler="qmc"'])
     with pytest.raises(ConfigError, match=r"needs scipy: .*pip install scipy"):
         prepare_study(spec, base)
+
+
+def test_a_missing_compiler_is_one_line_naming_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from tuner import assets
+    from tuner.errors import AssetError
+
+    monkeypatch.setenv("SERVE_TUNER_CACHE", "/nonexistent-cache")
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "cmake" else "/usr/bin/" + tool)
+    with pytest.raises(AssetError, match=r"needs cmake: install them \(Debian/Ubuntu: apt-get install cmake"):
+        assets.ensure_llama_server(log=False)

@@ -11,20 +11,19 @@ runs/<study>/
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from tuner.errors import StudyError
+from tuner.files import write_atomic
 from tuner.models import RequestRecord
 
-__all__ = ["RunDirectory", "write_atomic"]
+__all__ = ["RunDirectory"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
 # they decide what is tried next, not what a trial measured.
@@ -37,22 +36,6 @@ def _measured_part(spec: dict[str, Any]) -> dict[str, Any]:
     if isinstance(part.get("search"), dict):
         part["search"] = {k: v for k, v in part["search"].items() if k not in _RESUMABLE_SEARCH_KEYS}
     return part
-
-
-def write_atomic(path: Path, data: str) -> None:
-    """Writes a file so that readers see the old or the new content, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 class RunDirectory:
@@ -107,11 +90,11 @@ class RunDirectory:
                     f"{self.path} holds a study with a different {', '.join(changed)}; "
                     "rename the study (name = ...) or remove that run directory"
                 )
-        write_atomic(stored_path, json.dumps(spec, indent=2, sort_keys=True, default=str) + "\n")
+        write_atomic(stored_path, (json.dumps(spec, indent=2, sort_keys=True, default=str) + "\n").encode())
 
     def save_records(self, number: int, round_index: int, records: Iterable[RequestRecord]) -> Path:
         path = self.trial_dir(number) / f"round-{round_index + 1}.jsonl"
-        write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records))
+        write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records).encode())
         return path
 
     def load_records(self, number: int, round_index: int) -> list[RequestRecord]:

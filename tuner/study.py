@@ -240,19 +240,18 @@ class _StudyRun:
             rounds = []
             for round_index in range(self.spec.rounds):
                 rounds.append(await self.measure_round(trial.number, round_index, launch.base_url, deployer))
+            self.finish_trial(trial, rounds, baseline=baseline)
         except (DeployError, MeasurementError) as exc:
             trial.set_user_attr("fail_reason", str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
             self.observer.trial_failed(number=trial.number, reason=str(exc))
             if baseline:
                 raise StudyError(f"the baseline could not be measured: {exc}") from None
-            return
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and the trial is not left RUNNING.
             trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
-        self.finish_trial(trial, rounds, baseline=baseline)
 
     async def warm_up(self, base_url: str) -> None:
         """One short request first, so that no round pays for the server's cold start."""
@@ -309,23 +308,15 @@ class _StudyRun:
         return metrics
 
     def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
+        """Scores the rounds and tells Optuna; `MeasurementError` if an objective metric had no data."""
         objectives = self.spec.objectives
         reference_trial = None if baseline else self.baseline_trial()
         reference = (
             median_metrics(rounds) if reference_trial is None else median_metrics(reference_trial.user_attrs["rounds"])
         )
-        try:
-            scores = [score_round(metrics, reference, objectives) for metrics in rounds]
-        except MeasurementError as exc:
-            trial.set_user_attr("rounds", rounds)
-            trial.set_user_attr("fail_reason", str(exc))
-            self.study.tell(trial, state=TrialState.FAIL)
-            self.observer.trial_failed(number=trial.number, reason=str(exc))
-            if baseline:
-                raise StudyError(f"the baseline could not be scored: {exc}") from None
-            return
-        noisy = noisy_metrics(rounds, [o.metric for o in objectives])
         trial.set_user_attr("rounds", rounds)
+        scores = [score_round(metrics, reference, objectives) for metrics in rounds]
+        noisy = noisy_metrics(rounds, [o.metric for o in objectives])
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -136,6 +136,18 @@ class LlamaServerOptions(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
 
 
+def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str, key: str) -> str:
+    """A configured path, or with `auto` the one `tuner setup` made."""
+    if configured != "auto":
+        if not Path(configured).is_file():
+            raise AssetError(f"{what} {configured} does not exist; fix {key}")
+        return configured
+    found = find_built()
+    if found is None:
+        raise AssetError(f"the {what} is not there yet; run `tuner setup` (one time, about 10 minutes)")
+    return str(found)
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -173,26 +185,10 @@ class LlamaServerEngine:
         return self._options.settings
 
     def resolve_binary(self) -> str:
-        if self._options.binary != "auto":
-            path = Path(self._options.binary)
-            if not path.is_file():
-                raise AssetError(f"llama-server binary {path} does not exist; fix engine.binary")
-            return str(path)
-        found = assets.find_llama_server()
-        if found is None:
-            raise AssetError("llama-server is not built yet; run `tuner setup` (one time, about 10 minutes)")
-        return str(found)
+        return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary", key="engine.binary")
 
     def resolve_model(self) -> str:
-        if self._options.model != "auto":
-            path = Path(self._options.model)
-            if not path.is_file():
-                raise AssetError(f"model file {path} does not exist; fix engine.model")
-            return str(path)
-        found = assets.find_model()
-        if found is None:
-            raise AssetError("the SmolLM2 model is not fetched yet; run `tuner setup`")
-        return str(found)
+        return _resolve(self._options.model, assets.find_model, what="model file", key="engine.model")
 
     def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(tuned)

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import os
 import signal
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner.config import StrictModel
 from tuner.errors import CommandFailed, TransportError
+from tuner.files import write_atomic
 from tuner.transports.base import TRANSPORTS, CommandResult
 
 __all__ = ["LocalOptions", "LocalProcess", "LocalTransport"]
@@ -90,21 +90,8 @@ class LocalTransport:
         return result
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        target = Path(path)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.chmod(tmp, mode)
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(Path(path), data, mode=mode)
         except OSError as exc:
             raise TransportError(f"cannot write {path}: {exc.strerror}") from None
 
