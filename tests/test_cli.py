@@ -151,3 +151,15 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
     baselines = [t for t in study.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]
     assert len(baselines) == 1
+
+
+@pytest.mark.real_server
+def test_client_and_server_stall_speeds_agree_within_25_percent(tmp_path: Path, llama_server_binary: Path) -> None:
+    result = tuner_cli("run", str(DATA / "validation-study.toml"), "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    study = open_optuna_study_readonly(RunDirectory(tmp_path / "validation"))
+    (baseline,) = study.get_trials()
+    for metrics in baseline.user_attrs["rounds"]:
+        client, server = metrics["stall_tok_s"], metrics["server_stall_tok_s"]
+        assert client is not None and server is not None, metrics
+        assert abs(server - client) <= 0.25 * client, f"client {client:.2f} tok/s, server {server:.2f} tok/s"

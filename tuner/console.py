@@ -78,6 +78,8 @@ class ConsoleObserver(NullObserver):
         self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
     ) -> None:
         parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
+        if metrics.get("server_stall_tok_s") is not None:
+            parts[1] += f" (server log {_fmt(metrics['server_stall_tok_s'])})"
         failed = f"  [red]{failures} failed[/]" if failures else ""
         self.console.print(f"  round {round_index + 1}/{rounds}  " + "  ".join(parts) + failed)
 

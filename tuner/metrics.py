@@ -10,9 +10,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.models import RequestRecord
+from tuner.models import RequestRecord, TaskTimeline
 
-__all__ = ["METRICS", "MetricInfo", "OverlapWindow", "compute_metrics", "long_prefill_windows", "stall_samples"]
+# A tg_3s sample counts as "during a long prefill" if its interval lies inside the window up to this
+# much, since log timestamps and the window's ends come from different log lines.
+_SERVER_WINDOW_TOLERANCE_S = 0.1
+
+__all__ = [
+    "METRICS",
+    "MetricInfo",
+    "OverlapWindow",
+    "compute_metrics",
+    "long_prefill_windows",
+    "server_metrics",
+    "stall_samples",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +73,26 @@ METRICS: dict[str, MetricInfo] = {
             unit="tok/s",
             better="higher",
             description="Output tokens received per second of the measurement window.",
+        ),
+        MetricInfo(
+            name="wait_p95_s",
+            unit="s",
+            better="lower",
+            description="Time to first token minus the server's prompt time, p95: queueing and any wait before "
+            "prefill, which the server's prompt timings do not show.",
+        ),
+        MetricInfo(
+            name="server_stall_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="The server's tg_3s samples of slots whose whole interval lay inside another slot's long "
+            "prefill, median.",
+        ),
+        MetricInfo(
+            name="server_wait_max_s",
+            unit="s",
+            better="lower",
+            description="Longest time a task held its slot without being computed (server log).",
         ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
     )
@@ -193,6 +225,7 @@ def compute_metrics(
     prefill = (
         sum(t.prompt_n for t in long_timed) / (sum(t.prompt_ms for t in long_timed) / 1000.0) if long_timed else None
     )
+    waits = [max(0.0, (r.token_s[0] - r.send_s) - r.timings.prompt_ms / 1000.0) for r in ok if r.timings is not None]
     span = (max(r.end_s for r in records) - min(r.send_s for r in records)) if records else 0.0
     return {
         "ttft_p50_s": _percentile(ttft, 50),
@@ -205,5 +238,37 @@ def compute_metrics(
         "unstalled_tok_s": _median(outside),
         "prefill_tok_s": prefill,
         "output_tok_s": sum(len(r.token_s) for r in ok) / span if span > 0 else None,
+        "wait_p95_s": _percentile(waits, 95),
         "failures": float(len(records) - len(ok)),
     }
+
+
+def server_metrics(
+    tasks: Sequence[TaskTimeline], *, long_prompt_tokens: int, min_overlap_s: float
+) -> dict[str, float | None]:
+    """The server's own view of a round, from its log: stall speed and the longest wait in a slot.
+
+    A `tg_3s` sample covers the time since the slot's previous sample; the first sample of a task has
+    no known start and is left out. A sample counts when its interval lies inside another task's long
+    prefill window, so the server-side stall speed is comparable to the client's `stall_tok_s`.
+    """
+    windows = [
+        (task.task, window)
+        for task in tasks
+        if (window := task.prefill_window_s) is not None and (task.prompt_n or 0) >= long_prompt_tokens
+    ]
+    inside: list[float] = []
+    for task in tasks:
+        for previous, sample in zip(task.rate_samples, task.rate_samples[1:], strict=False):
+            start, end = previous.at_s, sample.at_s
+            if end - start < min_overlap_s:
+                continue
+            if any(
+                other != task.task
+                and start >= window_start - _SERVER_WINDOW_TOLERANCE_S
+                and end <= window_end + _SERVER_WINDOW_TOLERANCE_S
+                for other, (window_start, window_end) in windows
+            ):
+                inside.append(sample.tg_3s)
+    waits = [w for task in tasks if (w := task.wait_before_prefill_s) is not None]
+    return {"server_stall_tok_s": _median(inside), "server_wait_max_s": max(waits) if waits else None}

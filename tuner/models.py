@@ -5,6 +5,7 @@ says what to send and when, a `RequestRecord` says what happened, measured on on
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -12,11 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "LaunchSpec",
+    "PrefillProgress",
     "ReplayRequest",
     "RequestRecord",
     "RequestStatus",
     "RoundResult",
     "ServerTimings",
+    "TaskTimeline",
+    "TokenRateSample",
 ]
 
 
@@ -108,3 +112,62 @@ class RoundResult(_Contract):
     failures: int
     requests: int
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenRateSample:
+    """One `n_gen / tg / tg_3s` line: `tg_3s` is the slot's rate since its previous such line."""
+
+    at_s: float
+    n_gen: int
+    tg: float
+    tg_3s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillProgress:
+    at_s: float
+    n_tokens: int
+    progress: float
+
+
+@dataclass(kw_only=True)
+class TaskTimeline:
+    """What the server's log says about one task (one request) on one slot, on the server's clock."""
+
+    task: int
+    slot: int
+    launch_s: float | None = None
+    release_s: float | None = None
+    prompt_ms: float | None = None
+    prompt_n: int | None = None
+    eval_ms: float | None = None
+    eval_n: int | None = None
+    n_tokens_at_release: int | None = None
+    rate_samples: list[TokenRateSample] = field(default_factory=list)
+    prefill_progress: list[PrefillProgress] = field(default_factory=list)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """Prompt length, cached part included: the slot holds prompt + generated - 1 at release."""
+        if self.n_tokens_at_release is None or self.eval_n is None:
+            return None
+        return self.n_tokens_at_release + 1 - self.eval_n
+
+    @property
+    def wait_before_prefill_s(self) -> float | None:
+        """Time the task held its slot without being computed: in the slot, minus prompt eval and eval."""
+        if None in (self.launch_s, self.release_s, self.prompt_ms, self.eval_ms):
+            return None
+        assert self.launch_s is not None and self.release_s is not None
+        assert self.prompt_ms is not None and self.eval_ms is not None
+        return max(0.0, (self.release_s - self.launch_s) - (self.prompt_ms + self.eval_ms) / 1000.0)
+
+    @property
+    def prefill_window_s(self) -> tuple[float, float] | None:
+        """When the prompt was being processed: it ended where decoding started."""
+        if None in (self.release_s, self.prompt_ms, self.eval_ms):
+            return None
+        assert self.release_s is not None and self.prompt_ms is not None and self.eval_ms is not None
+        end = self.release_s - self.eval_ms / 1000.0
+        return end - self.prompt_ms / 1000.0, end

@@ -8,6 +8,7 @@ that were deployed, across resumes.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import math
 import statistics
@@ -28,7 +29,7 @@ from tuner.deployers.base import Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.loadgen import replay
-from tuner.metrics import METRICS, compute_metrics
+from tuner.metrics import METRICS, compute_metrics, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
@@ -39,6 +40,8 @@ from tuner.workloads import Trace, load_trace, synthesize_requests
 __all__ = ["PreparedStudy", "open_optuna_study", "open_optuna_study_readonly", "prepare_study", "run_study"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_LOG_SETTLE_S = 0.3
 
 # Consecutive proposals that are skipped (constraint violated, already measured) before we decide
 # the sampler has nothing new to offer.
@@ -237,9 +240,13 @@ class _StudyRun:
             deployment = await deployer.apply(launch, log_path=str(trial_dir / "server.log"))
             self.observer.server_ready(number=trial.number, seconds=deployment.started_in_s)
             await self.warm_up(launch.base_url)
+            _, log_mark = await deployer.read_log(0)
             rounds = []
             for round_index in range(self.spec.rounds):
-                rounds.append(await self.measure_round(trial.number, round_index, launch.base_url, deployer))
+                metrics, log_mark = await self.measure_round(
+                    trial.number, round_index, launch.base_url, deployer, log_mark
+                )
+                rounds.append(metrics)
             self.finish_trial(trial, rounds, baseline=baseline)
         except (DeployError, MeasurementError) as exc:
             trial.set_user_attr("fail_reason", str(exc))
@@ -274,8 +281,9 @@ class _StudyRun:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
 
     async def measure_round(
-        self, number: int, round_index: int, base_url: str, deployer: Deployer
-    ) -> dict[str, float | None]:
+        self, number: int, round_index: int, base_url: str, deployer: Deployer, log_mark: int
+    ) -> tuple[dict[str, float | None], int]:
+        """One replay of the workload; returns its metrics, client's and server's, and the new log mark."""
         requests = synthesize_requests(
             self.prepared.trace,
             token_range=self.prepared.engine.prompt_token_range(),
@@ -301,11 +309,21 @@ class _StudyRun:
             long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
             min_overlap_s=self.spec.metrics.min_overlap_s,
         )
+        # The server logs a task's release just after its last chunk is sent.
+        await asyncio.sleep(_LOG_SETTLE_S)
+        log_text, log_mark = await deployer.read_log(log_mark)
+        metrics.update(
+            server_metrics(
+                self.prepared.engine.parse_log(log_text.splitlines()),
+                long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
+                min_overlap_s=self.spec.metrics.min_overlap_s,
+            )
+        )
         failures = sum(1 for r in records if not r.ok)
         self.observer.round_finished(
             number=number, round_index=round_index, rounds=self.spec.rounds, metrics=metrics, failures=failures
         )
-        return metrics
+        return metrics, log_mark
 
     def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
         """Scores the rounds and tells Optuna; `MeasurementError` if an objective metric had no data."""
@@ -315,7 +333,15 @@ class _StudyRun:
             median_metrics(rounds) if reference_trial is None else median_metrics(reference_trial.user_attrs["rounds"])
         )
         trial.set_user_attr("rounds", rounds)
-        scores = [score_round(metrics, reference, objectives) for metrics in rounds]
+        try:
+            scores = [score_round(metrics, reference, objectives) for metrics in rounds]
+        except MeasurementError as exc:
+            failed = sum(int(m.get("failures") or 0) for m in rounds)
+            if not failed:
+                raise
+            raise MeasurementError(
+                f"{exc}; {failed} requests failed, see {self.run_dir.trial_dir(trial.number)}/round-*.jsonl"
+            ) from None
         noisy = noisy_metrics(rounds, [o.metric for o in objectives])
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)

@@ -47,6 +47,10 @@ class Deployer(Protocol):
         """None while the deployed server runs; otherwise why it is not running."""
         ...
 
+    async def read_log(self, since: int) -> tuple[str, int]:
+        """The server's log written after position `since`, and the position to pass next time."""
+        ...
+
     async def restore(self) -> None: ...
 
 

@@ -62,6 +62,12 @@ class ProcessDeployer:
         status = await self._child.poll()
         return None if status is None else f"the process exited with status {status}"
 
+    async def read_log(self, since: int) -> tuple[str, int]:
+        if self._log_path is None:
+            return "", since
+        data = await self._transport.read_file(self._log_path)
+        return data[since:].decode(errors="replace"), len(data)
+
     async def restore(self) -> None:
         await self._stop_child()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from tuner.config import ParamValue, PluginSpec, validate_options
 from tuner.errors import ConfigError
-from tuner.models import LaunchSpec, ReplayRequest, ServerTimings
+from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 from tuner.registry import Registry
 
 __all__ = ["ENGINES", "Engine", "EngineFactory", "HttpCall", "Knob", "StreamEvent", "create_engine"]
@@ -84,6 +84,10 @@ class Engine(Protocol):
 
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         """Reads one line of the streamed response; None for lines that carry nothing."""
+        ...
+
+    def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
+        """The server's own account of each task in a stretch of its log."""
         ...
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -16,8 +16,9 @@ from pydantic import Field
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
 from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import AssetError, ConfigError
-from tuner.models import LaunchSpec, ReplayRequest, ServerTimings
+from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 
 __all__ = ["LLAMA_SERVER_KNOBS", "LlamaServerEngine", "LlamaServerOptions"]
 
@@ -227,6 +228,9 @@ class LlamaServerEngine:
         if request.lora is not None:
             body["lora"] = [{"id": adapter, "scale": scale} for adapter, scale in request.lora]
         return HttpCall(method="POST", path="/completion", json=body)
+
+    def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
+        return parse_llama_server_log(lines)
 
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         if not line.startswith("data:"):

@@ -1,0 +1,74 @@
+"""Reads llama-server's log into per-task timelines: the server's own evidence for a trial.
+
+Handles the current line shape (`M.SS.mmm.uuu L slot print_timing: id  1 | task 7 | ...`, function
+names cut to 12 characters), older builds whose final timings came as unprefixed lines after a
+`print_timing` header, and journal output with its `Mon DD HH:MM:SS host unit[pid]: ` prefix. The
+timestamp is minutes.seconds.milliseconds.microseconds since the server started, not hours.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from tuner.models import PrefillProgress, TaskTimeline, TokenRateSample
+
+__all__ = ["parse_llama_server_log", "parse_timestamp"]
+
+_TIMESTAMP = re.compile(r"(?:^|\s)(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) [IWED] ")
+_TASK = re.compile(r"\bslot\s+(\S+): id\s+(\d+) \| task (-?\d+) \|\s?(.*)$")
+_TG = re.compile(r"n_gen =\s*(\d+), tg =\s*([\d.]+) t/s, tg_3s =\s*([\d.]+) t/s")
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_RELEASE = re.compile(r"stop processing: n_tokens = (\d+)")
+_PROGRESS = re.compile(r"prompt processing(?: progress)?, n_tokens =\s*(\d+).*?progress = ([\d.]+)")
+
+
+def parse_timestamp(text: str) -> float | None:
+    """Seconds since the server started, from `M.SS.mmm.uuu`; None if the line has no timestamp."""
+    match = _TIMESTAMP.search(text)
+    if not match:
+        return None
+    minutes, seconds, millis, micros = (int(g) for g in match.groups())
+    return minutes * 60 + seconds + millis / 1e3 + micros / 1e6
+
+
+def parse_llama_server_log(lines: Iterable[str]) -> list[TaskTimeline]:
+    """Every task the log mentions, in launch order; lines of other kinds are ignored."""
+    tasks: dict[int, TaskTimeline] = {}
+    last_timed: TaskTimeline | None = None  # older builds print final timings without the task prefix
+    for line in lines:
+        at = parse_timestamp(line)
+        match = _TASK.search(line)
+        if match is None:
+            if last_timed is not None:
+                _read_timings(last_timed, line)
+            continue
+        task_id, slot, message = int(match[3]), int(match[2]), match[4]
+        if task_id < 0:
+            continue
+        task = tasks.setdefault(task_id, TaskTimeline(task=task_id, slot=slot))
+        if "processing task" in message and at is not None:
+            task.launch_s = at
+        elif (release := _RELEASE.search(message)) is not None:
+            task.release_s = at
+            task.n_tokens_at_release = int(release[1])
+        elif (rate := _TG.search(message)) is not None and at is not None:
+            task.rate_samples.append(
+                TokenRateSample(at_s=at, n_gen=int(rate[1]), tg=float(rate[2]), tg_3s=float(rate[3]))
+            )
+        elif (progress := _PROGRESS.search(message)) is not None and at is not None:
+            task.prefill_progress.append(
+                PrefillProgress(at_s=at, n_tokens=int(progress[1]), progress=float(progress[2]))
+            )
+        else:
+            _read_timings(task, message)
+        last_timed = task if match[1].strip() == "print_timing" else None
+    return sorted(tasks.values(), key=lambda t: (t.launch_s is None, t.launch_s or 0.0, t.task))
+
+
+def _read_timings(task: TaskTimeline, text: str) -> None:
+    if (prompt := _PROMPT_EVAL.search(text)) is not None:
+        task.prompt_ms, task.prompt_n = float(prompt[1]), int(prompt[2])
+    elif (decode := _EVAL.search(text)) is not None:
+        task.eval_ms, task.eval_n = float(decode[1]), int(decode[2])
