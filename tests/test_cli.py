@@ -163,3 +163,22 @@ def test_client_and_server_stall_speeds_agree_within_25_percent(tmp_path: Path, 
         client, server = metrics["stall_tok_s"], metrics["server_stall_tok_s"]
         assert client is not None and server is not None, metrics
         assert abs(server - client) <= 0.25 * client, f"client {client:.2f} tok/s, server {server:.2f} tok/s"
+
+
+@pytest.mark.real_server
+def test_the_same_config_measured_again_is_not_called_a_win(tmp_path: Path, llama_server_binary: Path) -> None:
+    result = tuner_cli(
+        "run",
+        str(TINY),
+        "--runs-dir",
+        str(tmp_path),
+        "--set",
+        'search.space="noise-space.toml"',
+        "--set",
+        "budget.trials=1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no setting beat the baseline beyond the run-to-run spread" in result.stdout
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "tiny")))
+    assert board.recommendation.row is None
+    assert [r.changed for r in board.rows if not r.baseline] == [{"cache_ram": 8000}]

@@ -6,7 +6,7 @@ import pytest
 
 from tuner.config import ObjectiveSpec
 from tuner.errors import MeasurementError
-from tuner.scoring import noisy_metrics, score_round, verdict
+from tuner.scoring import min_effect, noisy_metrics, score_round, verdict
 
 OBJECTIVES = [
     ObjectiveSpec(metric="stall_tok_s", direction="maximize", weight=1.0),
@@ -37,5 +37,20 @@ def test_rounds_differing_by_twenty_percent_are_flagged() -> None:
 
 
 def test_a_win_inside_the_baselines_spread_is_not_a_win() -> None:
-    assert not verdict([0.05, 0.30], [-0.1, 0.1]).better
-    assert verdict([0.5, 0.7], [-0.1, 0.1]).better
+    assert not verdict([0.05, 0.30], [-0.1, 0.1], min_effect=0.05).better
+    assert verdict([0.5, 0.7], [-0.1, 0.1], min_effect=0.05).better
+
+
+def test_a_coin_toss_above_the_baseline_is_not_a_win() -> None:
+    # Same config twice: both candidate rounds happen to land above both baseline rounds.
+    decision = verdict([0.03, 0.05], [-0.02, 0.01], min_effect=min_effect(OBJECTIVES))
+    assert not decision.better
+    assert "within" in decision.reason
+
+
+def test_a_gap_smaller_than_the_candidates_own_spread_is_not_a_win() -> None:
+    assert not verdict([0.3, 1.3], [-0.01, 0.01], min_effect=0.05).better
+
+
+def test_the_minimum_effect_is_five_percent_on_every_objective() -> None:
+    assert min_effect(OBJECTIVES) == pytest.approx(2 * math.log(1.05))

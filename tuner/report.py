@@ -89,13 +89,13 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
         study_name=study.study_name,
         rows=rows,
         baseline=baseline,
-        recommendation=_recommend(rows, baseline, baseline_trial),
+        recommendation=_recommend(rows, baseline, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
         objectives=list(objectives),
     )
 
 
 def _recommend(
-    rows: list[LeaderboardRow], baseline: LeaderboardRow | None, baseline_trial: FrozenTrial | None
+    rows: list[LeaderboardRow], baseline: LeaderboardRow | None, baseline_trial: FrozenTrial | None, min_effect: float
 ) -> Recommendation:
     if baseline is None or baseline_trial is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
@@ -105,7 +105,7 @@ def _recommend(
     best = candidates[0]
     baseline_scores = list(baseline_trial.user_attrs.get("round_scores", []))
     best_scores = [best.score_range[0], best.score_range[1]] if best.score_range else []
-    decision = verdict(best_scores, baseline_scores)
+    decision = verdict(best_scores, baseline_scores, min_effect=min_effect)
     settings = ", ".join(f"{k}={v}" for k, v in sorted(best.changed.items()))
     if decision.better:
         message = f"recommended: {settings} (trial {best.number}): {decision.reason}"

@@ -16,10 +16,12 @@ from tuner.config import ObjectiveSpec
 from tuner.errors import MeasurementError
 
 __all__ = [
+    "MIN_EFFECT_RATIO_LOG",
     "NOISE_FLAG_RATIO",
     "RATIO_CLAMP",
     "Verdict",
     "median_metrics",
+    "min_effect",
     "noisy_metrics",
     "score_round",
     "verdict",
@@ -30,6 +32,9 @@ __all__ = [
 RATIO_CLAMP = 100.0
 # The source article flags a setting whose rounds differ by 20% or more on a headline metric.
 NOISE_FLAG_RATIO = 0.20
+# Different GPUs of one model and different days move numbers by about 10% (source article); within one
+# session, a gain under 5% on every objective is not worth a config change.
+MIN_EFFECT_RATIO_LOG = math.log(1.05)
 
 Metrics = Mapping[str, float | None]
 
@@ -84,18 +89,40 @@ def noisy_metrics(rounds: Sequence[Metrics], names: Sequence[str]) -> list[str]:
 class Verdict:
     better: bool
     margin: float
+    needed: float
     reason: str
 
 
-def verdict(candidate_scores: Sequence[float], baseline_scores: Sequence[float]) -> Verdict:
-    """A candidate beats the baseline only if its worst round beats the baseline's best round.
+def min_effect(objectives: Sequence[ObjectiveSpec]) -> float:
+    """The smallest score gain called a win: 5% better on every objective."""
+    return MIN_EFFECT_RATIO_LOG * sum(o.weight for o in objectives)
 
-    With two or three rounds a confidence interval would be wider than this range test, so the test is
-    strict on purpose: a win inside the run-to-run spread is never called a win.
+
+def verdict(candidate_scores: Sequence[float], baseline_scores: Sequence[float], *, min_effect: float) -> Verdict:
+    """A candidate beats the baseline only if its worst round beats the baseline's best round by more
+    than the larger of the two trials' own round-to-round ranges and by more than `min_effect`.
+
+    With two rounds each, "every candidate round above every baseline round" alone happens by chance
+    one time in six when the two configs are the same; asking the gap to exceed the measured spread
+    and a minimum effect keeps such a coin toss from being reported as a win.
     """
     if not candidate_scores or not baseline_scores:
-        return Verdict(better=False, margin=0.0, reason="not enough rounds to compare")
+        return Verdict(better=False, margin=0.0, needed=min_effect, reason="not enough rounds to compare")
     margin = min(candidate_scores) - max(baseline_scores)
-    if margin > 0:
-        return Verdict(better=True, margin=margin, reason="every round beat every baseline round")
-    return Verdict(better=False, margin=margin, reason="its rounds overlap the baseline's spread")
+    spread = max(max(candidate_scores) - min(candidate_scores), max(baseline_scores) - min(baseline_scores))
+    needed = max(min_effect, spread)
+    if margin > needed:
+        return Verdict(
+            better=True,
+            margin=margin,
+            needed=needed,
+            reason=f"its worst round beat the baseline's best by {margin:.2f}, more than the {needed:.2f} "
+            "that noise and the minimum effect ask",
+        )
+    return Verdict(
+        better=False,
+        margin=margin,
+        needed=needed,
+        reason=f"its gap to the baseline ({margin:+.2f}) is within the {needed:.2f} that noise and the minimum "
+        "effect ask",
+    )

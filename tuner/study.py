@@ -33,7 +33,7 @@ from tuner.metrics import METRICS, compute_metrics, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
-from tuner.scoring import median_metrics, noisy_metrics, score_round
+from tuner.scoring import median_metrics, min_effect, noisy_metrics, score_round
 from tuner.transports.base import create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests
 
@@ -363,6 +363,7 @@ async def run_study(
         run_dir.check_spec(spec.model_dump(mode="json"))
         study = open_optuna_study(run_dir, spec)
         loop = _StudyRun(prepared, run_dir, study, observer)
+        study.set_user_attr("min_effect", min_effect(spec.objectives))
         loop.fail_interrupted_trials()
         loop.ensure_baseline_queued()
         observer.study_started(
