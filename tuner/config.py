@@ -22,6 +22,7 @@ from tuner.errors import ConfigError
 
 __all__ = [
     "BudgetSpec",
+    "ConfirmSpec",
     "Constraint",
     "MetricsSpec",
     "ObjectiveSpec",
@@ -83,6 +84,13 @@ class MetricsSpec(StrictModel):
     )
 
 
+class ConfirmSpec(StrictModel):
+    top: int = Field(default=1, ge=0, description="Re-measure this many of the best trials against the baseline.")
+    pairs: int = Field(
+        default=3, ge=2, description="Baseline/candidate pairs per re-measurement, in alternating order."
+    )
+
+
 class ObjectiveSpec(StrictModel):
     metric: str = Field(description="A metric name, e.g. stall_tok_s, prefill_tok_s, ttft_p95_s.")
     direction: Literal["maximize", "minimize"]
@@ -109,6 +117,7 @@ class StudySpec(StrictModel):
     workload: WorkloadSpec
     search: SearchSpec
     metrics: MetricsSpec = MetricsSpec()
+    confirm: ConfirmSpec = ConfirmSpec()
     objectives: list[ObjectiveSpec] = Field(min_length=1)
 
 

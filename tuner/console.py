@@ -74,14 +74,12 @@ class ConsoleObserver(NullObserver):
     def server_ready(self, *, number: int, seconds: float) -> None:
         self.console.print(f"  server healthy after {seconds:.1f} s")
 
-    def round_finished(
-        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
-    ) -> None:
+    def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
         if metrics.get("server_stall_tok_s") is not None:
             parts[1] += f" (server log {_fmt(metrics['server_stall_tok_s'])})"
         failed = f"  [red]{failures} failed[/]" if failures else ""
-        self.console.print(f"  round {round_index + 1}/{rounds}  " + "  ".join(parts) + failed)
+        self.console.print(f"  {label}  " + "  ".join(parts) + failed)
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         flag = f"  [yellow]rounds differ by 20%+ on {', '.join(noisy)}[/]" if noisy else ""
@@ -92,6 +90,15 @@ class ConsoleObserver(NullObserver):
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
         self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
+
+    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:
+        self.console.print(
+            f"[bold cyan]re-measuring trial {number}[/] ({_settings(params)}) against the baseline: "
+            f"{pairs} pairs in alternating order"
+        )
+
+    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
+        self.console.print(f"  paired score difference {mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}")
 
     def restoring(self) -> None:
         self.console.print("restoring the baseline ...")

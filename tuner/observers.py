@@ -18,7 +18,7 @@ class StudyObserver(Protocol):
     def server_ready(self, *, number: int, seconds: float) -> None: ...
 
     def round_finished(
-        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
+        self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int
     ) -> None: ...
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None: ...
@@ -26,6 +26,10 @@ class StudyObserver(Protocol):
     def trial_failed(self, *, number: int, reason: str) -> None: ...
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
+
+    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None: ...
+
+    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None: ...
 
     def restoring(self) -> None: ...
 
@@ -42,9 +46,7 @@ class NullObserver:
     def server_ready(self, *, number: int, seconds: float) -> None:
         pass
 
-    def round_finished(
-        self, *, number: int, round_index: int, rounds: int, metrics: Mapping[str, float | None], failures: int
-    ) -> None:
+    def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         pass
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
@@ -54,6 +56,12 @@ class NullObserver:
         pass
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
+        pass
+
+    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:
+        pass
+
+    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
         pass
 
     def restoring(self) -> None:

@@ -89,32 +89,61 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
         study_name=study.study_name,
         rows=rows,
         baseline=baseline,
-        recommendation=_recommend(rows, baseline, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
+        recommendation=_recommend(study, rows, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
         objectives=list(objectives),
     )
 
 
 def _recommend(
-    rows: list[LeaderboardRow], baseline: LeaderboardRow | None, baseline_trial: FrozenTrial | None, min_effect: float
+    study: optuna.Study, rows: list[LeaderboardRow], baseline_trial: FrozenTrial | None, min_effect: float
 ) -> Recommendation:
-    if baseline is None or baseline_trial is None:
+    """The best setting that was re-measured against the baseline and won beyond noise; without a
+    re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
+    if baseline_trial is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
     candidates = [r for r in rows if not r.baseline and r.score is not None and r.changed]
     if not candidates:
         return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
+    confirmed = [
+        (r, study.user_attrs[f"confirmation_{r.number}"])
+        for r in candidates
+        if f"confirmation_{r.number}" in study.user_attrs
+    ]
+    if confirmed:
+        winners = [(r, c) for r, c in confirmed if c["ci"][0] > min_effect]
+        row, result = max(winners or confirmed, key=lambda rc: float(rc[1]["mean"]))
+        low, high = result["ci"]
+        evidence = (
+            f"paired score difference {result['mean']:+.2f} over {len(result['differences'])} alternating "
+            f"re-measurements against the baseline, 95% interval {low:+.2f}..{high:+.2f}"
+        )
+        decision = Verdict(better=bool(winners), margin=low, needed=min_effect, reason=evidence)
+        if winners:
+            return Recommendation(
+                row=row, verdict=decision, message=f"recommended: {_settings(row)} (trial {row.number}): {evidence}"
+            )
+        return Recommendation(
+            row=None,
+            verdict=decision,
+            message=f"no setting beat the baseline beyond noise; keep the baseline (best candidate was "
+            f"{_settings(row)}, trial {row.number}: {evidence}, not above the minimum effect {min_effect:.2f})",
+        )
     best = candidates[0]
     baseline_scores = list(baseline_trial.user_attrs.get("round_scores", []))
     best_scores = [best.score_range[0], best.score_range[1]] if best.score_range else []
     decision = verdict(best_scores, baseline_scores, min_effect=min_effect)
-    settings = ", ".join(f"{k}={v}" for k, v in sorted(best.changed.items()))
     if decision.better:
-        message = f"recommended: {settings} (trial {best.number}): {decision.reason}"
+        message = f"recommended: {_settings(best)} (trial {best.number}, not re-measured): {decision.reason}"
     else:
         message = (
             f"no setting beat the baseline beyond the run-to-run spread; keep the baseline "
-            f"(best candidate was {settings}, trial {best.number}: {decision.reason})"
+            f"(best candidate was {_settings(best)}, trial {best.number}: {decision.reason})"
         )
     return Recommendation(row=best if decision.better else None, verdict=decision, message=message)
+
+
+def _settings(row: LeaderboardRow) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(row.changed.items()))
 
 
 def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:

@@ -27,7 +27,7 @@ __all__ = ["RunDirectory"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
 # they decide what is tried next, not what a trial measured.
-_RESUMABLE_KEYS = ("budget", "description", "seed")
+_RESUMABLE_KEYS = ("budget", "confirm", "description", "seed")
 _RESUMABLE_SEARCH_KEYS = ("sampler",)
 
 
@@ -92,11 +92,12 @@ class RunDirectory:
                 )
         write_atomic(stored_path, (json.dumps(spec, indent=2, sort_keys=True, default=str) + "\n").encode())
 
-    def save_records(self, number: int, round_index: int, records: Iterable[RequestRecord]) -> Path:
-        path = self.trial_dir(number) / f"round-{round_index + 1}.jsonl"
+    def save_records(self, number: int, name: str, records: Iterable[RequestRecord]) -> Path:
+        """Saves one round's records as trials/<number>/<name>.jsonl (round-1, confirm-7-1, ...)."""
+        path = self.trial_dir(number) / f"{name}.jsonl"
         write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records).encode())
         return path
 
-    def load_records(self, number: int, round_index: int) -> list[RequestRecord]:
-        path = self.trial_dir(number) / f"round-{round_index + 1}.jsonl"
+    def load_records(self, number: int, name: str) -> list[RequestRecord]:
+        path = self.trial_dir(number) / f"{name}.jsonl"
         return [RequestRecord.model_validate_json(line) for line in path.read_text().splitlines() if line]

@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tuner.config import ObjectiveSpec
 from tuner.errors import MeasurementError
 
@@ -20,6 +22,7 @@ __all__ = [
     "NOISE_FLAG_RATIO",
     "RATIO_CLAMP",
     "Verdict",
+    "bootstrap_ci",
     "median_metrics",
     "min_effect",
     "noisy_metrics",
@@ -91,6 +94,17 @@ class Verdict:
     margin: float
     needed: float
     reason: str
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, confidence: float = 0.95, resamples: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean. With few pairs it is wide, which is the point."""
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(data, size=(resamples, len(data)), replace=True).mean(axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100.0 - tail))
 
 
 def min_effect(objectives: Sequence[ObjectiveSpec]) -> float:

@@ -33,7 +33,7 @@ from tuner.metrics import METRICS, compute_metrics, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
-from tuner.scoring import median_metrics, min_effect, noisy_metrics, score_round
+from tuner.scoring import bootstrap_ci, median_metrics, min_effect, noisy_metrics, score_round
 from tuner.transports.base import create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests
 
@@ -230,21 +230,22 @@ class _StudyRun:
 
     async def run_trial(self, trial: optuna.Trial, params: dict[str, ParamValue], deployer: Deployer) -> None:
         baseline = _is_baseline(trial)
-        engine = self.prepared.engine
         self.observer.trial_started(number=trial.number, params=params, baseline=baseline)
         trial.set_user_attr("deployed", True)
-        tuned: dict[str, ParamValue] = {} if baseline else params
-        trial_dir = self.run_dir.trial_dir(trial.number)
         try:
-            launch = engine.launch_spec(tuned)
-            deployment = await deployer.apply(launch, log_path=str(trial_dir / "server.log"))
-            self.observer.server_ready(number=trial.number, seconds=deployment.started_in_s)
-            await self.warm_up(launch.base_url)
-            _, log_mark = await deployer.read_log(0)
+            base_url, log_mark = await self.deploy(
+                {} if baseline else params, deployer, number=trial.number, log_name="server.log"
+            )
             rounds = []
             for round_index in range(self.spec.rounds):
                 metrics, log_mark = await self.measure_round(
-                    trial.number, round_index, launch.base_url, deployer, log_mark
+                    number=trial.number,
+                    prompts_index=round_index,
+                    label=f"round {round_index + 1}/{self.spec.rounds}",
+                    records_name=f"round-{round_index + 1}",
+                    base_url=base_url,
+                    deployer=deployer,
+                    log_mark=log_mark,
                 )
                 rounds.append(metrics)
             self.finish_trial(trial, rounds, baseline=baseline)
@@ -259,6 +260,72 @@ class _StudyRun:
             trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+
+    async def deploy(
+        self, tuned: Mapping[str, ParamValue], deployer: Deployer, *, number: int, log_name: str
+    ) -> tuple[str, int]:
+        """Starts the server with `tuned` on top of the base settings and warms it up.
+
+        Returns its URL and the position in its log where measurement starts.
+        """
+        launch = self.prepared.engine.launch_spec(tuned)
+        deployment = await deployer.apply(launch, log_path=str(self.run_dir.trial_dir(number) / log_name))
+        self.observer.server_ready(number=number, seconds=deployment.started_in_s)
+        await self.warm_up(launch.base_url)
+        _, log_mark = await deployer.read_log(0)
+        return launch.base_url, log_mark
+
+    async def confirm(self, deployer: Deployer) -> None:
+        """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores
+        the paired score differences with a bootstrap interval in the study's user attributes.
+
+        Alternating the order keeps a slow drift of the machine from favouring either side, and both
+        members of a pair replay the same prompts.
+        """
+        baseline = self.baseline_trial()
+        if baseline is None or self.spec.confirm.top == 0:
+            return
+        reference = median_metrics(baseline.user_attrs["rounds"])
+        for candidate in self.confirmation_candidates():
+            key = f"confirmation_{candidate.number}"
+            settings: dict[str, ParamValue] = dict(candidate.user_attrs["settings"])
+            self.observer.confirm_started(number=candidate.number, params=settings, pairs=self.spec.confirm.pairs)
+            differences = []
+            for pair in range(self.spec.confirm.pairs):
+                order = [(baseline.number, {}), (candidate.number, settings)]
+                if pair % 2:
+                    order.reverse()
+                scores: dict[int, float] = {}
+                for number, tuned in order:
+                    base_url, log_mark = await self.deploy(
+                        tuned, deployer, number=number, log_name=f"confirm-{candidate.number}-server.log"
+                    )
+                    metrics, _ = await self.measure_round(
+                        number=number,
+                        prompts_index=self.spec.rounds + pair,
+                        label=f"pair {pair + 1}/{self.spec.confirm.pairs} "
+                        + ("baseline" if number == baseline.number else f"trial {number}"),
+                        records_name=f"confirm-{candidate.number}-{pair + 1}",
+                        base_url=base_url,
+                        deployer=deployer,
+                        log_mark=log_mark,
+                    )
+                    scores[number] = score_round(metrics, reference, self.spec.objectives)
+                differences.append(scores[candidate.number] - scores[baseline.number])
+            low, high = bootstrap_ci(differences)
+            mean = statistics.fmean(differences)
+            self.study.set_user_attr(key, {"differences": differences, "mean": mean, "ci": [low, high]})
+            self.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
+
+    def confirmation_candidates(self) -> list[FrozenTrial]:
+        """The best measured trials that scored above the baseline and were not re-measured yet."""
+        measured = [
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("deployed") and not _is_baseline(t) and t.value is not None and t.value > 0
+        ]
+        best = sorted(measured, key=lambda t: -(t.value or 0.0))[: self.spec.confirm.top]
+        return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
 
     async def warm_up(self, base_url: str) -> None:
         """One short request first, so that no round pays for the server's cold start."""
@@ -281,14 +348,26 @@ class _StudyRun:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
 
     async def measure_round(
-        self, number: int, round_index: int, base_url: str, deployer: Deployer, log_mark: int
+        self,
+        *,
+        number: int,
+        prompts_index: int,
+        label: str,
+        records_name: str,
+        base_url: str,
+        deployer: Deployer,
+        log_mark: int,
     ) -> tuple[dict[str, float | None], int]:
-        """One replay of the workload; returns its metrics, client's and server's, and the new log mark."""
+        """One replay of the workload; returns its metrics, client's and server's, and the new log mark.
+
+        Every trial replays the same prompts for the same `prompts_index`, so that trials differ only in
+        their settings; rounds of one trial get fresh prompts, so that no round hits another's cache.
+        """
         requests = synthesize_requests(
             self.prepared.trace,
             token_range=self.prepared.engine.prompt_token_range(),
-            seed=self.spec.workload.seed * 1_000_003 + number,
-            round_index=round_index,
+            seed=self.spec.workload.seed,
+            round_index=prompts_index,
             time_scale=self.spec.workload.time_scale,
         )
         records = await replay(
@@ -297,13 +376,13 @@ class _StudyRun:
             base_url=base_url,
             request_timeout_s=self.spec.workload.request_timeout_s,
         )
-        self.run_dir.save_records(number, round_index, records)
+        self.run_dir.save_records(number, records_name, records)
         gone = await deployer.check_alive()
         if gone is not None:
-            raise MeasurementError(f"the server died during round {round_index + 1}: {gone}")
+            raise MeasurementError(f"the server died during {label}: {gone}")
         if not any(r.ok for r in records):
             first_error = next((r.error for r in records if r.error), "unknown")
-            raise MeasurementError(f"no request of round {round_index + 1} succeeded (first error: {first_error})")
+            raise MeasurementError(f"no request of {label} succeeded (first error: {first_error})")
         metrics = compute_metrics(
             records,
             long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
@@ -320,9 +399,7 @@ class _StudyRun:
             )
         )
         failures = sum(1 for r in records if not r.ok)
-        self.observer.round_finished(
-            number=number, round_index=round_index, rounds=self.spec.rounds, metrics=metrics, failures=failures
-        )
+        self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
         return metrics, log_mark
 
     def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
@@ -378,6 +455,7 @@ async def run_study(
             async with deployer:
                 try:
                     await loop.run(deployer, deadline)
+                    await loop.confirm(deployer)
                 finally:
                     observer.restoring()
         return study
