@@ -98,3 +98,16 @@ def test_windows_shorter_than_the_minimum_overlap_are_ignored() -> None:
     long = stream("long", 4.7, [5.0], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=300.0))
     inside, _ = stall_samples([chat, long], long_prefill_windows([long], long_prompt_tokens=1000), min_overlap_s=0.5)
     assert inside == []
+
+
+def test_the_slo_line_needs_enough_requests_no_failures_fast_first_tokens_and_fast_streams() -> None:
+    fast = [stream(f"r{i}", 0.0, evenly(0.5, 2.0, 20)) for i in range(20)]
+    assert compute_metrics(fast, long_prompt_tokens=1000, min_overlap_s=0.5)["slo_pass"] == 1.0
+    slow_first_token = [*fast[:18], *(stream(f"s{i}", 0.0, evenly(3.0, 4.0, 20)) for i in range(2))]
+    assert compute_metrics(slow_first_token, long_prompt_tokens=1000, min_overlap_s=0.5)["slo_pass"] == 0.0
+    failed = [*fast, stream("x", 0.0, [], status=RequestStatus.TIMEOUT)]
+    assert compute_metrics(failed, long_prompt_tokens=1000, min_overlap_s=0.5)["slo_pass"] == 0.0
+    slow_stream = [*fast[:19], *(stream("slow", 0.0, evenly(0.5, 10.0, 5)) for _ in range(1))]
+    metrics = compute_metrics(slow_stream, long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["slo_pass"] == 1.0  # the median user still decodes at 20 tok/s
+    assert compute_metrics(fast[:5], long_prompt_tokens=1000, min_overlap_s=0.5)["slo_pass"] is None

@@ -31,6 +31,7 @@ __all__ = [
     "PluginSpec",
     "SearchSpace",
     "SearchSpec",
+    "SloSpec",
     "StrictModel",
     "StudySpec",
     "WorkloadSpec",
@@ -73,6 +74,14 @@ class WorkloadSpec(StrictModel):
     seed: int = Field(default=0, description="Seed for the synthesized prompt tokens.")
 
 
+class SloSpec(StrictModel):
+    """The line a round must hold (the source article's pass mark by default)."""
+
+    ttft_p95_s: float = Field(default=2.0, gt=0, description="Time to first token, p95, at most this.")
+    decode_tok_s: float = Field(default=10.0, ge=0, description="Per-user decode speed, median, at least this.")
+    min_requests: int = Field(default=20, ge=1, description="Fewer requests in a round cannot show the line.")
+
+
 class MetricsSpec(StrictModel):
     long_prompt_tokens: int = Field(
         default=1000,
@@ -82,6 +91,7 @@ class MetricsSpec(StrictModel):
     min_overlap_s: float = Field(
         default=0.5, gt=0, description="Shortest decode/prefill overlap window that counts for stall tok/s."
     )
+    slo: SloSpec = Field(default_factory=SloSpec, description="The pass mark behind `slo_pass`.")
 
 
 class ConfirmSpec(StrictModel):

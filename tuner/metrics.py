@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.config import SloSpec
 from tuner.models import RequestRecord, TaskTimeline
 
 # A tg_3s sample counts as "during a long prefill" if its interval lies inside the window up to this
@@ -95,6 +96,13 @@ METRICS: dict[str, MetricInfo] = {
             description="Longest time a task held its slot without being computed (server log).",
         ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
+        MetricInfo(
+            name="slo_pass",
+            unit="",
+            better="higher",
+            description="1 if the round held the line (TTFT p95, per-user decode speed, no failures), 0 if not; "
+            "missing when the round had too few requests to tell.",
+        ),
     )
 }
 
@@ -204,7 +212,7 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def compute_metrics(
-    records: Sequence[RequestRecord], *, long_prompt_tokens: int, min_overlap_s: float
+    records: Sequence[RequestRecord], *, long_prompt_tokens: int, min_overlap_s: float, slo: SloSpec | None = None
 ) -> dict[str, float | None]:
     """All per-round metrics; a metric with no data (no long prompts, say) is None, never 0."""
     ok = [r for r in records if r.ok]
@@ -227,7 +235,7 @@ def compute_metrics(
     )
     waits = [max(0.0, (r.token_s[0] - r.send_s) - r.timings.prompt_ms / 1000.0) for r in ok if r.timings is not None]
     span = (max(r.end_s for r in records) - min(r.send_s for r in records)) if records else 0.0
-    return {
+    metrics = {
         "ttft_p50_s": _percentile(ttft, 50),
         "ttft_p95_s": _percentile(ttft, 95),
         "ttft_p99_s": _percentile(ttft, 99),
@@ -241,6 +249,22 @@ def compute_metrics(
         "wait_p95_s": _percentile(waits, 95),
         "failures": float(len(records) - len(ok)),
     }
+    metrics["slo_pass"] = _slo_pass(metrics, len(records), slo or SloSpec())
+    return metrics
+
+
+def _slo_pass(metrics: dict[str, float | None], requests: int, slo: SloSpec) -> float | None:
+    if requests < slo.min_requests:
+        return None
+    ttft, decode = metrics["ttft_p95_s"], metrics["decode_tok_s"]
+    held = (
+        metrics["failures"] == 0
+        and ttft is not None
+        and ttft <= slo.ttft_p95_s
+        and decode is not None
+        and decode >= slo.decode_tok_s
+    )
+    return 1.0 if held else 0.0
 
 
 def server_metrics(

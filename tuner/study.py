@@ -387,6 +387,7 @@ class _StudyRun:
             records,
             long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
             min_overlap_s=self.spec.metrics.min_overlap_s,
+            slo=self.spec.metrics.slo,
         )
         # The server logs a task's release just after its last chunk is sent.
         await asyncio.sleep(_LOG_SETTLE_S)
