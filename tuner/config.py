@@ -113,6 +113,10 @@ class SearchSpec(StrictModel):
         default=None, description="Which knobs of the space to tune; the others stay at the baseline."
     )
     sampler: Literal["tpe", "random", "qmc", "gp"] = "tpe"
+    pruner: Literal["median", "none"] = Field(
+        default="median",
+        description="After round 1, stop a trial scoring below the median of earlier trials (Optuna's MedianPruner).",
+    )
 
 
 class StudySpec(StrictModel):

@@ -88,6 +88,9 @@ class ConsoleObserver(NullObserver):
     def trial_failed(self, *, number: int, reason: str) -> None:
         self.console.print(f"  [red]FAIL[/] {reason}")
 
+    def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
+        self.console.print(f"  [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
+
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
         self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
 
@@ -120,15 +123,15 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
     console = console or make_console()
     table = Table(title=escape(f"leaderboard: {board.study_name} (median [min-max] over rounds)"), title_justify="left")
     table.add_column("trial", justify="right", no_wrap=True)
-    table.add_column("settings (changed from baseline)", no_wrap=True)
+    table.add_column("settings (changed from baseline)", no_wrap=True, max_width=60)
     table.add_column("score", justify="right", no_wrap=True)
     for name in _TABLE_METRICS:
         table.add_column(_label(name), justify="right", no_wrap=True)
     for row in board.rows:
         if row.score is None:
             settings = Text(_settings(row.changed or row.params))
-            settings.append(f"  {row.state}: {row.reason or ''}", style="red")
-            table.add_row(str(row.number), settings, "-", *["-" for _ in _TABLE_METRICS])
+            settings.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
+            table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in _TABLE_METRICS])
             continue
         label = (
             Text("baseline", style="bold")
@@ -140,6 +143,11 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
             score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
         table.add_row(str(row.number), label, score, *[_cell(row, n) for n in _TABLE_METRICS])
     console.print(table)
+    if board.pruning_saved_s > 0:
+        console.print(
+            f"pruning stopped {board.pruned} trials after their first round and saved about "
+            f"{board.pruning_saved_s:.0f} s of measurement"
+        )
     console.print(
         "score: weighted log-ratio against the baseline's median (0 = baseline, +0.69 = twice as good); "
         "! = rounds differ by 20% or more"

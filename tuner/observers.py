@@ -25,6 +25,8 @@ class StudyObserver(Protocol):
 
     def trial_failed(self, *, number: int, reason: str) -> None: ...
 
+    def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None: ...
+
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
 
     def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None: ...
@@ -53,6 +55,9 @@ class NullObserver:
         pass
 
     def trial_failed(self, *, number: int, reason: str) -> None:
+        pass
+
+    def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
         pass
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:

@@ -48,6 +48,8 @@ class Leaderboard:
     baseline: LeaderboardRow | None
     recommendation: Recommendation
     objectives: list[str] = field(default_factory=list)
+    pruned: int = 0
+    pruning_saved_s: float = 0.0
 
 
 def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
@@ -73,7 +75,7 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> Leaderbo
         score_range=(min(scores), max(scores)) if scores else None,
         metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
         noisy=list(trial.user_attrs.get("noisy", [])),
-        reason=trial.user_attrs.get("fail_reason"),
+        reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
     )
 
 
@@ -91,6 +93,8 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
         baseline=baseline,
         recommendation=_recommend(study, rows, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
         objectives=list(objectives),
+        pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
+        pruning_saved_s=sum(float(t.user_attrs.get("saved_s", 0.0)) for t in trials),
     )
 
 

@@ -122,12 +122,20 @@ def _distribution(param: ParamSpec) -> BaseDistribution:
     return FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
 
 
+_PRUNERS: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
+    # Three trials with a first round (the baseline included) before anything is pruned.
+    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0),
+    "none": optuna.pruners.NopPruner,
+}
+
+
 def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
     storage = JournalStorage(JournalFileBackend(str(run_dir.journal)))
     return optuna.create_study(
         study_name=spec.name,
         storage=storage,
         sampler=_SAMPLERS[spec.search.sampler](spec.seed),
+        pruner=_PRUNERS[spec.search.pruner](),
         direction="maximize",
         load_if_exists=True,
     )
@@ -238,6 +246,7 @@ class _StudyRun:
             )
             rounds = []
             for round_index in range(self.spec.rounds):
+                round_started = time.monotonic()
                 metrics, log_mark = await self.measure_round(
                     number=trial.number,
                     prompts_index=round_index,
@@ -248,6 +257,12 @@ class _StudyRun:
                     log_mark=log_mark,
                 )
                 rounds.append(metrics)
+                if round_index == 0 and not baseline:
+                    pruned_score = self.prune_after_first_round(trial, metrics)
+                    if pruned_score is not None:
+                        saved_s = (self.spec.rounds - 1) * (time.monotonic() - round_started)
+                        self.prune(trial, rounds, score=pruned_score, saved_s=saved_s)
+                        return
             self.finish_trial(trial, rounds, baseline=baseline)
         except (DeployError, MeasurementError) as exc:
             trial.set_user_attr("fail_reason", str(exc))
@@ -260,6 +275,25 @@ class _StudyRun:
             trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+
+    def prune_after_first_round(self, trial: optuna.Trial, metrics: dict[str, float | None]) -> float | None:
+        """Reports round 1's score to the pruner; returns the score if the trial is not worth finishing."""
+        reference_trial = self.baseline_trial()
+        if reference_trial is None:
+            return None
+        score = score_round(metrics, median_metrics(reference_trial.user_attrs["rounds"]), self.spec.objectives)
+        trial.report(score, step=0)
+        return score if trial.should_prune() else None
+
+    def prune(
+        self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, score: float, saved_s: float
+    ) -> None:
+        reason = f"pruned after round 1: score {score:+.2f} is below the median of earlier trials"
+        trial.set_user_attr("rounds", rounds)
+        trial.set_user_attr("prune_reason", reason)
+        trial.set_user_attr("saved_s", saved_s)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        self.observer.trial_pruned(number=trial.number, reason=reason, saved_s=saved_s)
 
     async def deploy(
         self, tuned: Mapping[str, ParamValue], deployer: Deployer, *, number: int, log_name: str
@@ -424,6 +458,8 @@ class _StudyRun:
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
+        if baseline:
+            trial.report(value, step=0)  # the pruner compares later first rounds with it
         self.study.tell(trial, value if math.isfinite(value) else None)
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
 
