@@ -157,7 +157,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
 
 
 @pytest.mark.real_server
-def test_client_and_server_stall_speeds_agree_within_25_percent(tmp_path: Path, llama_server_binary: Path) -> None:
+def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binary: Path) -> None:
     result = tuner_cli("run", str(DATA / "validation-study.toml"), "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "validation"))
@@ -166,6 +166,10 @@ def test_client_and_server_stall_speeds_agree_within_25_percent(tmp_path: Path, 
         client, server = metrics["stall_tok_s"], metrics["server_stall_tok_s"]
         assert client is not None and server is not None, metrics
         assert abs(server - client) <= 0.25 * client, f"client {client:.2f} tok/s, server {server:.2f} tok/s"
+        # The long prompt finds a free slot, so the client's prefill speed (tokens over time to first
+        # token) must match the server's own prompt timings.
+        measured, reported = metrics["client_prefill_tok_s"], metrics["prefill_tok_s"]
+        assert abs(measured - reported) <= 0.05 * reported, f"client {measured:.0f} tok/s, server {reported:.0f}"
 
 
 @pytest.mark.real_server

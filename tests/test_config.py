@@ -119,3 +119,9 @@ def test_a_missing_compiler_is_one_line_naming_what_to_install(monkeypatch: pyte
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "cmake" else "/usr/bin/" + tool)
     with pytest.raises(AssetError, match=r"needs cmake: install them \(Debian/Ubuntu: apt-get install cmake"):
         assets.ensure_llama_server(log=False)
+
+
+def test_a_constraint_on_an_unknown_metric_is_refused() -> None:
+    spec, base = load_study(DEMO, ['constraints=[{metric="latency", max=2.0}]'])
+    with pytest.raises(ConfigError, match="constraint metric 'latency' is unknown"):
+        prepare_study(spec, base)

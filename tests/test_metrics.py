@@ -111,3 +111,20 @@ def test_the_slo_line_needs_enough_requests_no_failures_fast_first_tokens_and_fa
     metrics = compute_metrics(slow_stream, long_prompt_tokens=1000, min_overlap_s=0.5)
     assert metrics["slo_pass"] == 1.0  # the median user still decodes at 20 tok/s
     assert compute_metrics(fast[:5], long_prompt_tokens=1000, min_overlap_s=0.5)["slo_pass"] is None
+
+
+def test_client_prefill_speed_is_new_tokens_over_time_to_first_token() -> None:
+    long = stream("long", 1.0, [11.0, 11.1], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=9_500.0))
+    metrics = compute_metrics([long], long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["client_prefill_tok_s"] == pytest.approx(200.0)
+    assert metrics["prefill_tok_s"] == pytest.approx(2000 / 9.5)
+
+
+def test_the_wait_behind_a_long_prefill_is_told_apart_from_other_waits() -> None:
+    # "long" is prefilled from 2 to 12. "queued" waits from 4 to 14 (its prompt takes 1 s, first token
+    # at 15): 8 of its 10 s of waiting fall inside the long prefill.
+    long = stream("long", 2.0, [12.0, 12.1], prompt=2000, timings=ServerTimings(prompt_n=2000, prompt_ms=10_000.0))
+    queued = stream("queued", 4.0, [15.0, 15.1], prompt=100, timings=ServerTimings(prompt_n=100, prompt_ms=1_000.0))
+    metrics = compute_metrics([long, queued], long_prompt_tokens=1000, min_overlap_s=0.5)
+    assert metrics["wait_behind_long_prefill_share"] == pytest.approx(0.8)
+    assert metrics["wait_p95_s"] == pytest.approx(10.0 * 0.95, rel=0.01)

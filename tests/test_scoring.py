@@ -54,3 +54,26 @@ def test_a_gap_smaller_than_the_candidates_own_spread_is_not_a_win() -> None:
 
 def test_the_minimum_effect_is_five_percent_on_every_objective() -> None:
     assert min_effect(OBJECTIVES) == pytest.approx(2 * math.log(1.05))
+
+
+def test_a_metric_constraint_reports_each_broken_bound_and_by_how_much() -> None:
+    from tuner.config import MetricConstraint
+
+    ttft = MetricConstraint(metric="ttft_p95_s", max=2.0)
+    assert ttft.violations(1.5, None) == []
+    ((text, amount),) = ttft.violations(3.0, None)
+    assert text == "ttft_p95_s 3 is not <= 2" and amount == pytest.approx(0.5)
+    prefill = MetricConstraint(metric="prefill_tok_s", min_vs_baseline=0.95)
+    assert prefill.violations(240.0, 250.0) == []
+    ((text, _),) = prefill.violations(200.0, 250.0)
+    assert text == "prefill_tok_s 200 is not >= 238"
+    assert prefill.violations(None, 250.0)[0][0] == "prefill_tok_s had no data"
+
+
+def test_a_constraint_without_a_bound_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from tuner.config import MetricConstraint
+
+    with pytest.raises(ValidationError, match="at least one of max, min"):
+        MetricConstraint(metric="ttft_p95_s")

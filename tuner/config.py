@@ -24,6 +24,7 @@ __all__ = [
     "BudgetSpec",
     "ConfirmSpec",
     "Constraint",
+    "MetricConstraint",
     "MetricsSpec",
     "ObjectiveSpec",
     "ParamSpec",
@@ -94,6 +95,39 @@ class MetricsSpec(StrictModel):
     slo: SloSpec = Field(default_factory=SloSpec, description="The pass mark behind `slo_pass`.")
 
 
+class MetricConstraint(StrictModel):
+    """A bound a trial's median metric must respect to be recommended, absolute or against the baseline."""
+
+    metric: str = Field(description="A metric name, e.g. ttft_p95_s.")
+    max: float | None = Field(default=None, description="At most this value.")
+    min: float | None = Field(default=None, description="At least this value.")
+    max_vs_baseline: float | None = Field(default=None, gt=0, description="At most this times the baseline.")
+    min_vs_baseline: float | None = Field(default=None, gt=0, description="At least this times the baseline.")
+
+    @model_validator(mode="after")
+    def _has_a_bound(self) -> MetricConstraint:
+        if self.max is None and self.min is None and self.max_vs_baseline is None and self.min_vs_baseline is None:
+            raise ValueError("give at least one of max, min, max_vs_baseline, min_vs_baseline")
+        return self
+
+    def violations(self, value: float | None, baseline: float | None) -> list[tuple[str, float]]:
+        """Each broken bound with how far it is broken, relative to the bound (0.1 = 10% past it)."""
+        if value is None:
+            return [(f"{self.metric} had no data", 1.0)]
+        bounds = [("<=", self.max, False), (">=", self.min, True)]
+        if baseline is not None:
+            bounds += [("<=", None if self.max_vs_baseline is None else self.max_vs_baseline * baseline, False)]
+            bounds += [(">=", None if self.min_vs_baseline is None else self.min_vs_baseline * baseline, True)]
+        broken = []
+        for op, bound, is_min in bounds:
+            if bound is None:
+                continue
+            excess = (bound - value) if is_min else (value - bound)
+            if excess > 0:
+                broken.append((f"{self.metric} {value:.3g} is not {op} {bound:.3g}", excess / max(abs(bound), 1e-9)))
+        return broken
+
+
 class ConfirmSpec(StrictModel):
     top: int = Field(default=1, ge=0, description="Re-measure this many of the best trials against the baseline.")
     pairs: int = Field(
@@ -123,6 +157,11 @@ class StudySpec(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Names the run directory.")
     description: str = ""
     rounds: int = Field(default=2, ge=2, description="Measurement rounds per trial (at least 2).")
+    extra_rounds_if_noisy: int = Field(
+        default=1,
+        ge=0,
+        description="Rounds added to a trial whose rounds differ by 20% or more on an objective metric.",
+    )
     seed: int = Field(default=0, description="Sampler seed.")
     budget: BudgetSpec = BudgetSpec()
     host: PluginSpec = PluginSpec(kind="local")
@@ -133,6 +172,9 @@ class StudySpec(StrictModel):
     metrics: MetricsSpec = MetricsSpec()
     confirm: ConfirmSpec = ConfirmSpec()
     objectives: list[ObjectiveSpec] = Field(min_length=1)
+    constraints: list[MetricConstraint] = Field(
+        default_factory=list, description="Bounds on metrics; a trial that breaks one is never recommended."
+    )
 
 
 class ParamSpec(StrictModel):

@@ -91,6 +91,9 @@ class ConsoleObserver(NullObserver):
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
         self.console.print(f"  [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
 
+    def remeasuring(self, *, metrics: list[str], extra: int) -> None:
+        self.console.print(f"  [yellow]rounds differ by 20%+ on {', '.join(metrics)}: {extra} more round(s)[/]")
+
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
         self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
 
@@ -133,11 +136,9 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
             settings.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
             table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in _TABLE_METRICS])
             continue
-        label = (
-            Text("baseline", style="bold")
-            if row.baseline
-            else Text(_settings(row.changed) if row.changed else "same as baseline")
-        )
+        label = Text("baseline", style="bold") if row.baseline else Text(_settings(row.changed) or "same as baseline")
+        if row.violates:
+            label.append(f"  violates {'; '.join(row.violates)}", style="red")
         score = Text(f"{row.score:+.2f}")
         if row.score_range and row.score_range[0] != row.score_range[1]:
             score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")

@@ -83,6 +83,20 @@ METRICS: dict[str, MetricInfo] = {
             "prefill, which the server's prompt timings do not show.",
         ),
         MetricInfo(
+            name="client_prefill_tok_s",
+            unit="tok/s",
+            better="higher",
+            description="New prompt tokens over time to first token, long prompts: the client's own measure of "
+            "prefill speed, below prefill_tok_s by any wait before prefill.",
+        ),
+        MetricInfo(
+            name="wait_behind_long_prefill_share",
+            unit="",
+            better="lower",
+            description="Share of all time waited before prefill during which another request's long prompt "
+            "was being prefilled.",
+        ),
+        MetricInfo(
             name="server_stall_tok_s",
             unit="tok/s",
             better="higher",
@@ -234,6 +248,9 @@ def compute_metrics(
         sum(t.prompt_n for t in long_timed) / (sum(t.prompt_ms for t in long_timed) / 1000.0) if long_timed else None
     )
     waits = [max(0.0, (r.token_s[0] - r.send_s) - r.timings.prompt_ms / 1000.0) for r in ok if r.timings is not None]
+    long_ok = [r for r in ok if _new_prompt_tokens(r) >= long_prompt_tokens]
+    long_ttft = sum(r.token_s[0] - r.send_s for r in long_ok)
+    client_prefill = sum(_new_prompt_tokens(r) for r in long_ok) / long_ttft if long_ttft > 0 else None
     span = (max(r.end_s for r in records) - min(r.send_s for r in records)) if records else 0.0
     metrics = {
         "ttft_p50_s": _percentile(ttft, 50),
@@ -247,10 +264,37 @@ def compute_metrics(
         "prefill_tok_s": prefill,
         "output_tok_s": sum(len(r.token_s) for r in ok) / span if span > 0 else None,
         "wait_p95_s": _percentile(waits, 95),
+        "client_prefill_tok_s": client_prefill,
+        "wait_behind_long_prefill_share": _wait_share_behind(ok, windows),
         "failures": float(len(records) - len(ok)),
     }
     metrics["slo_pass"] = _slo_pass(metrics, len(records), slo or SloSpec())
     return metrics
+
+
+def _wait_share_behind(records: Sequence[RequestRecord], windows: Sequence[OverlapWindow]) -> float | None:
+    """Of all time requests waited before their prefill began, the share spent while another request's
+    long prompt was being prefilled: the wait that a smaller n_batch or another slot count can shorten."""
+    total = behind = 0.0
+    for record in records:
+        if record.timings is None or not record.token_s:
+            continue
+        wait_end = record.token_s[0] - record.timings.prompt_ms / 1000.0
+        if wait_end <= record.send_s:
+            continue
+        total += wait_end - record.send_s
+        spans = sorted(
+            (max(record.send_s, w.start_s), min(wait_end, w.end_s))
+            for w in windows
+            if w.request_id != record.request_id
+        )
+        covered_until = record.send_s
+        for span_start, span_end in spans:
+            start = max(span_start, covered_until)
+            if span_end > start:
+                behind += span_end - start
+                covered_until = span_end
+    return behind / total if total > 0 else None
 
 
 def _slo_pass(metrics: dict[str, float | None], requests: int, slo: SloSpec) -> float | None:

@@ -27,6 +27,8 @@ class StudyObserver(Protocol):
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None: ...
 
+    def remeasuring(self, *, metrics: list[str], extra: int) -> None: ...
+
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
 
     def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None: ...
@@ -58,6 +60,9 @@ class NullObserver:
         pass
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
+        pass
+
+    def remeasuring(self, *, metrics: list[str], extra: int) -> None:
         pass
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:

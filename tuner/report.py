@@ -32,6 +32,7 @@ class LeaderboardRow:
     metrics: dict[str, tuple[float, float, float]]  # name -> (median, min, max) over rounds
     noisy: list[str]
     reason: str | None
+    violates: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +77,7 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> Leaderbo
         metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
         noisy=list(trial.user_attrs.get("noisy", [])),
         reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
+        violates=list(trial.user_attrs.get("violates", [])),
     )
 
 
@@ -105,7 +107,7 @@ def _recommend(
     re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
     if baseline_trial is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
-    candidates = [r for r in rows if not r.baseline and r.score is not None and r.changed]
+    candidates = [r for r in rows if not r.baseline and r.score is not None and r.changed and not r.violates]
     if not candidates:
         return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
     confirmed = [
@@ -163,6 +165,7 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
             "score_max": row.score_range[1] if row.score_range else None,
             "noisy": ",".join(row.noisy),
             "reason": row.reason,
+            "violates": "; ".join(row.violates),
         }
         record.update({f"param_{k}": v for k, v in row.params.items()})
         for name, (median, low, high) in row.metrics.items():

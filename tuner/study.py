@@ -50,11 +50,19 @@ _MAX_SKIPPED_PROPOSALS = 200
 # Samplers whose Optuna implementation needs a package serve-tuner does not depend on.
 _SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
 
+
+def _constraint_violations(trial: FrozenTrial) -> list[float]:
+    """Optuna's convention: one value per constraint, > 0 when broken."""
+    return list(trial.user_attrs.get("constraint_violations", [0.0]))
+
+
 _SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
+    "tpe": lambda seed: optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=4, constraints_func=_constraint_violations
+    ),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
     "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed, constraints_func=_constraint_violations),
 }
 
 
@@ -94,6 +102,11 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     for objective in spec.objectives:
         if objective.metric not in METRICS:
             raise ConfigError(f"objective metric {objective.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}")
+    for constraint in spec.constraints:
+        if constraint.metric not in METRICS:
+            raise ConfigError(
+                f"constraint metric {constraint.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}"
+            )
     base_settings: Mapping[str, ParamValue] = getattr(engine, "base_settings", {})
     baseline: dict[str, ParamValue] = {}
     for name, param in space.params.items():
@@ -244,13 +257,15 @@ class _StudyRun:
             base_url, log_mark = await self.deploy(
                 {} if baseline else params, deployer, number=trial.number, log_name="server.log"
             )
-            rounds = []
-            for round_index in range(self.spec.rounds):
+            rounds: list[dict[str, float | None]] = []
+            planned = self.spec.rounds
+            round_index = 0
+            while round_index < planned:
                 round_started = time.monotonic()
                 metrics, log_mark = await self.measure_round(
                     number=trial.number,
                     prompts_index=round_index,
-                    label=f"round {round_index + 1}/{self.spec.rounds}",
+                    label=f"round {round_index + 1}/{planned}",
                     records_name=f"round-{round_index + 1}",
                     base_url=base_url,
                     deployer=deployer,
@@ -263,6 +278,9 @@ class _StudyRun:
                         saved_s = (self.spec.rounds - 1) * (time.monotonic() - round_started)
                         self.prune(trial, rounds, score=pruned_score, saved_s=saved_s)
                         return
+                round_index += 1
+                if round_index == planned == self.spec.rounds and self.noisy(rounds):
+                    planned += self.spec.extra_rounds_if_noisy
             self.finish_trial(trial, rounds, baseline=baseline)
         except (DeployError, MeasurementError) as exc:
             trial.set_user_attr("fail_reason", str(exc))
@@ -275,6 +293,26 @@ class _StudyRun:
             trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+
+    def check_constraints(
+        self, trial: optuna.Trial, medians: Mapping[str, float | None], reference: Mapping[str, float | None]
+    ) -> None:
+        """Records which metric constraints the trial breaks; the baseline is its own reference."""
+        amounts, broken = [], []
+        for constraint in self.spec.constraints:
+            violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
+            amounts.append(max((amount for _, amount in violations), default=0.0))
+            broken += [text for text, _ in violations]
+        trial.set_user_attr("constraint_violations", amounts or [0.0])
+        if broken:
+            trial.set_user_attr("violates", broken)
+
+    def noisy(self, rounds: list[dict[str, float | None]]) -> bool:
+        """True if the rounds differ by 20% or more on an objective metric: such a trial is measured more."""
+        flagged = noisy_metrics(rounds, [o.metric for o in self.spec.objectives])
+        if flagged and self.spec.extra_rounds_if_noisy:
+            self.observer.remeasuring(metrics=flagged, extra=self.spec.extra_rounds_if_noisy)
+        return bool(flagged)
 
     def prune_after_first_round(self, trial: optuna.Trial, metrics: dict[str, float | None]) -> float | None:
         """Reports round 1's score to the pruner; returns the score if the trial is not worth finishing."""
@@ -356,7 +394,11 @@ class _StudyRun:
         measured = [
             t
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("deployed") and not _is_baseline(t) and t.value is not None and t.value > 0
+            if t.user_attrs.get("deployed")
+            and not _is_baseline(t)
+            and t.value is not None
+            and t.value > 0
+            and not t.user_attrs.get("violates")
         ]
         best = sorted(measured, key=lambda t: -(t.value or 0.0))[: self.spec.confirm.top]
         return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
@@ -455,6 +497,7 @@ class _StudyRun:
                 f"{exc}; {failed} requests failed, see {self.run_dir.trial_dir(trial.number)}/round-*.jsonl"
             ) from None
         noisy = noisy_metrics(rounds, [o.metric for o in objectives])
+        self.check_constraints(trial, median_metrics(rounds), reference)
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
