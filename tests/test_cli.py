@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
 
 from tests.conftest import llama_server_processes
@@ -55,6 +56,9 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     assert small.metrics["stall_tok_s"][0] >= 2 * baseline.metrics["stall_tok_s"][0]
     assert small.metrics["stall_tok_s"][0] > 0.5
     assert small.metrics["prefill_tok_s"][0] >= 0.5 * baseline.metrics["prefill_tok_s"][0]
+    # The correctness gate compared each trial's greedy answers with the baseline's.
+    small_trial = next(t for t in study_trials(tmp_path / "tiny") if t.number == small.number)
+    assert min(small_trial.user_attrs["answer_agreement"]) >= 0.5
     # Before recommending, 64/64 was measured again against the baseline in alternating order.
     assert board.recommendation.row is not None and board.recommendation.row.params == {"n_batch": 64, "n_ubatch": 64}
     assert "paired score difference" in board.recommendation.message
@@ -68,6 +72,10 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     deployed = [t for t in study.get_trials() if t.user_attrs.get("deployed")]
     assert len(deployed) == 3
     assert sum(1 for t in deployed if t.user_attrs.get("baseline")) == 1
+
+
+def study_trials(run_path: Path) -> list[optuna.trial.FrozenTrial]:
+    return open_optuna_study_readonly(RunDirectory(run_path)).get_trials()
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

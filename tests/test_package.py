@@ -15,7 +15,7 @@ LAYERS = [
     {"models", "config"},
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers"},
-    {"loadgen"},
+    {"loadgen", "gate"},
     {"study", "report"},
     {"console"},
     {"cli", "__main__", "__init__"},

@@ -24,6 +24,7 @@ __all__ = [
     "BudgetSpec",
     "ConfirmSpec",
     "Constraint",
+    "GateSpec",
     "MetricConstraint",
     "MetricsSpec",
     "ObjectiveSpec",
@@ -128,6 +129,17 @@ class MetricConstraint(StrictModel):
         return broken
 
 
+class GateSpec(StrictModel):
+    enabled: bool = Field(default=True, description="Check each trial's answers against the baseline's.")
+    tokens: int = Field(default=24, gt=0, description="Tokens generated per probe prompt.")
+    min_agreement: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Average share of each answer's tokens that must match the baseline's before they diverge.",
+    )
+
+
 class ConfirmSpec(StrictModel):
     top: int = Field(default=1, ge=0, description="Re-measure this many of the best trials against the baseline.")
     pairs: int = Field(
@@ -171,6 +183,7 @@ class StudySpec(StrictModel):
     search: SearchSpec
     metrics: MetricsSpec = MetricsSpec()
     confirm: ConfirmSpec = ConfirmSpec()
+    gate: GateSpec = GateSpec()
     objectives: list[ObjectiveSpec] = Field(min_length=1)
     constraints: list[MetricConstraint] = Field(
         default_factory=list, description="Bounds on metrics; a trial that breaks one is never recommended."

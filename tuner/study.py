@@ -28,6 +28,7 @@ from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_sea
 from tuner.deployers.base import Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
+from tuner.gate import ask_probes, judge
 from tuner.loadgen import replay
 from tuner.metrics import METRICS, compute_metrics, server_metrics
 from tuner.models import ReplayRequest
@@ -257,6 +258,8 @@ class _StudyRun:
             base_url, log_mark = await self.deploy(
                 {} if baseline else params, deployer, number=trial.number, log_name="server.log"
             )
+            await self.check_answers(trial, base_url, baseline=baseline)
+            _, log_mark = await deployer.read_log(log_mark)
             rounds: list[dict[str, float | None]] = []
             planned = self.spec.rounds
             round_index = 0
@@ -293,6 +296,25 @@ class _StudyRun:
             trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+
+    async def check_answers(self, trial: optuna.Trial, base_url: str, *, baseline: bool) -> None:
+        """The correctness gate; the baseline's answers become the reference. `MeasurementError` on failure."""
+        gate = self.spec.gate
+        if not gate.enabled:
+            return
+        answers = await ask_probes(
+            self.prepared.engine, base_url, tokens=gate.tokens, timeout_s=self.spec.workload.request_timeout_s
+        )
+        if baseline:
+            self.study.set_user_attr("reference_answers", [list(a) for a in answers])
+            return
+        reference = self.study.user_attrs.get("reference_answers")
+        if reference is None:
+            return
+        result = judge(answers, reference, min_agreement=gate.min_agreement)
+        trial.set_user_attr("answer_agreement", result.agreement)
+        if not result.passed:
+            raise MeasurementError(f"correctness gate: {result.reason}")
 
     def check_constraints(
         self, trial: optuna.Trial, medians: Mapping[str, float | None], reference: Mapping[str, float | None]

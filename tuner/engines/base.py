@@ -86,6 +86,14 @@ class Engine(Protocol):
         """Reads one line of the streamed response; None for lines that carry nothing."""
         ...
 
+    def probe_request(self, prompt: str, *, tokens: int) -> HttpCall:
+        """A non-streamed, greedy (temperature 0) completion of a fixed text prompt, for the correctness gate."""
+        ...
+
+    def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
+        """The generated token ids of a probe's answer."""
+        ...
+
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         """The server's own account of each task in a stretch of its log."""
         ...

@@ -10,6 +10,7 @@ import json
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -228,6 +229,21 @@ class LlamaServerEngine:
         if request.lora is not None:
             body["lora"] = [{"id": adapter, "scale": scale} for adapter, scale in request.lora]
         return HttpCall(method="POST", path="/completion", json=body)
+
+    def probe_request(self, prompt: str, *, tokens: int) -> HttpCall:
+        body: dict[str, object] = {
+            "prompt": prompt,
+            "n_predict": tokens,
+            "temperature": 0.0,
+            "stream": False,
+            "cache_prompt": True,
+            "return_tokens": True,
+        }
+        return HttpCall(method="POST", path="/completion", json=body)
+
+    def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
+        tokens = body.get("tokens")
+        return tuple(int(t) for t in tokens) if isinstance(tokens, list) else ()
 
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         return parse_llama_server_log(lines)
