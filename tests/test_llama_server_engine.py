@@ -8,6 +8,7 @@ import pytest
 
 from tuner.config import PluginSpec
 from tuner.engines import Engine, StreamEvent, create_engine
+from tuner.engines.base import parse_prometheus_text
 from tuner.errors import ConfigError
 from tuner.models import ReplayRequest
 
@@ -82,3 +83,17 @@ def test_invalid_knob_values_are_refused(knob: str, value: object, message: str)
     engine = llama()
     with pytest.raises(ConfigError, match=message):
         engine.launch_spec({knob: value})  # type: ignore[dict-item]
+
+
+def test_prometheus_counters_of_a_round_become_decode_calls_and_tokens_per_call() -> None:
+    # Recorded around one 300-token prompt with 20 generated tokens at n_batch 64: 5 prompt batches
+    # (64 x 4 + 44) and 19 generation steps.
+    before = parse_prometheus_text((DATA / "llama-server-metrics-before.txt").read_text())
+    after = parse_prometheus_text((DATA / "llama-server-metrics-after.txt").read_text())
+    counters = llama().round_counters(before, after)
+    assert counters["server_decode_calls"] == 24
+    assert counters["server_tokens_per_decode"] == pytest.approx(320 / 24)
+
+
+def test_a_server_without_the_counters_yields_none_not_zero() -> None:
+    assert llama().round_counters({}, {}) == {"server_decode_calls": None, "server_tokens_per_decode": None}

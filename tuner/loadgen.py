@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import httpx
 
-from tuner.engines.base import Engine
+from tuner.engines.base import Engine, parse_prometheus_text
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 
-__all__ = ["replay"]
+__all__ = ["replay", "scrape_prometheus"]
 
 
 async def replay(
@@ -113,3 +113,15 @@ async def _send(
         error=error,
         timings=timings,
     )
+
+
+async def scrape_prometheus(engine: Engine, base_url: str) -> dict[str, float]:
+    """The server's Prometheus series now; empty if it has no endpoint or it does not answer."""
+    if engine.metrics_path is None:
+        return {}
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as client:
+            response = await client.get(engine.metrics_path)
+    except httpx.HTTPError:
+        return {}
+    return parse_prometheus_text(response.text) if response.status_code == 200 else {}

@@ -109,6 +109,18 @@ METRICS: dict[str, MetricInfo] = {
             better="lower",
             description="Longest time a task held its slot without being computed (server log).",
         ),
+        MetricInfo(
+            name="server_decode_calls",
+            unit="",
+            better="lower",
+            description="Server loop iterations (llama_decode calls) during the round, from /metrics.",
+        ),
+        MetricInfo(
+            name="server_tokens_per_decode",
+            unit="tok",
+            better="higher",
+            description="Prompt and generated tokens per decode call: the average batch the server ran.",
+        ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
         MetricInfo(
             name="slo_pass",

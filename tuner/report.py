@@ -30,6 +30,7 @@ class LeaderboardRow:
     score: float | None
     score_range: tuple[float, float] | None
     metrics: dict[str, tuple[float, float, float]]  # name -> (median, min, max) over rounds
+    cv: dict[str, float]  # name -> coefficient of variation over rounds (stdev / mean)
     noisy: list[str]
     reason: str | None
     violates: list[str] = field(default_factory=list)
@@ -62,6 +63,15 @@ def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple
     return result
 
 
+def _coefficients_of_variation(rounds: Sequence[dict[str, float | None]]) -> dict[str, float]:
+    result = {}
+    for name in sorted({n for r in rounds for n in r}):
+        values = [v for v in (r.get(name) for r in rounds) if v is not None]
+        if len(values) >= 2 and statistics.fmean(values) != 0:
+            result[name] = statistics.stdev(values) / abs(statistics.fmean(values))
+    return result
+
+
 def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> LeaderboardRow:
     scores = list(trial.user_attrs.get("round_scores", []))
     is_baseline = bool(trial.user_attrs.get("baseline"))
@@ -75,6 +85,7 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> Leaderbo
         score=trial.value if trial.state == TrialState.COMPLETE else None,
         score_range=(min(scores), max(scores)) if scores else None,
         metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
+        cv=_coefficients_of_variation(trial.user_attrs.get("rounds", [])),
         noisy=list(trial.user_attrs.get("noisy", [])),
         reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
         violates=list(trial.user_attrs.get("violates", [])),
@@ -172,5 +183,6 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
             record[name] = median
             record[f"{name}_min"] = low
             record[f"{name}_max"] = high
+            record[f"{name}_cv"] = row.cv.get(name)
         records.append(record)
     return pd.DataFrame.from_records(records)

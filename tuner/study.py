@@ -29,7 +29,7 @@ from tuner.deployers.base import Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.gate import ask_probes, judge
-from tuner.loadgen import replay
+from tuner.loadgen import replay, scrape_prometheus
 from tuner.metrics import METRICS, compute_metrics, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
@@ -468,6 +468,7 @@ class _StudyRun:
             round_index=prompts_index,
             time_scale=self.spec.workload.time_scale,
         )
+        counters_before = await scrape_prometheus(self.prepared.engine, base_url)
         records = await replay(
             requests,
             engine=self.prepared.engine,
@@ -489,6 +490,9 @@ class _StudyRun:
         )
         # The server logs a task's release just after its last chunk is sent.
         await asyncio.sleep(_LOG_SETTLE_S)
+        counters_after = await scrape_prometheus(self.prepared.engine, base_url)
+        if counters_before and counters_after:
+            metrics.update(self.prepared.engine.round_counters(counters_before, counters_after))
         log_text, log_mark = await deployer.read_log(log_mark)
         metrics.update(
             server_metrics(

@@ -13,7 +13,16 @@ from tuner.errors import ConfigError
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 from tuner.registry import Registry
 
-__all__ = ["ENGINES", "Engine", "EngineFactory", "HttpCall", "Knob", "StreamEvent", "create_engine"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineFactory",
+    "HttpCall",
+    "Knob",
+    "StreamEvent",
+    "create_engine",
+    "parse_prometheus_text",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +107,15 @@ class Engine(Protocol):
         """The server's own account of each task in a stretch of its log."""
         ...
 
+    @property
+    def metrics_path(self) -> str | None:
+        """Path of the server's Prometheus endpoint, or None if it has none."""
+        ...
+
+    def round_counters(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+        """Round metrics from two scrapes of the Prometheus endpoint, taken before and after the round."""
+        ...
+
 
 class EngineFactory(Protocol):
     @property
@@ -113,3 +131,19 @@ def create_engine(spec: PluginSpec) -> Engine:
     factory = ENGINES.get(spec.kind)
     options = validate_options(factory.options_model, spec.options(), where="engine")
     return factory(options)
+
+
+def parse_prometheus_text(text: str) -> dict[str, float]:
+    """Series name (labels included, as written) to value, from Prometheus' text format."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.rpartition(" ")
+        if not name:
+            continue
+        try:
+            values[name.strip()] = float(rest)
+        except ValueError:
+            continue
+    return values

@@ -248,6 +248,25 @@ class LlamaServerEngine:
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         return parse_llama_server_log(lines)
 
+    @property
+    def metrics_path(self) -> str | None:
+        return "/metrics"
+
+    def round_counters(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+        def delta(name: str) -> float | None:
+            key = f"llamacpp:{name}"
+            return after[key] - before.get(key, 0.0) if key in after else None
+
+        decodes, prompt, predicted = (
+            delta("n_decode_total"),
+            delta("prompt_tokens_total"),
+            delta("tokens_predicted_total"),
+        )
+        per_decode = (
+            (prompt + predicted) / decodes if decodes and prompt is not None and predicted is not None else None
+        )
+        return {"server_decode_calls": decodes, "server_tokens_per_decode": per_decode}
+
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         if not line.startswith("data:"):
             return None
