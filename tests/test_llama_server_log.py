@@ -69,3 +69,34 @@ def test_journal_prefixes_are_skipped() -> None:
     # journalctl repeats the prefix on every line, also on the unprefixed timing lines of older builds.
     (task,) = parse_llama_server_log(lines)
     assert task.prompt_n == 2048 and task.eval_n == 10
+
+
+def test_log_tasks_join_the_client_records_they_served() -> None:
+    from tuner.metrics import join_server_tasks
+    from tuner.models import RequestRecord, RequestStatus
+
+    tasks = parse_llama_server_log((DATA / "llama-server-trial.log").read_text().splitlines())
+
+    def record(request_id: str, send: float, prompt: int, output: int) -> RequestRecord:
+        return RequestRecord(
+            request_id=request_id,
+            session=request_id,
+            tag="chat",
+            prompt_tokens=prompt,
+            output_tokens_requested=output,
+            send_s=send,
+            token_s=tuple(float(i) for i in range(output)),
+            end_s=send + 1,
+            status=RequestStatus.OK,
+        )
+
+    # The trial's log holds the warm-up and two rounds of (chat 92+160, chat 72+160, long 1532+8).
+    records = [
+        record("chat-1", 0.0, 92, 160),
+        record("chat-2", 0.3, 72, 160),
+        record("long", 1.0, 1532, 8),
+        record("chat-1b", 9.0, 92, 160),
+        record("long-b", 10.0, 1532, 8),
+    ]
+    joined = {r.request_id: t.task for r, t in join_server_tasks(records, tasks)}
+    assert joined == {"chat-1": 9, "chat-2": 12, "long": 44, "chat-1b": 174, "long-b": 220}

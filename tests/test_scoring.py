@@ -77,3 +77,26 @@ def test_a_constraint_without_a_bound_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="at least one of max, min"):
         MetricConstraint(metric="ttft_p95_s")
+
+
+def test_the_median_pruner_waits_for_three_reported_first_rounds() -> None:
+    import optuna
+
+    from tuner.study import _PRUNERS
+
+    study = optuna.create_study(direction="maximize", pruner=_PRUNERS["median"]())
+    for _ in range(3):  # skipped repeats: COMPLETE, but no first round reported
+        study.tell(study.ask(), 1.0)
+    baseline = study.ask()
+    baseline.report(0.0, step=0)
+    study.tell(baseline, 0.0)
+    worse = study.ask()
+    worse.report(-0.3, step=0)
+    assert not worse.should_prune(), "pruned against the baseline alone"
+    study.tell(worse, -0.3)
+    better = study.ask()
+    better.report(1.0, step=0)
+    study.tell(better, 1.0)
+    worst = study.ask()
+    worst.report(-1.0, step=0)
+    assert worst.should_prune()

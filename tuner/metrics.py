@@ -23,6 +23,7 @@ __all__ = [
     "OverlapWindow",
     "compute_metrics",
     "long_prefill_windows",
+    "join_server_tasks",
     "server_metrics",
     "stall_samples",
 ]
@@ -108,6 +109,13 @@ METRICS: dict[str, MetricInfo] = {
             unit="s",
             better="lower",
             description="Longest time a task held its slot without being computed (server log).",
+        ),
+        MetricInfo(
+            name="server_joined_share",
+            unit="",
+            better="higher",
+            description="Share of the round's requests matched to a task in the server's log by prompt and output "
+            "token counts: how much of the round the server-side figures cover.",
         ),
         MetricInfo(
             name="server_decode_calls",
@@ -352,3 +360,22 @@ def server_metrics(
                 inside.append(sample.tg_3s)
     waits = [w for task in tasks if (w := task.wait_before_prefill_s) is not None]
     return {"server_stall_tok_s": _median(inside), "server_wait_max_s": max(waits) if waits else None}
+
+
+def join_server_tasks(
+    records: Sequence[RequestRecord], tasks: Sequence[TaskTimeline]
+) -> list[tuple[RequestRecord, TaskTimeline]]:
+    """Pairs each request with the server task that served it.
+
+    A task is identified by its prompt length (cached part included) and its number of generated
+    tokens; requests are taken in send order and tasks in launch order, so equal shapes pair up in
+    the order they ran.
+    """
+    unmatched = list(tasks)
+    pairs = []
+    for record in sorted(records, key=lambda r: r.send_s):
+        for index, task in enumerate(unmatched):
+            if task.prompt_tokens == record.prompt_tokens and task.eval_n == len(record.token_s):
+                pairs.append((record, unmatched.pop(index)))
+                break
+    return pairs

@@ -11,6 +11,7 @@ runs/<study>/
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -21,7 +22,7 @@ from typing import IO, Any
 
 from tuner.errors import StudyError
 from tuner.files import write_atomic
-from tuner.models import RequestRecord
+from tuner.models import RequestRecord, TaskTimeline
 
 __all__ = ["RunDirectory"]
 
@@ -96,6 +97,17 @@ class RunDirectory:
         """Saves one round's records as trials/<number>/<name>.jsonl (round-1, confirm-7-1, ...)."""
         path = self.trial_dir(number) / f"{name}.jsonl"
         write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records).encode())
+        return path
+
+    def save_server_tasks(self, number: int, name: str, joined: Iterable[tuple[RequestRecord, TaskTimeline]]) -> Path:
+        """Saves the server's account of each request next to its records, as <name>.server.jsonl."""
+        path = self.trial_dir(number) / f"{name}.server.jsonl"
+        lines = []
+        for record, task in joined:
+            entry = {"request_id": record.request_id, **dataclasses.asdict(task)}
+            entry["wait_before_prefill_s"] = task.wait_before_prefill_s
+            lines.append(json.dumps(entry) + "\n")
+        write_atomic(path, "".join(lines).encode())
         return path
 
     def load_records(self, number: int, name: str) -> list[RequestRecord]:

@@ -30,7 +30,7 @@ from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.gate import ask_probes, judge
 from tuner.loadgen import replay, scrape_prometheus
-from tuner.metrics import METRICS, compute_metrics, server_metrics
+from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
@@ -137,8 +137,10 @@ def _distribution(param: ParamSpec) -> BaseDistribution:
 
 
 _PRUNERS: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
-    # Three trials with a first round (the baseline included) before anything is pruned.
-    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0),
+    # At least three first rounds reported (the baseline's included) before anything is pruned.
+    # n_min_trials, not n_startup_trials, is the guard: proposals we skip as repeats are told to Optuna
+    # as COMPLETE and would count as started trials without having reported a first round.
+    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0, n_min_trials=3),
     "none": optuna.pruners.NopPruner,
 }
 
@@ -494,13 +496,17 @@ class _StudyRun:
         if counters_before and counters_after:
             metrics.update(self.prepared.engine.round_counters(counters_before, counters_after))
         log_text, log_mark = await deployer.read_log(log_mark)
+        tasks = self.prepared.engine.parse_log(log_text.splitlines())
         metrics.update(
             server_metrics(
-                self.prepared.engine.parse_log(log_text.splitlines()),
+                tasks,
                 long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
                 min_overlap_s=self.spec.metrics.min_overlap_s,
             )
         )
+        joined = join_server_tasks(records, tasks)
+        metrics["server_joined_share"] = len(joined) / len(records) if records else None
+        self.run_dir.save_server_tasks(number, records_name, joined)
         failures = sum(1 for r in records if not r.ok)
         self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
         return metrics, log_mark
