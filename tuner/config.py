@@ -169,6 +169,11 @@ class StudySpec(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Names the run directory.")
     description: str = ""
     rounds: int = Field(default=2, ge=2, description="Measurement rounds per trial (at least 2).")
+    interleave: int = Field(
+        default=3,
+        ge=1,
+        description="Trials measured together: round 1 of each, then round 2 of each, with a restart per round.",
+    )
     extra_rounds_if_noisy: int = Field(
         default=1,
         ge=0,

@@ -72,24 +72,24 @@ class ConsoleObserver(NullObserver):
         self.console.print(f"[bold cyan]trial {number}[/]  {what}")
 
     def server_ready(self, *, number: int, seconds: float) -> None:
-        self.console.print(f"  server healthy after {seconds:.1f} s")
+        self.console.print(f"  trial {number}: server healthy after {seconds:.1f} s", style="dim")
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
         if metrics.get("server_stall_tok_s") is not None:
             parts[1] += f" (server log {_fmt(metrics['server_stall_tok_s'])})"
         failed = f"  [red]{failures} failed[/]" if failures else ""
-        self.console.print(f"  {label}  " + "  ".join(parts) + failed)
+        self.console.print(f"  trial {number} {label}  " + "  ".join(parts) + failed)
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         flag = f"  [yellow]rounds differ by 20%+ on {', '.join(noisy)}[/]" if noisy else ""
-        self.console.print(f"  score {score:+.2f}{flag}")
+        self.console.print(f"  trial {number} score {score:+.2f}{flag}")
 
     def trial_failed(self, *, number: int, reason: str) -> None:
-        self.console.print(f"  [red]FAIL[/] {reason}")
+        self.console.print(f"  trial {number} [red]FAIL[/] {reason}")
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
-        self.console.print(f"  [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
+        self.console.print(f"  trial {number} [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
 
     def remeasuring(self, *, metrics: list[str], extra: int) -> None:
         self.console.print(f"  [yellow]rounds differ by 20%+ on {', '.join(metrics)}: {extra} more round(s)[/]")

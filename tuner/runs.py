@@ -28,7 +28,7 @@ __all__ = ["RunDirectory"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
 # they decide what is tried next, not what a trial measured.
-_RESUMABLE_KEYS = ("budget", "confirm", "description", "seed")
+_RESUMABLE_KEYS = ("budget", "confirm", "description", "interleave", "seed")
 _RESUMABLE_SEARCH_KEYS = ("sampler", "pruner")
 
 

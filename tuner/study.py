@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,18 @@ def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
     return bool(trial.user_attrs.get("baseline"))
 
 
+@dataclass(kw_only=True)
+class _Pending:
+    """A trial being measured in the current batch."""
+
+    trial: optuna.Trial
+    params: dict[str, ParamValue]
+    baseline: bool
+    planned: int
+    rounds: list[dict[str, float | None]] = field(default_factory=list)
+    pruned: bool = False
+
+
 class _StudyRun:
     def __init__(
         self, prepared: PreparedStudy, run_dir: RunDirectory, study: optuna.Study, observer: StudyObserver
@@ -216,27 +228,47 @@ class _StudyRun:
         return measured
 
     async def run(self, deployer: Deployer, deadline: float | None) -> None:
-        skipped = 0
         while True:
             if self.baseline_trial() is not None and self.deployed_trials() >= self.spec.budget.trials:
                 return
             if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                 return
+            batch = self.ask_batch()
+            if not batch:
+                return
+            await self.run_batch(batch, deployer)
+
+    def ask_batch(self) -> list[_Pending]:
+        """The next configs to measure together. The baseline goes alone and first: every later score is
+        relative to it."""
+        size = (
+            1
+            if self.baseline_trial() is None
+            else min(self.spec.interleave, self.spec.budget.trials - self.deployed_trials())
+        )
+        batch: list[_Pending] = []
+        skipped = 0
+        while len(batch) < size:
             trial = self.study.ask(self.distributions)
             params = self.prepared.space.decode(trial.params)
             trial.set_user_attr("settings", params)
-            reason = self.skip_reason(trial, params)
+            reason = self.skip_reason(trial, params, pending=batch)
             if reason is not None:
                 skipped += 1
                 self.observer.trial_skipped(params=params, reason=reason)
                 if skipped >= _MAX_SKIPPED_PROPOSALS:
+                    if batch:
+                        break
                     raise StudyError("the sampler keeps proposing measured or invalid settings; the space is exhausted")
                 continue
             skipped = 0
-            await self.run_trial(trial, params, deployer)
+            batch.append(_Pending(trial=trial, params=params, baseline=_is_baseline(trial), planned=self.spec.rounds))
+            if batch[-1].baseline:
+                break
+        return batch
 
-    def skip_reason(self, trial: optuna.Trial, params: dict[str, ParamValue]) -> str | None:
-        """Settings that need no deployment: invalid ones, and ones measured before."""
+    def skip_reason(self, trial: optuna.Trial, params: dict[str, ParamValue], *, pending: list[_Pending]) -> str | None:
+        """Settings that need no deployment: invalid ones, and ones measured before or about to be."""
         if _is_baseline(trial):
             return None
         for constraint in self.prepared.space.constraints:
@@ -250,54 +282,84 @@ class _StudyRun:
             trial.set_user_attr("duplicate_of", earlier.number)
             self.study.tell(trial, earlier.value)
             return f"same settings as trial {earlier.number}"
+        twin = next((p for p in pending if p.params == params), None)
+        if twin is not None:
+            trial.set_user_attr("skip_reason", f"same settings as trial {twin.trial.number}, being measured")
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return f"same settings as trial {twin.trial.number}, being measured"
         return None
 
-    async def run_trial(self, trial: optuna.Trial, params: dict[str, ParamValue], deployer: Deployer) -> None:
-        baseline = _is_baseline(trial)
-        self.observer.trial_started(number=trial.number, params=params, baseline=baseline)
-        trial.set_user_attr("deployed", True)
+    async def run_batch(self, batch: list[_Pending], deployer: Deployer) -> None:
+        """Round 1 of every config, then round 2 of every config, and so on; the server restarts for each
+        round, so that no config keeps a warm state from its previous round and a slow drift of the
+        machine spreads over all configs instead of landing on one."""
+        for pending in batch:
+            pending.trial.set_user_attr("deployed", True)
+            self.observer.trial_started(number=pending.trial.number, params=pending.params, baseline=pending.baseline)
+        active = list(batch)
         try:
-            base_url, log_mark = await self.deploy(
-                {} if baseline else params, deployer, number=trial.number, log_name="server.log"
-            )
-            await self.check_answers(trial, base_url, baseline=baseline)
-            _, log_mark = await deployer.read_log(log_mark)
-            rounds: list[dict[str, float | None]] = []
-            planned = self.spec.rounds
             round_index = 0
-            while round_index < planned:
-                round_started = time.monotonic()
-                metrics, log_mark = await self.measure_round(
-                    number=trial.number,
-                    prompts_index=round_index,
-                    label=f"round {round_index + 1}/{planned}",
-                    records_name=f"round-{round_index + 1}",
-                    base_url=base_url,
-                    deployer=deployer,
-                    log_mark=log_mark,
-                )
-                rounds.append(metrics)
-                if round_index == 0 and not baseline:
-                    pruned_score = self.prune_after_first_round(trial, metrics)
-                    if pruned_score is not None:
-                        saved_s = (self.spec.rounds - 1) * (time.monotonic() - round_started)
-                        self.prune(trial, rounds, score=pruned_score, saved_s=saved_s)
-                        return
+            while any(round_index < p.planned for p in active):
+                for pending in [p for p in active if round_index < p.planned]:
+                    try:
+                        await self.measure_pending(pending, round_index, deployer)
+                    except (DeployError, MeasurementError) as exc:
+                        active.remove(pending)
+                        self.fail(pending, str(exc))
+                        continue
+                    if pending.pruned:
+                        active.remove(pending)
                 round_index += 1
-                if round_index == planned == self.spec.rounds and self.noisy(rounds):
-                    planned += self.spec.extra_rounds_if_noisy
-            self.finish_trial(trial, rounds, baseline=baseline)
-        except (DeployError, MeasurementError) as exc:
-            trial.set_user_attr("fail_reason", str(exc))
-            self.study.tell(trial, state=TrialState.FAIL)
-            self.observer.trial_failed(number=trial.number, reason=str(exc))
-            if baseline:
-                raise StudyError(f"the baseline could not be measured: {exc}") from None
+            for pending in list(active):
+                try:
+                    self.finish_trial(pending.trial, pending.rounds, baseline=pending.baseline)
+                except MeasurementError as exc:
+                    self.fail(pending, str(exc))
+                active.remove(pending)
         except BaseException:
-            # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and the trial is not left RUNNING.
-            trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
-            self.study.tell(trial, state=TrialState.FAIL)
+            # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
+            for pending in active:
+                pending.trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
+                self.study.tell(pending.trial, state=TrialState.FAIL)
             raise
+
+    async def measure_pending(self, pending: _Pending, round_index: int, deployer: Deployer) -> None:
+        trial = pending.trial
+        round_started = time.monotonic()
+        base_url, log_mark = await self.deploy(
+            {} if pending.baseline else pending.params, deployer, number=trial.number, log_name="server.log"
+        )
+        if round_index == 0:
+            await self.check_answers(trial, base_url, baseline=pending.baseline)
+            _, log_mark = await deployer.read_log(log_mark)
+        metrics, _ = await self.measure_round(
+            number=trial.number,
+            prompts_index=round_index,
+            label=f"round {round_index + 1}/{pending.planned}",
+            records_name=f"round-{round_index + 1}",
+            base_url=base_url,
+            deployer=deployer,
+            log_mark=log_mark,
+        )
+        pending.rounds.append(metrics)
+        if round_index == 0 and not pending.baseline:
+            pruned_score = self.prune_after_first_round(trial, metrics)
+            if pruned_score is not None:
+                saved_s = (pending.planned - 1) * (time.monotonic() - round_started)
+                self.prune(trial, pending.rounds, score=pruned_score, saved_s=saved_s)
+                pending.pruned = True
+                return
+        if round_index + 1 == self.spec.rounds and self.noisy(pending.rounds):
+            pending.planned += self.spec.extra_rounds_if_noisy
+
+    def fail(self, pending: _Pending, reason: str) -> None:
+        pending.trial.set_user_attr("fail_reason", reason)
+        if pending.rounds:
+            pending.trial.set_user_attr("rounds", pending.rounds)
+        self.study.tell(pending.trial, state=TrialState.FAIL)
+        self.observer.trial_failed(number=pending.trial.number, reason=reason)
+        if pending.baseline:
+            raise StudyError(f"the baseline could not be measured: {reason}")
 
     async def check_answers(self, trial: optuna.Trial, base_url: str, *, baseline: bool) -> None:
         """The correctness gate; the baseline's answers become the reference. `MeasurementError` on failure."""
@@ -399,8 +461,8 @@ class _StudyRun:
                     metrics, _ = await self.measure_round(
                         number=number,
                         prompts_index=self.spec.rounds + pair,
-                        label=f"pair {pair + 1}/{self.spec.confirm.pairs} "
-                        + ("baseline" if number == baseline.number else f"trial {number}"),
+                        label=f"pair {pair + 1}/{self.spec.confirm.pairs}"
+                        + (" (baseline)" if number == baseline.number else ""),
                         records_name=f"confirm-{candidate.number}-{pair + 1}",
                         base_url=base_url,
                         deployer=deployer,
