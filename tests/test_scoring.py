@@ -100,3 +100,11 @@ def test_the_median_pruner_waits_for_three_reported_first_rounds() -> None:
     worst = study.ask()
     worst.report(-1.0, step=0)
     assert worst.should_prune()
+
+
+def test_objective_terms_are_signed_so_that_positive_is_better_in_both_directions() -> None:
+    from tuner.scoring import objective_terms
+
+    base = {"stall_tok_s": 0.2, "ttft_p95_s": 4.0}
+    terms = objective_terms({"stall_tok_s": 0.4, "ttft_p95_s": 8.0}, base, OBJECTIVES)
+    assert terms == [pytest.approx(math.log(2)), pytest.approx(-math.log(2))]

@@ -190,6 +190,11 @@ class StudySpec(StrictModel):
     confirm: ConfirmSpec = ConfirmSpec()
     gate: GateSpec = GateSpec()
     objectives: list[ObjectiveSpec] = Field(min_length=1)
+    combine: Literal["weighted", "pareto"] = Field(
+        default="weighted",
+        description="weighted: Optuna optimizes the weighted score; pareto: one value per objective, and the "
+        "leaderboard marks the trials no other trial beats on every objective.",
+    )
     constraints: list[MetricConstraint] = Field(
         default_factory=list, description="Bounds on metrics; a trial that breaks one is never recommended."
     )

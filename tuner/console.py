@@ -142,13 +142,16 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
         score = Text(f"{row.score:+.2f}")
         if row.score_range and row.score_range[0] != row.score_range[1]:
             score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
-        table.add_row(str(row.number), label, score, *[_cell(row, n) for n in _TABLE_METRICS])
+        number = f"{row.number} *" if row.pareto else str(row.number)
+        table.add_row(number, label, score, *[_cell(row, n) for n in _TABLE_METRICS])
     console.print(table)
     if board.pruning_saved_s > 0:
         console.print(
             f"pruning stopped {board.pruned} trials after their first round and saved about "
             f"{board.pruning_saved_s:.0f} s of measurement"
         )
+    if any(row.pareto for row in board.rows):
+        console.print("* = on the Pareto front: no other trial is better on every objective")
     console.print(
         "score: weighted log-ratio against the baseline's median (0 = baseline, +0.69 = twice as good); "
         "! = rounds differ by 20% or more"

@@ -34,6 +34,7 @@ class LeaderboardRow:
     noisy: list[str]
     reason: str | None
     violates: list[str] = field(default_factory=list)
+    pareto: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,15 @@ def _coefficients_of_variation(rounds: Sequence[dict[str, float | None]]) -> dic
     return result
 
 
-def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> LeaderboardRow:
+def _score(trial: FrozenTrial) -> float | None:
+    if trial.state != TrialState.COMPLETE:
+        return None
+    if "score" in trial.user_attrs:
+        return float(trial.user_attrs["score"])
+    return trial.values[0] if trial.values and len(trial.values) == 1 else None
+
+
+def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue], front: set[int]) -> LeaderboardRow:
     scores = list(trial.user_attrs.get("round_scores", []))
     is_baseline = bool(trial.user_attrs.get("baseline"))
     settings: dict[str, ParamValue] = dict(trial.user_attrs.get("settings", trial.params))
@@ -82,13 +91,14 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue]) -> Leaderbo
         state=trial.state.name,
         params=settings,
         changed={} if is_baseline else {k: v for k, v in settings.items() if baseline_params.get(k) != v},
-        score=trial.value if trial.state == TrialState.COMPLETE else None,
+        score=_score(trial),
         score_range=(min(scores), max(scores)) if scores else None,
         metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
         cv=_coefficients_of_variation(trial.user_attrs.get("rounds", [])),
         noisy=list(trial.user_attrs.get("noisy", [])),
         reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
         violates=list(trial.user_attrs.get("violates", [])),
+        pareto=trial.number in front,
     )
 
 
@@ -97,7 +107,8 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("deployed")]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
     baseline_params = dict(baseline_trial.user_attrs.get("settings", baseline_trial.params)) if baseline_trial else {}
-    rows = [_row(t, baseline_params) for t in trials if t.state != TrialState.RUNNING]
+    front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
+    rows = [_row(t, baseline_params, front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
     baseline = next((r for r in rows if r.baseline and r.score is not None), None)
     return Leaderboard(
@@ -175,6 +186,7 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
             "score_min": row.score_range[0] if row.score_range else None,
             "score_max": row.score_range[1] if row.score_range else None,
             "noisy": ",".join(row.noisy),
+            "pareto": row.pareto,
             "reason": row.reason,
             "violates": "; ".join(row.violates),
         }

@@ -26,6 +26,7 @@ __all__ = [
     "median_metrics",
     "min_effect",
     "noisy_metrics",
+    "objective_terms",
     "score_round",
     "verdict",
 ]
@@ -61,8 +62,9 @@ def _log_ratio(value: float, reference: float) -> float:
     return max(-math.log(RATIO_CLAMP), min(math.log(RATIO_CLAMP), math.log(value / reference)))
 
 
-def score_round(metrics: Metrics, reference: Metrics, objectives: Sequence[ObjectiveSpec]) -> float:
-    total = 0.0
+def objective_terms(metrics: Metrics, reference: Metrics, objectives: Sequence[ObjectiveSpec]) -> list[float]:
+    """Per objective, the signed log-ratio against the reference: > 0 is better, whatever the direction."""
+    terms = []
     for objective in objectives:
         value, base = metrics.get(objective.metric), reference.get(objective.metric)
         if value is None or base is None:
@@ -71,8 +73,13 @@ def score_round(metrics: Metrics, reference: Metrics, objectives: Sequence[Objec
                 "measures (long prompts for stall_tok_s and prefill_tok_s)"
             )
         sign = 1.0 if objective.direction == "maximize" else -1.0
-        total += objective.weight * sign * _log_ratio(value, base)
-    return total
+        terms.append(sign * _log_ratio(value, base))
+    return terms
+
+
+def score_round(metrics: Metrics, reference: Metrics, objectives: Sequence[ObjectiveSpec]) -> float:
+    terms = objective_terms(metrics, reference, objectives)
+    return sum(objective.weight * term for objective, term in zip(objectives, terms, strict=True))
 
 
 def noisy_metrics(rounds: Sequence[Metrics], names: Sequence[str]) -> list[str]:

@@ -34,7 +34,7 @@ from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_me
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
-from tuner.scoring import bootstrap_ci, median_metrics, min_effect, noisy_metrics, score_round
+from tuner.scoring import bootstrap_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests
 
@@ -152,7 +152,7 @@ def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
         storage=storage,
         sampler=_SAMPLERS[spec.search.sampler](spec.seed),
         pruner=_PRUNERS[spec.search.pruner](),
-        direction="maximize",
+        directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
     )
 
@@ -277,10 +277,10 @@ class _StudyRun:
                 self.study.tell(trial, state=TrialState.PRUNED)
                 return f"violates {constraint.text}"
         earlier = self.measured_params().get(tuple(sorted(params.items())))
-        if earlier is not None and earlier.value is not None:
-            # Telling the earlier value keeps the sampler informed without spending a restart.
+        if earlier is not None and earlier.values is not None:
+            # Telling the earlier values keeps the sampler informed without spending a restart.
             trial.set_user_attr("duplicate_of", earlier.number)
-            self.study.tell(trial, earlier.value)
+            self.study.tell(trial, earlier.values)
             return f"same settings as trial {earlier.number}"
         twin = next((p for p in pending if p.params == params), None)
         if twin is not None:
@@ -403,7 +403,7 @@ class _StudyRun:
     def prune_after_first_round(self, trial: optuna.Trial, metrics: dict[str, float | None]) -> float | None:
         """Reports round 1's score to the pruner; returns the score if the trial is not worth finishing."""
         reference_trial = self.baseline_trial()
-        if reference_trial is None:
+        if reference_trial is None or self.spec.combine == "pareto":  # Optuna prunes single-objective studies only
             return None
         score = score_round(metrics, median_metrics(reference_trial.user_attrs["rounds"]), self.spec.objectives)
         trial.report(score, step=0)
@@ -482,11 +482,10 @@ class _StudyRun:
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.user_attrs.get("deployed")
             and not _is_baseline(t)
-            and t.value is not None
-            and t.value > 0
+            and t.user_attrs.get("score", 0.0) > 0
             and not t.user_attrs.get("violates")
         ]
-        best = sorted(measured, key=lambda t: -(t.value or 0.0))[: self.spec.confirm.top]
+        best = sorted(measured, key=lambda t: -float(t.user_attrs["score"]))[: self.spec.confirm.top]
         return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
 
     async def warm_up(self, base_url: str) -> None:
@@ -595,9 +594,14 @@ class _StudyRun:
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
-        if baseline:
-            trial.report(value, step=0)  # the pruner compares later first rounds with it
-        self.study.tell(trial, value if math.isfinite(value) else None)
+        trial.set_user_attr("score", value)
+        if self.spec.combine == "pareto":
+            terms = [objective_terms(metrics, reference, objectives) for metrics in rounds]
+            self.study.tell(trial, [statistics.median(column) for column in zip(*terms, strict=True)])
+        else:
+            if baseline:
+                trial.report(value, step=0)  # the pruner compares later first rounds with it
+            self.study.tell(trial, value if math.isfinite(value) else None)
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
 
 
