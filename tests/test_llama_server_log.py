@@ -100,3 +100,22 @@ def test_log_tasks_join_the_client_records_they_served() -> None:
     ]
     joined = {r.request_id: t.task for r, t in join_server_tasks(records, tasks)}
     assert joined == {"chat-1": 9, "chat-2": 12, "long": 44, "chat-1b": 174, "long-b": 220}
+
+
+def test_slot_choice_and_prompt_cache_lines_are_attached_to_the_task_they_placed() -> None:
+    lines = [
+        "0.01.000.000 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.9 (> 0.100 thold), f_keep = 0.5",
+        "0.01.000.100 I srv          load:  - found better prompt with f_keep = 0.910, f_sim = 0.880",
+        "0.01.000.200 W srv         alloc:  - making room for prompt cache entry, removing oldest entry (size = 4.721 MiB)",
+        "0.01.000.300 I slot launch_slot_: id  1 | task 7 | processing task, is_child = 0",
+        "0.02.000.000 I slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1",
+        "0.02.000.100 I slot launch_slot_: id  0 | task 9 | processing task, is_child = 0",
+    ]
+    reused, fresh = parse_llama_server_log(lines)
+    assert (reused.slot_selection, reused.prompt_cache_hit, reused.prompt_cache_evictions) == ("LCP", True, 1)
+    assert (fresh.slot_selection, fresh.prompt_cache_hit, fresh.prompt_cache_evictions) == ("LRU", False, 0)
+
+
+def test_the_real_log_shows_which_tasks_reused_a_slots_prefix() -> None:
+    tasks = {t.task: t for t in parse_llama_server_log((DATA / "llama-server-trial.log").read_text().splitlines())}
+    assert tasks[174].slot_selection == "LCP" and tasks[9].slot_selection == "LRU"

@@ -111,6 +111,25 @@ METRICS: dict[str, MetricInfo] = {
             description="Longest time a task held its slot without being computed (server log).",
         ),
         MetricInfo(
+            name="server_prefix_reuse_share",
+            unit="",
+            better="higher",
+            description="Share of tasks given a slot that already held a shared prefix (llama-server's LCP "
+            "similarity) rather than the least recently used slot.",
+        ),
+        MetricInfo(
+            name="server_prompt_cache_evictions",
+            unit="",
+            better="lower",
+            description="Host-RAM prompt cache entries evicted during the round (--cache-ram too small).",
+        ),
+        MetricInfo(
+            name="stall_agreement",
+            unit="",
+            better="higher",
+            description="Server-side over client-side stall speed: near 1 when both instruments see the same stall.",
+        ),
+        MetricInfo(
             name="server_joined_share",
             unit="",
             better="higher",
@@ -359,7 +378,13 @@ def server_metrics(
             ):
                 inside.append(sample.tg_3s)
     waits = [w for task in tasks if (w := task.wait_before_prefill_s) is not None]
-    return {"server_stall_tok_s": _median(inside), "server_wait_max_s": max(waits) if waits else None}
+    selected = [t.slot_selection for t in tasks if t.slot_selection is not None]
+    return {
+        "server_stall_tok_s": _median(inside),
+        "server_wait_max_s": max(waits) if waits else None,
+        "server_prefix_reuse_share": selected.count("LCP") / len(selected) if selected else None,
+        "server_prompt_cache_evictions": float(sum(t.prompt_cache_evictions for t in tasks)),
+    }
 
 
 def join_server_tasks(

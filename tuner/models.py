@@ -146,6 +146,9 @@ class TaskTimeline:
     n_tokens_at_release: int | None = None
     rate_samples: list[TokenRateSample] = field(default_factory=list)
     prefill_progress: list[PrefillProgress] = field(default_factory=list)
+    slot_selection: str | None = None  # "LCP" (a slot holding a shared prefix) or "LRU"
+    prompt_cache_hit: bool = False  # restored from the host-RAM prompt cache (seen at log verbosity 4)
+    prompt_cache_evictions: int = 0  # entries evicted while this task was being placed
 
     @property
     def prompt_tokens(self) -> int | None:

@@ -565,6 +565,8 @@ class _StudyRun:
                 min_overlap_s=self.spec.metrics.min_overlap_s,
             )
         )
+        client_stall, server_stall = metrics.get("stall_tok_s"), metrics.get("server_stall_tok_s")
+        metrics["stall_agreement"] = server_stall / client_stall if client_stall and server_stall is not None else None
         joined = join_server_tasks(records, tasks)
         metrics["server_joined_share"] = len(joined) / len(records) if records else None
         self.run_dir.save_server_tasks(number, records_name, joined)

@@ -21,6 +21,9 @@ _TG = re.compile(r"n_gen =\s*(\d+), tg =\s*([\d.]+) t/s, tg_3s =\s*([\d.]+) t/s"
 _PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _RELEASE = re.compile(r"stop processing: n_tokens = (\d+)")
+_SELECTED = re.compile(r"selected slot by (LCP|LRU)")
+_CACHE_HIT = re.compile(r"found better prompt")
+_CACHE_EVICTION = re.compile(r"removing oldest entry")
 _PROGRESS = re.compile(r"prompt processing(?: progress)?, n_tokens =\s*(\d+).*?progress = ([\d.]+)")
 
 
@@ -37,19 +40,29 @@ def parse_llama_server_log(lines: Iterable[str]) -> list[TaskTimeline]:
     """Every task the log mentions, in launch order; lines of other kinds are ignored."""
     tasks: dict[int, TaskTimeline] = {}
     last_timed: TaskTimeline | None = None  # older builds print final timings without the task prefix
+    # Slot choice and prompt-cache lines come before the task is launched, without its id.
+    selection_by_slot: dict[int, str] = {}
+    cache_hit, evictions = False, 0
     for line in lines:
         at = parse_timestamp(line)
         match = _TASK.search(line)
         if match is None:
             if last_timed is not None:
                 _read_timings(last_timed, line)
+            cache_hit = cache_hit or _CACHE_HIT.search(line) is not None
+            evictions += 1 if _CACHE_EVICTION.search(line) else 0
             continue
         task_id, slot, message = int(match[3]), int(match[2]), match[4]
         if task_id < 0:
+            if (selected := _SELECTED.search(message)) is not None:
+                selection_by_slot[slot] = selected[1]
             continue
         task = tasks.setdefault(task_id, TaskTimeline(task=task_id, slot=slot))
         if "processing task" in message and at is not None:
             task.launch_s = at
+            task.slot_selection = selection_by_slot.pop(slot, None)
+            task.prompt_cache_hit, task.prompt_cache_evictions = cache_hit, evictions
+            cache_hit, evictions = False, 0
         elif (release := _RELEASE.search(message)) is not None:
             task.release_s = at
             task.n_tokens_at_release = int(release[1])
