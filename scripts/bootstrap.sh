@@ -10,8 +10,12 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 extras=${1:-}
-stamp_want="$(sha256sum pyproject.toml | cut -c1-16)-${extras:-base}"
-if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.serve-tuner-stamp 2>/dev/null)" != "$stamp_want" ]; then
+project_hash="$(sha256sum pyproject.toml | cut -c1-16)"
+stamp_want="$project_hash-${extras:-base}"
+stamp_have="$(cat .venv/.serve-tuner-stamp 2>/dev/null || true)"
+# An install with the dev extras also serves the demo.
+[ -z "$extras" ] && [ "$stamp_have" = "$project_hash-dev" ] && stamp_want="$stamp_have"
+if [ ! -x .venv/bin/python ] || [ "$stamp_have" != "$stamp_want" ]; then
   echo "installing serve-tuner into .venv ..."
   "$python" -m venv .venv || { echo "error: cannot create a virtual environment; install python3-venv" >&2; exit 1; }
   target="."
