@@ -1,9 +1,10 @@
-"""The ask/tell loop: baseline first, every trial measured in several rounds, restore in `finally`.
+"""The ask/tell loop: the baseline first, then batches of trials with interleaved rounds, then a
+re-measurement of the best against the baseline; restore in `finally`.
 
 Optuna only proposes settings; this module owns trial execution. Trial 0 is the baseline (the
 engine's base settings with nothing tuned) and exists once across resumes. A trial that was RUNNING
 when a previous controller died is marked FAIL on the next start. The trial budget counts trials
-that were deployed, across resumes.
+that were deployed, across resumes. docs/metrics.md describes each step.
 """
 
 from __future__ import annotations
@@ -52,18 +53,24 @@ _MAX_SKIPPED_PROPOSALS = 200
 _SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
 
 
-def _constraint_violations(trial: FrozenTrial) -> list[float]:
-    """Optuna's convention: one value per constraint, > 0 when broken."""
-    return list(trial.user_attrs.get("constraint_violations", [0.0]))
+def _violations_of(count: int) -> Callable[[FrozenTrial], list[float]]:
+    """Optuna's constraints_func: one value per constraint, > 0 when broken, for every trial."""
+
+    def violations(trial: FrozenTrial) -> list[float]:
+        return list(trial.user_attrs.get("constraint_violations", [0.0] * count))
+
+    return violations
 
 
-_SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=4, constraints_func=_constraint_violations
+_SAMPLERS: dict[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed, constraints: optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=4, constraints_func=_violations_of(constraints) if constraints else None
     ),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed, constraints_func=_constraint_violations),
+    "random": lambda seed, constraints: optuna.samplers.RandomSampler(seed=seed),
+    "qmc": lambda seed, constraints: optuna.samplers.QMCSampler(seed=seed),
+    "gp": lambda seed, constraints: optuna.samplers.GPSampler(
+        seed=seed, constraints_func=_violations_of(constraints) if constraints else None
+    ),
 }
 
 
@@ -150,7 +157,7 @@ def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
     return optuna.create_study(
         study_name=spec.name,
         storage=storage,
-        sampler=_SAMPLERS[spec.search.sampler](spec.seed),
+        sampler=_SAMPLERS[spec.search.sampler](spec.seed, len(spec.constraints)),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
@@ -389,7 +396,7 @@ class _StudyRun:
             violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
             amounts.append(max((amount for _, amount in violations), default=0.0))
             broken += [text for text, _ in violations]
-        trial.set_user_attr("constraint_violations", amounts or [0.0])
+        trial.set_user_attr("constraint_violations", amounts)
         if broken:
             trial.set_user_attr("violates", broken)
 
