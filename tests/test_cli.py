@@ -197,3 +197,14 @@ def test_the_same_config_measured_again_is_not_called_a_win(tmp_path: Path, llam
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "tiny")))
     assert board.recommendation.row is None
     assert [r.changed for r in board.rows if not r.baseline] == [{"cache_ram": 8000}]
+
+
+def test_workload_show_summarizes_a_trace_and_names_a_bad_line(tmp_path: Path) -> None:
+    shown = tuner_cli("workload", "show", str(DATA / "stall-small.jsonl"))
+    assert shown.returncode == 0, shown.stderr
+    assert "3 requests in 3 sessions" in shown.stdout and "1 long prompts" in shown.stdout
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text((DATA / "stall-small.jsonl").read_text() + "not json\n")
+    result = tuner_cli("workload", "show", str(broken))
+    assert result.returncode == 1
+    assert "broken.jsonl:5: not valid JSON" in one_error_line(result)

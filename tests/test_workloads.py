@@ -63,3 +63,13 @@ def test_the_bundled_stall_workload_has_long_prompts_among_streaming_chats() -> 
     assert len(long) >= 2 and len(chats) >= 3
     first_long = min(r.offset_s for r in long)
     assert any(r.offset_s < first_long for r in chats)
+
+
+def test_the_summary_counts_what_the_stall_workload_will_replay() -> None:
+    from tuner.workloads import summarize_trace
+
+    summary = summarize_trace(load_trace(REPO / "workloads" / "stall.jsonl"))
+    assert (summary.requests, summary.sessions, summary.long_prompts) == (7, 5, 2)
+    assert summary.new_tokens.max == 2000 and summary.output_tokens.total == 1088
+    assert summary.prefix_reuse == pytest.approx(7 * 48 / 4036)
+    assert summary.tags == {"chat": 5, "resume": 1, "summary": 1}

@@ -13,13 +13,14 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner import assets
-from tuner.console import ConsoleObserver, make_console, render_leaderboard
+from tuner.console import ConsoleObserver, make_console, render_leaderboard, render_trace_summary
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import StudyError, TunerError
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
+from tuner.workloads import load_trace, summarize_trace
 
 __all__ = ["main"]
 
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     board = commands.add_parser("leaderboard", help="show a study's trials, best first")
     board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
+
+    workload = commands.add_parser("workload", help="inspect a workload trace")
+    workload_commands = workload.add_subparsers(dest="workload_command", required=True)
+    show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
+    show.add_argument("trace", type=Path, help="trace file (JSONL)")
+    show.add_argument("--long-prompt-tokens", type=int, default=1000, help="new tokens that make a prompt long")
 
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
@@ -101,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo"
                 )
             _show(args.run_dir, console, csv=args.csv)
+            return 0
+        if args.command == "workload":
+            summary = summarize_trace(load_trace(args.trace), long_prompt_tokens=args.long_prompt_tokens)
+            render_trace_summary(summary, console)
             return 0
         if args.command == "setup":
             console.print(f"model: {assets.ensure_model()}")

@@ -16,8 +16,9 @@ from tuner.config import ParamValue
 from tuner.metrics import METRICS
 from tuner.observers import NullObserver
 from tuner.report import Leaderboard, LeaderboardRow
+from tuner.workloads import TraceSummary
 
-__all__ = ["ConsoleObserver", "make_console", "render_leaderboard"]
+__all__ = ["ConsoleObserver", "make_console", "render_leaderboard", "render_trace_summary"]
 
 _ROUND_METRICS = ("ttft_p95_s", "stall_tok_s", "prefill_tok_s", "itl_max_s")
 _TABLE_METRICS = (
@@ -158,3 +159,24 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
     )
     style = "bold green" if board.recommendation.row is not None else "bold yellow"
     console.print(Text(board.recommendation.message, style=style))
+
+
+def render_trace_summary(summary: TraceSummary, console: Console | None = None) -> None:
+    console = console or make_console()
+    console.print(f"[bold]{escape(summary.name)}[/]  {escape(summary.description)}")
+    rate = f", {summary.arrivals_per_min:.1f} arrivals/min" if summary.arrivals_per_min is not None else ""
+    console.print(
+        f"{summary.requests} requests in {summary.sessions} sessions over {summary.span_s:.1f} s{rate}; "
+        f"{summary.long_prompts} long prompts; shared-prefix tokens are {summary.prefix_reuse:.0%} of all prompt tokens"
+    )
+    table = Table(title="tokens per request", title_justify="left")
+    for column in ("", "p50", "p95", "max", "total"):
+        table.add_column(column, justify="right" if column else "left")
+    for label, dist in (
+        ("prompt", summary.prompt_tokens),
+        ("new prompt", summary.new_tokens),
+        ("output", summary.output_tokens),
+    ):
+        table.add_row(label, f"{dist.p50:.0f}", f"{dist.p95:.0f}", f"{dist.max:.0f}", f"{dist.total}")
+    console.print(table)
+    console.print("tags: " + ", ".join(f"{tag} {count}" for tag, count in summary.tags.items()))

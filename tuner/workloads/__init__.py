@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tuner.workloads.summary import TraceSummary, summarize_trace
 from tuner.workloads.synthesis import synthesize_requests
 from tuner.workloads.trace import (
     TRACE_FORMAT,
@@ -22,6 +23,8 @@ __all__ = [
     "Trace",
     "TraceHeader",
     "TraceRequest",
+    "TraceSummary",
     "load_trace",
+    "summarize_trace",
     "synthesize_requests",
 ]
