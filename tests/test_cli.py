@@ -208,3 +208,14 @@ def test_workload_show_summarizes_a_trace_and_names_a_bad_line(tmp_path: Path) -
     result = tuner_cli("workload", "show", str(broken))
     assert result.returncode == 1
     assert "broken.jsonl:5: not valid JSON" in one_error_line(result)
+
+
+def test_workload_synth_writes_a_trace_and_refuses_zero_users(tmp_path: Path) -> None:
+    out = tmp_path / "chat.jsonl"
+    result = tuner_cli("workload", "synth", "chat", "--users", "5", "--turns", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "wrote 10 requests" in result.stdout
+    assert len(out.read_text().splitlines()) == 11
+    refused = tuner_cli("workload", "synth", "chat", "--users", "0", "--out", str(tmp_path / "none.jsonl"))
+    assert refused.returncode == 2 and "must be a positive integer" in refused.stderr
+    assert not (tmp_path / "none.jsonl").exists()

@@ -73,3 +73,36 @@ def test_the_summary_counts_what_the_stall_workload_will_replay() -> None:
     assert summary.new_tokens.max == 2000 and summary.output_tokens.total == 1088
     assert summary.prefix_reuse == pytest.approx(7 * 48 / 4036)
     assert summary.tags == {"chat": 5, "resume": 1, "summary": 1}
+
+
+@pytest.mark.parametrize("kind", ["summarize", "chat", "stall", "agent"])
+def test_every_generator_writes_a_trace_that_reads_back_identical(kind: str, tmp_path: Path) -> None:
+    from tuner.workloads import SynthOptions, dump_trace, synthesize_trace
+
+    trace = synthesize_trace(kind, SynthOptions(users=4, turns=3, seed=7, long_tokens=6000))
+    path = tmp_path / "trace.jsonl"
+    path.write_text(dump_trace(trace))
+    assert load_trace(path) == trace
+    assert synthesize_trace(kind, SynthOptions(users=4, turns=3, seed=7, long_tokens=6000)) == trace
+    assert synthesize_trace(kind, SynthOptions(users=4, turns=3, seed=8, long_tokens=6000)) != trace
+
+
+def test_the_summarize_generator_is_a_closed_loop_of_document_summaries() -> None:
+    from tuner.workloads import SynthOptions, synthesize_trace
+
+    trace = synthesize_trace("summarize", SynthOptions(users=8, turns=5, seed=0, long_tokens=1))
+    assert len({r.session for r in trace.requests}) == 8 and len(trace.requests) == 40
+    # Every turn is due at once and nobody thinks: the next request goes as soon as the answer ends.
+    assert all(r.offset_s == 0 and r.think_s == 0 for r in trace.requests)
+    assert all(r.prompt.shared_prefix[0].tokens == 67 and 576 <= r.prompt.new_tokens <= 704 for r in trace.requests)
+    assert all(r.output_tokens == 256 for r in trace.requests)
+
+
+def test_the_stall_generator_puts_long_prompts_among_streaming_chats() -> None:
+    from tuner.workloads import SynthOptions, summarize_trace, synthesize_trace
+
+    trace = synthesize_trace("stall", SynthOptions(users=6, turns=3, seed=1, long_tokens=12000))
+    summary = summarize_trace(trace)
+    assert summary.long_prompts == 3 and summary.new_tokens.max <= 12000
+    first_long = min(r.offset_s for r in trace.requests if r.prompt.new_tokens >= 1000)
+    assert any(r.tag == "chat" and r.offset_s < first_long for r in trace.requests)

@@ -17,15 +17,23 @@ from tuner.console import ConsoleObserver, make_console, render_leaderboard, ren
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import StudyError, TunerError
+from tuner.files import write_atomic
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
-from tuner.workloads import load_trace, summarize_trace
+from tuner.workloads import GENERATORS, SynthOptions, dump_trace, load_trace, summarize_trace, synthesize_trace
 
 __all__ = ["main"]
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +63,18 @@ def _parser() -> argparse.ArgumentParser:
     show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
     show.add_argument("trace", type=Path, help="trace file (JSONL)")
     show.add_argument("--long-prompt-tokens", type=int, default=1000, help="new tokens that make a prompt long")
+    synth = workload_commands.add_parser("synth", help="write a synthetic trace of a known traffic shape")
+    synth.add_argument("kind", choices=GENERATORS.kinds(), help="the traffic shape")
+    synth.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL)")
+    synth.add_argument("--users", type=_positive, default=4, help="simulated users (default 4)")
+    synth.add_argument("--turns", type=_positive, default=3, help="turns per user (default 3)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument(
+        "--long-tokens",
+        type=_positive,
+        default=8000,
+        help="largest new-token count of a long prompt, for `stall` (default 8000)",
+    )
 
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
@@ -109,9 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             _show(args.run_dir, console, csv=args.csv)
             return 0
-        if args.command == "workload":
+        if args.command == "workload" and args.workload_command == "show":
             summary = summarize_trace(load_trace(args.trace), long_prompt_tokens=args.long_prompt_tokens)
             render_trace_summary(summary, console)
+            return 0
+        if args.command == "workload" and args.workload_command == "synth":
+            options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
+            trace = synthesize_trace(args.kind, options)
+            write_atomic(args.out, dump_trace(trace).encode())
+            console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+            render_trace_summary(summarize_trace(trace), console)
             return 0
         if args.command == "setup":
             console.print(f"model: {assets.ensure_model()}")

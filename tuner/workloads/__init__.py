@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tuner.workloads.summary import TraceSummary, summarize_trace
 from tuner.workloads.synthesis import synthesize_requests
+from tuner.workloads.synthetic import GENERATORS, SynthOptions, synthesize_trace
 from tuner.workloads.trace import (
     TRACE_FORMAT,
     TRACE_VERSION,
@@ -12,19 +13,24 @@ from tuner.workloads.trace import (
     Trace,
     TraceHeader,
     TraceRequest,
+    dump_trace,
     load_trace,
 )
 
 __all__ = [
+    "GENERATORS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "PrefixBlock",
     "PromptShape",
+    "SynthOptions",
     "Trace",
     "TraceHeader",
     "TraceRequest",
     "TraceSummary",
+    "dump_trace",
     "load_trace",
     "summarize_trace",
     "synthesize_requests",
+    "synthesize_trace",
 ]

@@ -27,10 +27,11 @@ __all__ = [
     "Trace",
     "TraceHeader",
     "TraceRequest",
+    "dump_trace",
     "load_trace",
 ]
 
-TRACE_FORMAT = "serve-tuner-trace"
+TRACE_FORMAT: Literal["serve-tuner-trace"] = "serve-tuner-trace"
 TRACE_VERSION = 1
 
 
@@ -123,3 +124,10 @@ def _parse_json(path: Path, number: int, line: str, model: type[StrictModel]) ->
         problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         raise WorkloadError(f"{path}:{number}: {where}: {problem}") from None
     return data
+
+
+def dump_trace(trace: Trace) -> str:
+    """The trace as JSONL text: the header line, then one request per line."""
+    lines = [trace.header.model_dump_json(exclude_defaults=False)]
+    lines += [request.model_dump_json(exclude_defaults=True) for request in trace.requests]
+    return "\n".join(lines) + "\n"
