@@ -62,45 +62,47 @@ def _summarize(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
     ]
 
 
-def _chat(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
-    # About one turn every 90 s per user, with about 12 s of it spent generating (roughly 300 tokens).
+def _chat_sessions(
+    options: SynthOptions,
+    rng: random.Random,
+    *,
+    start_within_s: float,
+    new: tuple[int, int],
+    output: tuple[int, int],
+    think: Callable[[], float],
+) -> list[TraceRequest]:
+    """One session per user, starting at a random time, with `think()` seconds between turns."""
     requests = []
     for user in range(options.users):
-        start = rng.uniform(0.0, 90.0)
+        start = rng.uniform(0.0, start_within_s)
         for turn in range(options.turns):
-            think = 0.0 if turn == 0 else rng.expovariate(1 / 78.0)
             requests.append(
                 _request(
                     user,
                     turn,
                     offset=start,
-                    new=rng.randint(30, 250),
-                    output=rng.randint(150, 450),
+                    new=rng.randint(*new),
+                    output=rng.randint(*output),
                     tag="chat",
-                    think=think,
+                    think=0.0 if turn == 0 else think(),
                 )
             )
     return requests
 
 
+def _chat(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
+    # About one turn every 90 s per user, with about 12 s of it spent generating (roughly 300 tokens).
+    return _chat_sessions(
+        options, rng, start_within_s=90.0, new=(30, 250), output=(150, 450), think=lambda: rng.expovariate(1 / 78.0)
+    )
+
+
 def _stall(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
     # Streaming chats with short pauses, and among them resumed conversations and summary turns whose
     # new prompt tokens are many times a chat's: the situation in which other users' streams stall.
-    requests = []
-    for user in range(options.users):
-        start = rng.uniform(0.0, 2.0)
-        for turn in range(options.turns):
-            requests.append(
-                _request(
-                    user,
-                    turn,
-                    offset=start,
-                    new=rng.randint(60, 200),
-                    output=rng.randint(200, 400),
-                    tag="chat",
-                    think=0.0 if turn == 0 else rng.uniform(1.0, 4.0),
-                )
-            )
+    requests = _chat_sessions(
+        options, rng, start_within_s=2.0, new=(60, 200), output=(200, 400), think=lambda: rng.uniform(1.0, 4.0)
+    )
     span = 8.0 * options.turns
     for index in range(max(1, options.users // 2)):
         requests.append(
