@@ -7,7 +7,6 @@ building never depend on the package's other dependencies.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -271,26 +270,3 @@ def ensure_llama_server(log: bool = True, jobs: int | None = None) -> Path:
     if binary is None:
         raise AssetError(f"llama-server is missing from {final_dir} after the build")
     return binary
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch and build the real llama-server and model.")
-    parser.add_argument("what", choices=["all", "llama-server", "model", "paths"], nargs="?", default="all")
-    args = parser.parse_args(argv)
-    try:
-        if args.what == "paths":
-            print(f"llama-server: {find_llama_server() or 'not built'}")
-            print(f"model: {find_model() or 'not fetched'}")
-            return 0
-        if args.what in ("all", "model"):
-            print(ensure_model())
-        if args.what in ("all", "llama-server"):
-            print(ensure_llama_server())
-    except AssetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -96,18 +96,18 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     started = time.monotonic()
     asyncio.run(main())
-    board = _show(run_path, console, [o.metric for o in spec.objectives])
+    board = _show(run_path, console)
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
     return 0
 
 
-def _show(run_path: Path, console: Console, objectives: Sequence[str] = (), csv: Path | None = None) -> Leaderboard:
+def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
     from tuner.study import open_optuna_study_readonly
 
     study = open_optuna_study_readonly(RunDirectory(run_path))
-    board = build_leaderboard(study, objectives)
+    board = build_leaderboard(study)
     render_leaderboard(board, console)
     if csv is not None:
         leaderboard_frame(board).to_csv(csv, index=False)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +16,6 @@ __all__ = [
     "ReplayRequest",
     "RequestRecord",
     "RequestStatus",
-    "RoundResult",
     "ServerTimings",
     "TaskTimeline",
     "TokenRateSample",
@@ -102,16 +100,6 @@ class RequestRecord(_Contract):
     @property
     def first_token_s(self) -> float | None:
         return self.token_s[0] if self.token_s else None
-
-
-class RoundResult(_Contract):
-    """One measurement round of one trial: its metrics and where its raw records were kept."""
-
-    round_index: int
-    metrics: dict[str, float | None]
-    failures: int
-    requests: int
-    details: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

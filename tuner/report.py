@@ -48,9 +48,7 @@ class Recommendation:
 class Leaderboard:
     study_name: str
     rows: list[LeaderboardRow]
-    baseline: LeaderboardRow | None
     recommendation: Recommendation
-    objectives: list[str] = field(default_factory=list)
     pruned: int = 0
     pruning_saved_s: float = 0.0
 
@@ -102,7 +100,7 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue], front: set[
     )
 
 
-def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Leaderboard:
+def build_leaderboard(study: optuna.Study) -> Leaderboard:
     """Deployed trials, best first; failed trials last, with their reasons."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("deployed")]
     baseline_trial = next((t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
@@ -110,13 +108,10 @@ def build_leaderboard(study: optuna.Study, objectives: Sequence[str] = ()) -> Le
     front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
     rows = [_row(t, baseline_params, front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
-    baseline = next((r for r in rows if r.baseline and r.score is not None), None)
     return Leaderboard(
         study_name=study.study_name,
         rows=rows,
-        baseline=baseline,
         recommendation=_recommend(study, rows, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
-        objectives=list(objectives),
         pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
         pruning_saved_s=sum(float(t.user_attrs.get("saved_s", 0.0)) for t in trials),
     )
@@ -145,7 +140,7 @@ def _recommend(
             f"paired score difference {result['mean']:+.2f} over {len(result['differences'])} alternating "
             f"re-measurements against the baseline, 95% interval {low:+.2f}..{high:+.2f}"
         )
-        decision = Verdict(better=bool(winners), margin=low, needed=min_effect, reason=evidence)
+        decision = Verdict(better=bool(winners), reason=evidence)
         if winners:
             return Recommendation(
                 row=row, verdict=decision, message=f"recommended: {_settings(row)} (trial {row.number}): {evidence}"

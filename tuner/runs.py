@@ -109,7 +109,3 @@ class RunDirectory:
             lines.append(json.dumps(entry) + "\n")
         write_atomic(path, "".join(lines).encode())
         return path
-
-    def load_records(self, number: int, name: str) -> list[RequestRecord]:
-        path = self.trial_dir(number) / f"{name}.jsonl"
-        return [RequestRecord.model_validate_json(line) for line in path.read_text().splitlines() if line]

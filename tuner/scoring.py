@@ -98,8 +98,6 @@ def noisy_metrics(rounds: Sequence[Metrics], names: Sequence[str]) -> list[str]:
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
     better: bool
-    margin: float
-    needed: float
     reason: str
 
 
@@ -128,22 +126,18 @@ def verdict(candidate_scores: Sequence[float], baseline_scores: Sequence[float],
     and a minimum effect keeps such a coin toss from being reported as a win.
     """
     if not candidate_scores or not baseline_scores:
-        return Verdict(better=False, margin=0.0, needed=min_effect, reason="not enough rounds to compare")
+        return Verdict(better=False, reason="not enough rounds to compare")
     margin = min(candidate_scores) - max(baseline_scores)
     spread = max(max(candidate_scores) - min(candidate_scores), max(baseline_scores) - min(baseline_scores))
     needed = max(min_effect, spread)
     if margin > needed:
         return Verdict(
             better=True,
-            margin=margin,
-            needed=needed,
             reason=f"its worst round beat the baseline's best by {margin:.2f}, more than the {needed:.2f} "
             "that noise and the minimum effect ask",
         )
     return Verdict(
         better=False,
-        margin=margin,
-        needed=needed,
         reason=f"its gap to the baseline ({margin:+.2f}) is within the {needed:.2f} that noise and the minimum "
         "effect ask",
     )
