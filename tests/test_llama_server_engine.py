@@ -15,8 +15,8 @@ from tuner.models import ReplayRequest
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def llama(settings: dict[str, object] | None = None) -> Engine:
-    table = {"kind": "llama-server", "binary": "/bin/true", "model": "/bin/true", "settings": settings or {}}
+def llama(settings: dict[str, object] | None = None, **options: object) -> Engine:
+    table = {"kind": "llama-server", "binary": "/bin/true", "model": "/bin/true", "settings": settings or {}, **options}
     return create_engine(PluginSpec.model_validate(table))
 
 
@@ -97,3 +97,26 @@ def test_prometheus_counters_of_a_round_become_decode_calls_and_tokens_per_call(
 
 def test_a_server_without_the_counters_yields_none_not_zero() -> None:
     assert llama().round_counters({}, {}) == {"server_decode_calls": None, "server_tokens_per_decode": None}
+
+
+def test_named_adapters_load_at_launch_without_being_applied_and_requests_pick_them_by_id() -> None:
+    engine = llama(lora_adapters={"support": "/models/support.gguf", "legal": "/models/legal.gguf"})
+    launch = engine.launch_spec({})
+    assert launch.args[:5] == (
+        "--lora",
+        "/models/support.gguf",
+        "--lora",
+        "/models/legal.gguf",
+        "--lora-init-without-apply",
+    )
+    call = engine.build_request(
+        ReplayRequest(
+            request_id="a", session="s", offset_s=0, prompt_token_ids=(101,), output_tokens=1, lora=(("legal", 0.5),)
+        )
+    )
+    assert call.json["lora"] == [{"id": 1, "scale": 0.5}]
+
+
+def test_a_workload_naming_an_adapter_the_engine_lacks_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"adapter\(s\) legal .* add them to engine.lora_adapters"):
+        llama(lora_adapters={"support": "/m/support.gguf"}).check_lora_adapters({"support", "legal"})

@@ -106,3 +106,45 @@ def test_the_stall_generator_puts_long_prompts_among_streaming_chats() -> None:
     assert summary.long_prompts == 3 and summary.new_tokens.max <= 12000
     first_long = min(r.offset_s for r in trace.requests if r.prompt.new_tokens >= 1000)
     assert any(r.tag == "chat" and r.offset_s < first_long for r in trace.requests)
+
+
+SESSION = (
+    '{"id": "t0", "offset_s": 0, "session": "s", "turn": 0, "prompt": {"shared_prefix": [{"block": "sys",'
+    ' "tokens": 8}], "new_tokens": 20}, "output_tokens": 6}\n'
+    '{"id": "t1", "offset_s": 1, "session": "s", "turn": 1, "think_s": 0.5, "prompt": {"shared_prefix":'
+    ' [{"block": "sys", "tokens": 8}], "history_tokens": 26, "new_tokens": 10}, "output_tokens": 4,'
+    ' "lora": [{"adapter": "support", "scale": 0.5}]}\n'
+)
+
+
+def test_a_turn_repeats_the_sessions_earlier_prompt_and_marks_where_the_answer_goes(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, HEADER + SESSION))
+    first, second = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=0)
+    assert (first.prompt_tokens, second.prompt_tokens) == (28, 44)
+    assert second.prompt_token_ids[:28] == first.prompt_token_ids
+    (span,) = second.answer_spans
+    assert (span.start, span.length, span.request_id) == (28, 6, "t0")
+    assert second.lora == (("support", 0.5),) and first.lora is None
+
+
+def test_the_answer_the_server_generated_replaces_the_placeholder_keeping_the_length(tmp_path: Path) -> None:
+    from tuner.loadgen import with_answers
+
+    trace = load_trace(write(tmp_path, HEADER + SESSION))
+    _, second = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=0)
+    spliced = with_answers(second, {"t0": [7, 8, 9]})
+    assert spliced.prompt_token_ids[28:31] == (7, 8, 9)
+    assert spliced.prompt_token_ids[31:] == second.prompt_token_ids[31:]
+    assert spliced.prompt_tokens == second.prompt_tokens
+
+
+def test_history_beyond_what_the_trace_holds_is_invented_once_per_session(tmp_path: Path) -> None:
+    late = SESSION.splitlines()[1].replace('"history_tokens": 26', '"history_tokens": 300') + "\n"
+    trace = load_trace(write(tmp_path, HEADER + late))
+    (request,) = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=0)
+    assert request.prompt_tokens == 318 and request.answer_spans == ()
+
+
+def test_old_traces_without_history_or_lora_still_load(tmp_path: Path) -> None:
+    trace = load_trace(REPO / "workloads" / "stall.jsonl")
+    assert all(r.prompt.history_tokens == 0 and r.lora == [] for r in trace.requests)

@@ -1,8 +1,9 @@
 """The async replayer: sends a workload's requests on schedule and timestamps every streamed token.
 
 Open loop with sessions: a request is sent at its arrival offset, but never before its session's
-previous turn has ended plus the recorded think time. Every request has its own deadline, because a
-server can keep answering its health check while requests hang.
+previous turn has ended plus the recorded think time. A turn's history carries the token ids the server
+generated for the session's earlier answers, so its prompt cache is hit as in production. Every request
+has its own deadline, because a server can keep answering its health check while requests hang.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 
 from tuner.engines.base import Engine, parse_prometheus_text
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 
-__all__ = ["replay", "scrape_prometheus"]
+__all__ = ["replay", "scrape_prometheus", "with_answers"]
 
 
 async def replay(
@@ -39,6 +40,7 @@ async def replay(
 
         async def run_session(turns: list[ReplayRequest]) -> None:
             previous_end: float | None = None
+            answers: dict[str, list[int]] = {}
             for request in sorted(turns, key=lambda r: (r.turn, r.offset_s)):
                 due = request.offset_s
                 if previous_end is not None:
@@ -46,7 +48,9 @@ async def replay(
                 delay = due - (time.perf_counter() - started)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                record = await _send(client, engine, request, started, request_timeout_s)
+                record, answers[request.request_id] = await _send(
+                    client, engine, with_answers(request, answers), started, request_timeout_s
+                )
                 records.append(record)
                 previous_end = record.end_s
 
@@ -56,16 +60,32 @@ async def replay(
     return sorted(records, key=lambda r: r.send_s)
 
 
+def with_answers(request: ReplayRequest, answers: Mapping[str, Sequence[int]]) -> ReplayRequest:
+    """The request with its history's answer placeholders replaced by what the server generated.
+
+    Only as many ids as the placeholder holds are used, and placeholders stay where an answer was
+    shorter (the server withholds ids of incomplete UTF-8 characters), so the prompt length is exact.
+    """
+    if not request.answer_spans:
+        return request
+    tokens = list(request.prompt_token_ids)
+    for span in request.answer_spans:
+        generated = answers.get(span.request_id, ())[: span.length]
+        tokens[span.start : span.start + len(generated)] = generated
+    return request.model_copy(update={"prompt_token_ids": tuple(tokens)})
+
+
 async def _send(
     client: httpx.AsyncClient,
     engine: Engine,
     request: ReplayRequest,
     started: float,
     request_timeout_s: float,
-) -> RequestRecord:
+) -> tuple[RequestRecord, list[int]]:
     call = engine.build_request(request)
     send_s = time.perf_counter() - started
     token_s: list[float] = []
+    generated: list[int] = []
     timings: ServerTimings | None = None
     status = RequestStatus.OK
     http_status: int | None = None
@@ -85,6 +105,7 @@ async def _send(
                         now = time.perf_counter() - started
                         arrived = event.tokens if event.tokens_so_far is None else event.tokens_so_far - len(token_s)
                         token_s.extend([now] * max(arrived, 0))
+                        generated.extend(event.token_ids)
                         if event.error is not None:
                             status, error = RequestStatus.HTTP_ERROR, event.error
                         if event.timings is not None:
@@ -99,7 +120,7 @@ async def _send(
         status, error = RequestStatus.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"[:300]
     if status is RequestStatus.OK and not token_s:
         status, error = RequestStatus.NO_OUTPUT, "the answer had no tokens"
-    return RequestRecord(
+    record = RequestRecord(
         request_id=request.request_id,
         session=request.session,
         tag=request.tag,
@@ -113,6 +134,7 @@ async def _send(
         error=error,
         timings=timings,
     )
+    return record, generated
 
 
 async def scrape_prometheus(engine: Engine, base_url: str) -> dict[str, float]:

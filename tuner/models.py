@@ -11,6 +11,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AnswerSpan",
     "LaunchSpec",
     "PrefillProgress",
     "ReplayRequest",
@@ -41,8 +42,24 @@ class LaunchSpec(_Contract):
         return f"http://{self.host}:{self.port}"
 
 
+class AnswerSpan(_Contract):
+    """Where an earlier turn's answer sits in a prompt's session history, as a placeholder."""
+
+    start: int = Field(ge=0)
+    length: int = Field(ge=0)
+    request_id: str
+
+    def shifted(self, by: int) -> AnswerSpan:
+        return self.model_copy(update={"start": self.start + by})
+
+
 class ReplayRequest(_Contract):
-    """One request of a workload, ready to send: its schedule, its prompt as token ids, its output."""
+    """One request of a workload, ready to send: its schedule, its prompt as token ids, its output.
+
+    `answer_spans` name the stretches of the prompt that stand for earlier answers of the session; the
+    load generator replaces them with the token ids the server generated for those answers, so the
+    prompt is exactly what the server holds in its cache, as in production.
+    """
 
     request_id: str
     session: str
@@ -50,9 +67,12 @@ class ReplayRequest(_Contract):
     offset_s: float = Field(ge=0, description="Arrival time relative to the start of the replay.")
     think_s: float = Field(default=0.0, ge=0, description="Pause after the session's previous turn ended.")
     prompt_token_ids: tuple[int, ...]
+    answer_spans: tuple[AnswerSpan, ...] = ()
     output_tokens: int = Field(gt=0)
     tag: str = "chat"
-    lora: tuple[tuple[int, float], ...] | None = None
+    lora: tuple[tuple[str, float], ...] | None = Field(
+        default=None, description="Adapter names and scales; None leaves the server's default."
+    )
 
     @property
     def prompt_tokens(self) -> int:

@@ -129,6 +129,9 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
             )
         baseline[name] = value
     trace = load_trace(base_dir / spec.workload.path)
+    adapters = {use.adapter for request in trace.requests for use in request.lora}
+    if adapters:
+        engine.check_lora_adapters(adapters)
     return PreparedStudy(spec=spec, engine=engine, space=space, baseline_params=baseline, trace=trace)
 
 

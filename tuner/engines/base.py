@@ -67,6 +67,7 @@ class StreamEvent:
 
     tokens: int = 0
     tokens_so_far: int | None = None
+    token_ids: tuple[int, ...] = ()
     done: bool = False
     timings: ServerTimings | None = None
     error: str | None = None
@@ -87,6 +88,10 @@ class Engine(Protocol):
 
     def prompt_token_range(self) -> tuple[int, int]:
         """Token ids that are safe to put in a synthesized prompt: [low, high)."""
+        ...
+
+    def check_lora_adapters(self, names: set[str]) -> None:
+        """Raises `ConfigError` unless every adapter a workload names is configured for the engine."""
         ...
 
     def build_request(self, request: ReplayRequest) -> HttpCall: ...

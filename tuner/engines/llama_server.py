@@ -136,6 +136,10 @@ class LlamaServerOptions(StrictModel):
         default_factory=dict, description="Knobs fixed for the whole study, the baseline included."
     )
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="Adapter name (as the workload names it) to GGUF path; loaded at launch, applied per request.",
+    )
 
 
 def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str, key: str) -> str:
@@ -205,9 +209,16 @@ class LlamaServerEngine:
             knob = self.knobs[name]
             assert knob.env is not None
             env[knob.env] = _render(knob, value)
+        # --lora has no environment variable; --lora-init-without-apply keeps every adapter at scale 0
+        # unless a request asks for it, as a server that hosts adapters for some clients would run.
+        lora_args: list[str] = []
+        for path in self._options.lora_adapters.values():
+            lora_args += ["--lora", path]
+        if lora_args:
+            lora_args.append("--lora-init-without-apply")
         return LaunchSpec(
             executable=self.resolve_binary(),
-            args=tuple(self._options.extra_args),
+            args=(*lora_args, *self._options.extra_args),
             env=env,
             host=self._options.host,
             port=port,
@@ -216,6 +227,14 @@ class LlamaServerEngine:
 
     def prompt_token_range(self) -> tuple[int, int]:
         return _PROMPT_TOKEN_RANGE
+
+    def check_lora_adapters(self, names: set[str]) -> None:
+        missing = sorted(names - set(self._options.lora_adapters))
+        if missing:
+            raise ConfigError(
+                f"the workload applies LoRA adapter(s) {', '.join(missing)} that the engine does not load; add them "
+                f'to engine.lora_adapters, e.g. lora_adapters = {{ {missing[0]} = "path/to/adapter.gguf" }}'
+            )
 
     def build_request(self, request: ReplayRequest) -> HttpCall:
         body: dict[str, object] = {
@@ -227,7 +246,8 @@ class LlamaServerEngine:
             "temperature": 0.0,
         }
         if request.lora is not None:
-            body["lora"] = [{"id": adapter, "scale": scale} for adapter, scale in request.lora]
+            ids = {name: index for index, name in enumerate(self._options.lora_adapters)}
+            body["lora"] = [{"id": ids[name], "scale": scale} for name, scale in request.lora]
         return HttpCall(method="POST", path="/completion", json=body)
 
     def probe_request(self, prompt: str, *, tokens: int) -> HttpCall:
@@ -282,15 +302,17 @@ class LlamaServerEngine:
             message = error.get("message") if isinstance(error, dict) else str(error)
             return StreamEvent(error=str(message), done=True)
         tokens = chunk.get("tokens")
+        ids = tuple(t for t in tokens if isinstance(t, int)) if isinstance(tokens, list) else ()
         count = len(tokens) if isinstance(tokens, list) else (1 if chunk.get("content") else 0)
         so_far = chunk.get("tokens_predicted")
         so_far = so_far if isinstance(so_far, int) else None
         if not chunk.get("stop"):
-            return StreamEvent(tokens=count, tokens_so_far=so_far)
+            return StreamEvent(tokens=count, tokens_so_far=so_far, token_ids=ids)
         timings = chunk.get("timings") or {}
         return StreamEvent(
             tokens=count,
             tokens_so_far=so_far,
+            token_ids=ids,
             done=True,
             timings=ServerTimings(
                 cache_n=int(timings.get("cache_n", 0)),

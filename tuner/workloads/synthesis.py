@@ -1,8 +1,11 @@
 """Turns trace shapes into concrete prompts: token ids with exact counts and real prefix sharing.
 
 A shared block always yields the same ids (seeded by its block id), so the server's prompt cache sees
-the reuse it would see in production; new tokens are seeded by request id and round, so nothing is
-reused by accident, not even across rounds.
+the reuse it would see in production. A session is replayed as a growing conversation: a turn's
+history is the conversation so far (earlier prompts and answers), so the slot that served the previous
+turn finds it in its cache. Answers are placeholders here; the load generator swaps in the ids the
+server actually generated (`answer_spans`), because those are what the server cached. New tokens are
+seeded by session and round, so nothing is reused by accident, not even across rounds.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import random
 
-from tuner.models import ReplayRequest
-from tuner.workloads.trace import Trace
+from tuner.models import AnswerSpan, ReplayRequest
+from tuner.workloads.trace import Trace, TraceRequest
 
 __all__ = ["synthesize_requests"]
 
@@ -19,6 +22,30 @@ __all__ = ["synthesize_requests"]
 def _rng(*parts: object) -> random.Random:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+class _Conversation:
+    """A session's tokens so far, and which stretches of them are answers of which request."""
+
+    def __init__(self, rng: random.Random, token_range: tuple[int, int]) -> None:
+        self._rng = rng
+        self._low, self._high = token_range
+        self.tokens: list[int] = []
+        self.answers: list[AnswerSpan] = []
+
+    def fresh(self, count: int) -> list[int]:
+        return [self._rng.randrange(self._low, self._high) for _ in range(count)]
+
+    def history(self, count: int) -> tuple[list[int], list[AnswerSpan]]:
+        """The first `count` tokens of the conversation, invented where the trace began mid-session."""
+        if count > len(self.tokens):
+            self.tokens.extend(self.fresh(count - len(self.tokens)))
+        spans = [
+            AnswerSpan(start=span.start, length=min(span.length, count - span.start), request_id=span.request_id)
+            for span in self.answers
+            if span.start < count
+        ]
+        return self.tokens[:count], spans
 
 
 def synthesize_requests(
@@ -30,24 +57,48 @@ def synthesize_requests(
     time_scale: float = 1.0,
 ) -> list[ReplayRequest]:
     low, high = token_range
-    requests = []
-    for shape in trace.requests:
-        tokens: list[int] = []
+    conversations: dict[str, _Conversation] = {}
+    blocks: dict[str, list[int]] = {}
+    by_turn = sorted(trace.requests, key=lambda r: (r.session, r.turn, r.offset_s))
+    built: dict[str, ReplayRequest] = {}
+    for shape in by_turn:
+        prefix: list[int] = []
         for block in shape.prompt.shared_prefix:
-            block_rng = _rng("block", seed, block.block)
-            tokens.extend(block_rng.randrange(low, high) for _ in range(block.tokens))
-        new_rng = _rng("new", seed, round_index, shape.id)
-        tokens.extend(new_rng.randrange(low, high) for _ in range(shape.prompt.new_tokens))
-        requests.append(
-            ReplayRequest(
-                request_id=shape.id,
-                session=shape.session,
-                turn=shape.turn,
-                offset_s=shape.offset_s * time_scale,
-                think_s=shape.think_s * time_scale,
-                prompt_token_ids=tuple(tokens),
-                output_tokens=shape.output_tokens,
-                tag=shape.tag,
-            )
+            if block.block not in blocks or len(blocks[block.block]) < block.tokens:
+                block_rng = _rng("block", seed, block.block)
+                blocks[block.block] = [block_rng.randrange(low, high) for _ in range(block.tokens)]
+            prefix.extend(blocks[block.block][: block.tokens])
+        if shape.session not in conversations:
+            conversations[shape.session] = _Conversation(_rng("session", seed, round_index, shape.session), token_range)
+        conversation = conversations[shape.session]
+        history, spans = conversation.history(shape.prompt.history_tokens)
+        new = conversation.fresh(shape.prompt.new_tokens)
+        conversation.tokens = history + new + conversation.fresh(shape.output_tokens)
+        conversation.answers = [
+            *spans,
+            AnswerSpan(start=len(history) + len(new), length=shape.output_tokens, request_id=shape.id),
+        ]
+        built[shape.id] = _replay_request(
+            shape,
+            prefix + history + new,
+            tuple(span.shifted(len(prefix)) for span in spans),
+            time_scale,
         )
-    return requests
+    return [built[shape.id] for shape in trace.requests]
+
+
+def _replay_request(
+    shape: TraceRequest, tokens: list[int], answer_spans: tuple[AnswerSpan, ...], time_scale: float
+) -> ReplayRequest:
+    return ReplayRequest(
+        request_id=shape.id,
+        session=shape.session,
+        turn=shape.turn,
+        offset_s=shape.offset_s * time_scale,
+        think_s=shape.think_s * time_scale,
+        prompt_token_ids=tuple(tokens),
+        answer_spans=answer_spans,
+        output_tokens=shape.output_tokens,
+        tag=shape.tag,
+        lora=tuple((use.adapter, use.scale) for use in shape.lora) if shape.lora else None,
+    )

@@ -1,9 +1,9 @@
 """The trace format (JSONL, version 1): a header line, then one request per line.
 
     {"format": "serve-tuner-trace", "version": 1, "name": "stall", "description": "..."}
-    {"id": "chat-1.0", "offset_s": 0.0, "session": "chat-1", "turn": 0,
-     "prompt": {"shared_prefix": [{"block": "system", "tokens": 64}], "new_tokens": 180},
-     "output_tokens": 300, "tag": "chat"}
+    {"id": "chat-1.1", "offset_s": 42.0, "session": "chat-1", "turn": 1, "think_s": 8.5,
+     "prompt": {"shared_prefix": [{"block": "system", "tokens": 64}], "history_tokens": 480, "new_tokens": 90},
+     "output_tokens": 300, "lora": [{"adapter": "support", "scale": 1.0}], "tag": "chat"}
 
 Only shapes are stored (token counts, block ids, timings), never message text.
 """
@@ -24,6 +24,7 @@ __all__ = [
     "TRACE_VERSION",
     "PrefixBlock",
     "PromptShape",
+    "LoraUse",
     "Trace",
     "TraceHeader",
     "TraceRequest",
@@ -50,12 +51,31 @@ class PrefixBlock(StrictModel):
 
 
 class PromptShape(StrictModel):
+    """A prompt in the order the server sees it: shared prefix blocks, then session history, then new tokens."""
+
     shared_prefix: list[PrefixBlock] = Field(default_factory=list)
+    history_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="The session's earlier turns (their prompts and answers) repeated in this prompt: what the "
+        "server can reuse from the cache of the slot that served the previous turn.",
+    )
     new_tokens: int = Field(ge=0, description="Tokens no other request has: the part that must be prefilled.")
 
     @property
+    def prefix_tokens(self) -> int:
+        return sum(b.tokens for b in self.shared_prefix)
+
+    @property
     def total_tokens(self) -> int:
-        return sum(b.tokens for b in self.shared_prefix) + self.new_tokens
+        return self.prefix_tokens + self.history_tokens + self.new_tokens
+
+
+class LoraUse(StrictModel):
+    """One adapter applied to a request, by the name the study's engine options map to a file."""
+
+    adapter: str = Field(min_length=1)
+    scale: float = 1.0
 
 
 class TraceRequest(StrictModel):
@@ -66,7 +86,11 @@ class TraceRequest(StrictModel):
     think_s: float = Field(default=0.0, ge=0, description="Pause after the session's previous turn ended.")
     prompt: PromptShape
     output_tokens: int = Field(gt=0)
+    lora: list[LoraUse] = Field(default_factory=list, description="Adapters applied; empty: none.")
     tag: str = "chat"
+    duration_s: float | None = Field(
+        default=None, ge=0, description="How long the request took when recorded; shown, never replayed."
+    )
 
     @model_validator(mode="after")
     def _has_prompt(self) -> TraceRequest:
