@@ -16,7 +16,7 @@ from tuner import assets
 from tuner.console import ConsoleObserver, make_console, render_leaderboard, render_trace_summary
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
-from tuner.errors import StudyError, TunerError
+from tuner.errors import ConfigError, StudyError, TunerError
 from tuner.files import write_atomic
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
@@ -76,6 +76,17 @@ def _parser() -> argparse.ArgumentParser:
         help="largest new-token count of a long prompt, for `stall` (default 8000)",
     )
 
+    record = commands.add_parser(
+        "record", help="record your traffic's shape through a proxy placed in front of the server (no text kept)"
+    )
+    record.add_argument("--upstream", required=True, help="the server's URL, e.g. http://127.0.0.1:8080")
+    record.add_argument("--listen", default="127.0.0.1:8081", help="HOST:PORT the application connects to instead")
+    record.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL), rewritten atomically")
+    record.add_argument("--name", help="trace name (default: the file name)")
+    record.add_argument("--tag-header", default="X-Tuner-Tag", help="request header whose value tags a request")
+    record.add_argument("--duration", type=float, help="stop after this many seconds (default: at Ctrl-C)")
+    record.add_argument("--max-requests", type=_positive, help="stop after recording this many requests")
+
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
     return parser
@@ -100,6 +111,53 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
+    return 0
+
+
+def _record(args: argparse.Namespace, console: Console) -> int:
+    from tuner.record import Recorder, RecorderOptions
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen {args.listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8081")
+    options = RecorderOptions(
+        upstream=args.upstream,
+        out=args.out,
+        name=args.name or args.out.stem,
+        listen_host=host,
+        listen_port=int(port),
+        tag_header=args.tag_header.lower(),
+        max_requests=args.max_requests,
+    )
+    recorder = Recorder(options)
+    recorder.on_request = lambda seen, count: console.print(
+        f"{count:>5}  {seen.tag:<10} prompt {seen.prompt_tokens:>6}  output {seen.output_tokens:>5}"
+        f"  {(seen.end_s or seen.arrival_s) - seen.arrival_s:6.2f} s",
+        highlight=False,
+    )
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        ready = lambda port: console.print(  # noqa: E731
+            f"recording: point your application at http://{host}:{port} (it forwards to {args.upstream}); Ctrl-C stops"
+        )
+        try:
+            return await recorder.run(ready=ready, duration_s=args.duration)
+        except asyncio.CancelledError:
+            return recorder.recorded
+
+    try:
+        count = asyncio.run(main())
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.listen}: {exc.strerror}; pick another --listen") from None
+    if count == 0:
+        console.print("no completion requests came through; nothing written")
+    else:
+        console.print(f"wrote {count} requests to {args.out}")
     return 0
 
 
@@ -140,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"wrote {len(trace.requests)} requests to {args.out}")
             render_trace_summary(summarize_trace(trace), console)
             return 0
+        if args.command == "record":
+            return _record(args, console)
         if args.command == "setup":
             console.print(f"model: {assets.ensure_model()}")
             console.print(f"llama-server: {assets.ensure_llama_server()}")

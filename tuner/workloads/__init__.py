@@ -8,6 +8,7 @@ from tuner.workloads.synthetic import GENERATORS, SynthOptions, synthesize_trace
 from tuner.workloads.trace import (
     TRACE_FORMAT,
     TRACE_VERSION,
+    LoraUse,
     PrefixBlock,
     PromptShape,
     Trace,
@@ -21,6 +22,7 @@ __all__ = [
     "GENERATORS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "LoraUse",
     "PrefixBlock",
     "PromptShape",
     "SynthOptions",

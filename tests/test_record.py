@@ -1,0 +1,235 @@
+"""`tuner record`: the proxy in front of an OpenAI-compatible upstream.
+
+Most tests put a stand-in upstream behind it that answers with the OpenAI chat stream as llama-server
+sends it (transcript-based: the chunk shapes of the serving-engines reference); the last one records
+real traffic to the real llama-server and stops with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tuner.record import Recorder, RecorderOptions
+from tuner.workloads import load_trace
+
+SYSTEM = "You are the canary-system-prompt assistant."
+API_KEY = "sk-canary-4242"
+
+
+def chat_chunks(answer: list[str], prompt_tokens: int, include_usage: bool) -> list[bytes]:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]}]
+    events += [{**base, "choices": [{"index": 0, "delta": {"content": piece}}]} for piece in answer]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+    if include_usage:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer), "total_tokens": 0}
+        events.append({**base, "choices": [], "usage": usage, "timings": {"cache_n": 0}})
+    return [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+
+
+class Upstream:
+    """A stand-in OpenAI-compatible server: counts a prompt as 10 tokens per message, plus /tokenize."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            content = json.loads(request.content)["content"]
+            return httpx.Response(200, json={"tokens": list(range(len(content.split())))})
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        self.auth.append(request.headers.get("authorization"))
+        include = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = chat_chunks(["Hel", "lo", " there"], 10 * len(body["messages"]), include)
+
+        async def stream() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
+
+
+def run_recorder(
+    tmp_path: Path, upstream: Upstream, client_side: Callable[[httpx.AsyncClient], Awaitable[None]]
+) -> Recorder:
+    options = RecorderOptions(upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0)
+    recorder = Recorder(options, transport=httpx.MockTransport(upstream.handler))
+
+    async def scenario() -> None:
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(recorder.run(ready=ready.set_result))
+        port = await ready
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            await client_side(client)
+        task.cancel()  # what Ctrl-C does: the trace is written on the way out
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    return recorder
+
+
+async def chat(client: httpx.AsyncClient, messages: list[dict[str, str]], *, tag: str | None = None) -> bytes:
+    headers = {"authorization": f"Bearer {API_KEY}", **({"x-tuner-tag": tag} if tag else {})}
+    body = {"model": "m", "messages": messages, "stream": True}
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+def test_the_client_gets_the_stream_it_would_get_directly_without_the_usage_chunk_the_proxy_added(
+    tmp_path: Path,
+) -> None:
+    upstream = Upstream()
+    received: list[bytes] = []
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        received.append(await chat(client, [{"role": "user", "content": "hi"}]))
+
+    run_recorder(tmp_path, upstream, client_side)
+    assert received[0] == b"".join(chat_chunks(["Hel", "lo", " there"], 10, include_usage=False))
+    assert upstream.bodies[0]["stream_options"] == {"include_usage": True}
+    assert upstream.auth == [f"Bearer {API_KEY}"]
+
+
+def test_sessions_history_think_time_and_a_shared_system_prompt_are_rebuilt_without_any_text(tmp_path: Path) -> None:
+    upstream = Upstream()
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "canary question one"}]
+        other = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "a different user"}]
+        await chat(client, first, tag="support")
+        await chat(client, other)
+        await asyncio.sleep(0.3)
+        second = [*first, {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "and?"}]
+        await chat(client, second, tag="support")
+
+    recorder = run_recorder(tmp_path, upstream, client_side)
+    assert recorder.recorded == 3
+    trace = load_trace(tmp_path / "rec.jsonl")
+    one, two, three = trace.requests
+    assert one.session == three.session != two.session
+    assert (three.turn, one.tag, two.tag) == (1, "support", "chat")
+    assert one.prompt.shared_prefix == two.prompt.shared_prefix == three.prompt.shared_prefix
+    assert one.prompt.shared_prefix[0].tokens == len(SYSTEM.split())
+    # Turn 1 repeats turn 0's prompt (20 tokens) and answer (3): its history, after the shared prefix.
+    assert three.prompt.history_tokens == 20 + 3 - len(SYSTEM.split()) and three.prompt.total_tokens == 40
+    assert three.think_s >= 0.25 and one.output_tokens == 3
+    text = (tmp_path / "rec.jsonl").read_text()
+    for secret in ("canary", API_KEY, "Hello there", "question", "Bearer"):
+        assert secret not in text
+
+
+async def one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data  # a real upstream's body is a stream; httpx.MockTransport's json= body is not
+
+
+def test_nothing_recorded_writes_no_file(tmp_path: Path) -> None:
+    async def client_side(client: httpx.AsyncClient) -> None:
+        assert (await client.get("/health")).json() == {"status": "ok"}
+
+    upstream = Upstream()
+    upstream_handler = upstream.handler
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, content=one_chunk(b'{"status": "ok"}'))
+        return upstream_handler(request)
+
+    upstream.handler = handler  # type: ignore[method-assign]
+    recorder = run_recorder(tmp_path, upstream, client_side)
+    assert recorder.recorded == 0 and not (tmp_path / "rec.jsonl").exists()
+
+
+def test_an_unreachable_upstream_answers_502_in_the_openai_error_shape(tmp_path: Path) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    upstream = Upstream()
+    upstream.handler = handler  # type: ignore[method-assign]
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        response = await client.post("/v1/chat/completions", json={"messages": []})
+        assert response.status_code == 502
+        assert "unreachable" in response.json()["error"]["message"]
+
+    run_recorder(tmp_path, upstream, client_side)
+
+
+def test_record_in_front_of_the_real_llama_server_until_ctrl_c(tmp_path: Path, llama_server_binary: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tuner.config import PluginSpec
+    from tuner.engines import create_engine
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    launch = create_engine(PluginSpec.model_validate({"kind": "llama-server"})).launch_spec({})
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen([launch.executable, *launch.args], env={**os.environ, **launch.env}, stderr=log)
+    listen = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "prod.jsonl"
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "record", "--upstream", launch.base_url, "--listen", listen, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(launch.base_url):
+            assert time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.2)
+        assert recorder.stdout is not None
+        assert "recording:" in recorder.stdout.readline()
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+        streams = []
+        with httpx.Client(base_url=f"http://{listen}", timeout=60) as client:
+            for _ in range(2):
+                body = {"messages": messages, "stream": True, "max_tokens": 8, "temperature": 0}
+                with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+                streams.append(lines)
+                answer = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in lines)
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "Another."},
+                ]
+        recorder.send_signal(signal.SIGINT)
+        assert recorder.wait(timeout=30) == 0
+    finally:
+        recorder.kill()
+        server.kill()
+        server.wait()
+        log.close()
+    assert all('"choices":[]' not in line.replace(" ", "") for lines in streams for line in lines)
+    first, second = load_trace(out).requests
+    assert first.session == second.session and second.turn == 1
+    assert 1 <= first.output_tokens <= 8 and 1 <= second.output_tokens <= 8  # the model may end early
+    assert first.prompt.shared_prefix and first.prompt.shared_prefix[0].tokens >= 5
+    assert second.prompt.history_tokens >= first.prompt.new_tokens + first.output_tokens
+    assert "colour" not in out.read_text()
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

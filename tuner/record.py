@@ -1,0 +1,399 @@
+"""`tuner record`: a transparent OpenAI-compatible proxy that writes the traffic's shape as a trace.
+
+It sits between an application and its server and passes every byte of a response on as soon as it
+arrives, streaming included. Of each completion request it keeps only shape: arrival and end times,
+token counts from the server's answer, a salted hash chain of the messages (from which sessions,
+history and shared system prompts are rebuilt), LoRA use and a tag from a request header. Message text,
+headers and API keys are never stored. The trace is rewritten atomically every few seconds and at the
+end, so an interrupted recording leaves the last complete trace, never a torn file.
+
+When a streaming chat client did not ask for usage, the proxy asks the server for it and removes that
+extra chunk from what the client receives, so the client sees the stream it would have seen directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+import httpx
+
+from tuner.errors import ConfigError
+from tuner.files import write_atomic
+from tuner.workloads import LoraUse, dump_trace
+from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, message_text
+
+__all__ = ["Recorder", "RecorderOptions"]
+
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "content-encoding",
+}
+_CHAT_PATHS = {"/v1/chat/completions", "/chat/completions"}
+_COMPLETION_PATHS = {"/v1/completions", "/completions", "/completion"}
+_MAX_BODY = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecorderOptions:
+    upstream: str
+    out: Path
+    name: str
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8081
+    tag_header: str = "x-tuner-tag"
+    checkpoint_s: float = 5.0
+    max_requests: int | None = None
+
+
+@dataclass(kw_only=True)
+class _Exchange:
+    """What the proxy learns of one completion request while passing it through."""
+
+    arrival_s: float
+    chain: tuple[str, ...]
+    system_messages: int
+    system_share: float
+    system_text: str | None
+    lora_ids: tuple[tuple[int, float], ...]
+    tag: str
+    answer: list[str] = field(default_factory=list)
+    chunks_with_output: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Recorder:
+    def __init__(self, options: RecorderOptions, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not options.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream {options.upstream!r} is not a URL; pass e.g. http://127.0.0.1:8080")
+        self.options = options
+        self._salt = secrets.token_hex(16)
+        self._client = httpx.AsyncClient(
+            base_url=options.upstream.rstrip("/"), timeout=httpx.Timeout(None, connect=10.0), transport=transport
+        )
+        self._observed: list[ObservedRequest] = []
+        self._written = 0
+        self._system_tokens: dict[str, int | None] = {}
+        self._tokenize_works = True
+        self._lora_names: dict[int, str] | None = None
+        self._done = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self.on_request: Callable[[ObservedRequest, int], None] | None = None
+
+    @property
+    def recorded(self) -> int:
+        return len(self._observed)
+
+    async def run(self, *, ready: Callable[[int], None] | None = None, duration_s: float | None = None) -> int:
+        """Serves until cancelled, `duration_s` has passed or `max_requests` were recorded; writes the
+        trace and returns how many requests it holds."""
+        server = await asyncio.start_server(self._serve_connection, self.options.listen_host, self.options.listen_port)
+        port = int(server.sockets[0].getsockname()[1])
+        checkpoints = asyncio.create_task(self._checkpoint_loop())
+        try:
+            if ready is not None:
+                ready(port)
+            async with server:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._done.wait(), duration_s)
+        finally:
+            checkpoints.cancel()
+            await asyncio.shield(self._finish())
+        return len(self._observed)
+
+    async def _finish(self) -> None:
+        await self.write()
+        await self._client.aclose()
+
+    async def write(self) -> None:
+        """Writes the trace of everything recorded so far, atomically; nothing when nothing was recorded."""
+        async with self._write_lock:
+            if not self._observed or self._written == len(self._observed):
+                return
+            count = len(self._observed)
+            trace = build_trace(self._observed, name=self.options.name, description="recorded by tuner record")
+            text = dump_trace(trace).encode()
+            await asyncio.to_thread(write_atomic, self.options.out, text)
+            self._written = count
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.checkpoint_s)
+            await self.write()
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request = await _next_event(connection, reader)
+                if not isinstance(request, h11.Request):
+                    break
+                body = bytearray()
+                while True:
+                    event = await _next_event(connection, reader)
+                    if isinstance(event, h11.Data):
+                        body += event.data
+                        if len(body) > _MAX_BODY:
+                            raise h11.RemoteProtocolError("request body too large")
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    else:
+                        return
+                await self._proxy(connection, writer, request, bytes(body))
+                if connection.our_state is h11.MUST_CLOSE or connection.their_state is not h11.DONE:
+                    break
+                connection.start_next_cycle()
+        except (h11.ProtocolError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _proxy(
+        self, connection: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
+    ) -> None:
+        arrival = time.time()
+        path = request.target.decode("latin-1")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
+        exchange, body, hide_usage = self._start_exchange(path.split("?")[0], headers, body, arrival)
+        upstream_headers = [(k, v) for k, v in headers.items() if k not in _HOP_BY_HOP and k != self.options.tag_header]
+        upstream_headers.append(("accept-encoding", "identity"))
+        try:
+            upstream = self._client.build_request(request.method.decode(), path, headers=upstream_headers, content=body)
+            response = await self._client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            await _send_error(writer, connection, f"upstream {self.options.upstream} unreachable: {type(exc).__name__}")
+            return
+        try:
+            response_headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP]
+            await _send(writer, connection, h11.Response(status_code=response.status_code, headers=response_headers))
+            streaming = "text/event-stream" in response.headers.get("content-type", "")
+            pending = b""
+            whole = bytearray()
+            async for chunk in response.aiter_raw():
+                if not streaming or exchange is None:
+                    if exchange is not None:
+                        whole += chunk
+                    await _send(writer, connection, h11.Data(data=chunk))
+                    continue
+                pending += chunk
+                events, pending = _split_events(pending)
+                passed = b"".join(event for event in events if not self._read_event(exchange, event, hide_usage))
+                if passed:
+                    await _send(writer, connection, h11.Data(data=passed))
+            if pending:
+                await _send(writer, connection, h11.Data(data=pending))
+            await _send(writer, connection, h11.EndOfMessage())
+            if exchange is not None and response.status_code == 200:
+                if not streaming:
+                    self._read_body(exchange, bytes(whole))
+                await self._finish_exchange(exchange, time.time())
+        finally:
+            await response.aclose()
+
+    def _start_exchange(
+        self, path: str, headers: Mapping[str, str], body: bytes, arrival: float
+    ) -> tuple[_Exchange | None, bytes, bool]:
+        if path not in _CHAT_PATHS | _COMPLETION_PATHS:
+            return None, body, False
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None, body, False
+        if not isinstance(payload, dict):
+            return None, body, False
+        messages = payload.get("messages") if path in _CHAT_PATHS else None
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            texts = [message_text(m) for m in messages]
+            system = 0
+            while system < len(messages) and messages[system].get("role") in ("system", "developer"):
+                system += 1
+            total_chars = sum(len(t) for t in texts) or 1
+            system_text = "\n".join(str(m.get("content", "")) for m in messages[:system]) if system else None
+            chain = hash_chain(self._salt, texts)
+            share = sum(len(t) for t in texts[:system]) / total_chars
+        else:
+            prompt = payload.get("prompt")
+            chain = hash_chain(self._salt, [json.dumps(prompt)])
+            system, share, system_text = 0, 0.0, None
+        lora = payload.get("lora")
+        lora_ids = tuple(
+            (int(item["id"]), float(item.get("scale", 1.0)))
+            for item in (lora if isinstance(lora, list) else [])
+            if isinstance(item, dict) and isinstance(item.get("id"), int) and float(item.get("scale", 1.0)) != 0.0
+        )
+        default_tag = "chat" if path in _CHAT_PATHS else "completion"
+        exchange = _Exchange(
+            arrival_s=arrival,
+            chain=chain,
+            system_messages=system,
+            system_share=share,
+            system_text=system_text,
+            lora_ids=lora_ids,
+            tag=headers.get(self.options.tag_header, default_tag)[:64] or default_tag,
+        )
+        hide_usage = False
+        if payload.get("stream") and path in _CHAT_PATHS | {"/v1/completions", "/completions"}:
+            options = payload.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage")):
+                payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                body = json.dumps(payload).encode()
+                hide_usage = True
+        return exchange, body, hide_usage
+
+    def _read_event(self, exchange: _Exchange, event: bytes, hide_usage: bool) -> bool:
+        """Learns what an SSE event says; True when it is the usage chunk the client did not ask for."""
+        data = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+        if not data or data == b"[DONE]":
+            return False
+        try:
+            chunk = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+        if not isinstance(chunk, dict):
+            return False
+        self._read_chunk(exchange, chunk)
+        return hide_usage and chunk.get("choices") == [] and "usage" in chunk
+
+    def _read_body(self, exchange: _Exchange, body: bytes) -> None:
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+            chunk = json.loads(body)
+            if isinstance(chunk, dict):
+                self._read_chunk(exchange, chunk)
+
+    @staticmethod
+    def _read_chunk(exchange: _Exchange, chunk: Mapping[str, Any]) -> None:
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or choice.get("message") or {}).get("content") or choice.get("text")
+            if isinstance(piece, str) and piece:
+                exchange.answer.append(piece)
+                exchange.chunks_with_output += 1
+        if isinstance(chunk.get("content"), str) and chunk["content"]:  # llama-server's /completion
+            exchange.answer.append(chunk["content"])
+            exchange.chunks_with_output += 1
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            exchange.prompt_tokens = _int(usage.get("prompt_tokens"), exchange.prompt_tokens)
+            exchange.output_tokens = _int(usage.get("completion_tokens"), exchange.output_tokens)
+        exchange.prompt_tokens = _int(chunk.get("tokens_evaluated"), exchange.prompt_tokens)
+        if chunk.get("stop") is True:
+            exchange.output_tokens = _int(chunk.get("tokens_predicted"), exchange.output_tokens)
+
+    async def _finish_exchange(self, exchange: _Exchange, end: float) -> None:
+        answer = "".join(exchange.answer)
+        answer_chain = hash_chain(exchange.chain[-1] if exchange.chain else self._salt, [f"assistant\x1f{answer}"])
+        system_tokens = await self._count_system_tokens(exchange)
+        lora = [LoraUse(adapter=await self._lora_name(index), scale=scale) for index, scale in exchange.lora_ids]
+        observed = ObservedRequest(
+            arrival_s=exchange.arrival_s,
+            end_s=end,
+            prompt_tokens=exchange.prompt_tokens or 0,
+            output_tokens=exchange.output_tokens or exchange.chunks_with_output,
+            chain=exchange.chain,
+            answer_chain=answer_chain[0],
+            system_messages=exchange.system_messages,
+            system_tokens=system_tokens,
+            system_share=exchange.system_share,
+            lora=tuple(lora),
+            tag=exchange.tag,
+        )
+        self._observed.append(observed)
+        if self.on_request is not None:
+            self.on_request(observed, len(self._observed))
+        if self.options.max_requests is not None and len(self._observed) >= self.options.max_requests:
+            self._done.set()
+
+    async def _count_system_tokens(self, exchange: _Exchange) -> int | None:
+        """Tokens of the system prompt, counted once per prompt by the server's /tokenize when it has one."""
+        if exchange.system_text is None or not exchange.chain:
+            return None
+        key = exchange.chain[exchange.system_messages - 1]
+        if key not in self._system_tokens:
+            self._system_tokens[key] = None
+            if self._tokenize_works:
+                try:
+                    answer = await self._client.post("/tokenize", json={"content": exchange.system_text}, timeout=10)
+                    tokens = answer.json().get("tokens") if answer.status_code == 200 else None
+                    if isinstance(tokens, list):
+                        self._system_tokens[key] = len(tokens)
+                    else:
+                        self._tokenize_works = False
+                except (httpx.HTTPError, ValueError):
+                    self._tokenize_works = False
+        return self._system_tokens[key]
+
+    async def _lora_name(self, adapter_id: int) -> str:
+        """The adapter's file name (as llama-server's /lora-adapters lists it), or adapter-<id>."""
+        if self._lora_names is None:
+            self._lora_names = {}
+            with contextlib.suppress(httpx.HTTPError, ValueError, TypeError, KeyError):
+                answer = await self._client.get("/lora-adapters", timeout=10)
+                for item in answer.json() if answer.status_code == 200 else []:
+                    stem = Path(str(item["path"])).name.removesuffix(".gguf")
+                    self._lora_names[int(item["id"])] = stem or f"adapter-{item['id']}"
+        return self._lora_names.get(adapter_id, f"adapter-{adapter_id}")
+
+
+def _int(value: object, fallback: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else fallback
+
+
+def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete SSE events (each with its blank-line terminator) and the incomplete rest."""
+    events: list[bytes] = []
+    while True:
+        cut = min((i for i in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if i >= 0), default=-1)
+        if cut < 0:
+            return events, buffer
+        end = cut + (4 if buffer[cut : cut + 4] == b"\r\n\r\n" else 2)
+        events.append(buffer[:end])
+        buffer = buffer[end:]
+
+
+async def _send(writer: asyncio.StreamWriter, connection: h11.Connection, event: h11.Event) -> None:
+    data = connection.send(event)
+    if data:
+        writer.write(data)
+        await writer.drain()
+
+
+async def _send_error(writer: asyncio.StreamWriter, connection: h11.Connection, message: str) -> None:
+    """A 502 in the OpenAI error shape, so that the application sees why."""
+    body = json.dumps({"error": {"message": message, "type": "bad_gateway", "code": 502}}).encode()
+    await _send(writer, connection, h11.Response(status_code=502, headers=[("content-type", "application/json")]))
+    await _send(writer, connection, h11.Data(data=body))
+    await _send(writer, connection, h11.EndOfMessage())
+
+
+async def _next_event(connection: h11.Connection, reader: asyncio.StreamReader) -> h11.Event | None:
+    """The client's next HTTP event; None once it closed the connection."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await reader.read(65536))
+            continue
+        if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+            return None
+        assert isinstance(event, h11.Event)
+        return event
