@@ -13,11 +13,13 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner import assets
+from tuner.config import apply_overrides
 from tuner.console import ConsoleObserver, make_console, render_leaderboard, render_trace_summary
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import ConfigError, StudyError, TunerError
 from tuner.files import write_atomic
+from tuner.importers import IMPORTERS, import_trace
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
@@ -86,10 +88,28 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--tag-header", default="X-Tuner-Tag", help="request header whose value tags a request")
     record.add_argument("--duration", type=float, help="stop after this many seconds (default: at Ctrl-C)")
     record.add_argument("--max-requests", type=_positive, help="stop after recording this many requests")
+    imports = workload_commands.add_parser(
+        "import",
+        help="turn another tool's trace or a server log into a trace",
+        description=_importer_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    imports.add_argument("kind", help="the input's format: " + ", ".join(IMPORTERS.kinds()))
+    imports.add_argument("source", type=Path, help="the file to import")
+    imports.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL)")
+    imports.add_argument("--name", help="trace name (default: the output file name)")
+    imports.add_argument(
+        "--set", dest="options", action="append", default=[], metavar="KEY=VALUE", help="importer option (repeatable)"
+    )
 
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
     return parser
+
+
+def _importer_help() -> str:
+    lines = [f"{kind}: {IMPORTERS.get(kind).description}" for kind in IMPORTERS.kinds()]
+    return "Formats:\n  " + "\n  ".join(lines)
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
@@ -194,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "workload" and args.workload_command == "synth":
             options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
             trace = synthesize_trace(args.kind, options)
+            write_atomic(args.out, dump_trace(trace).encode())
+            console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+            render_trace_summary(summarize_trace(trace), console)
+            return 0
+        if args.command == "workload" and args.workload_command == "import":
+            trace = import_trace(
+                args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem
+            )
             write_atomic(args.out, dump_trace(trace).encode())
             console.print(f"wrote {len(trace.requests)} requests to {args.out}")
             render_trace_summary(summarize_trace(trace), console)

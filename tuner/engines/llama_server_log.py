@@ -27,13 +27,25 @@ _CACHE_EVICTION = re.compile(r"removing oldest entry")
 _PROGRESS = re.compile(r"prompt processing(?: progress)?, n_tokens =\s*(\d+).*?progress = ([\d.]+)")
 
 
+# journalctl's `short`/`short-precise` (`Nov 29 12:00:01.123456 host unit[1]: `) and `short-iso(-precise)`.
+_JOURNAL_SHORT = re.compile(r"^[A-Z][a-z]{2} +(\d{1,2}) (\d{2}):(\d{2}):(\d{2})(\.\d{1,6})? ")
+_JOURNAL_ISO = re.compile(r"^\d{4}-\d{2}-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d{1,6})?")
+
+
 def parse_timestamp(text: str) -> float | None:
-    """Seconds since the server started, from `M.SS.mmm.uuu`; None if the line has no timestamp."""
+    """Seconds since the server started, from `M.SS.mmm.uuu`; for lines without it (a server run with
+    --no-log-timestamps, seen through journalctl) the journal's time in seconds since the month began,
+    which keeps the order and the gaps; None if the line has no time at all."""
     match = _TIMESTAMP.search(text)
-    if not match:
+    if match:
+        minutes, seconds, millis, micros = (int(g) for g in match.groups())
+        return minutes * 60 + seconds + millis / 1e3 + micros / 1e6
+    journal = _JOURNAL_SHORT.match(text) or _JOURNAL_ISO.match(text)
+    if journal is None:
         return None
-    minutes, seconds, millis, micros = (int(g) for g in match.groups())
-    return minutes * 60 + seconds + millis / 1e3 + micros / 1e6
+    day, hours, minutes, seconds = (int(g) for g in journal.groups()[:4])
+    fraction = float(journal[5]) if journal[5] else 0.0
+    return ((day * 24 + hours) * 60 + minutes) * 60 + seconds + fraction
 
 
 def parse_llama_server_log(lines: Iterable[str]) -> list[TaskTimeline]:

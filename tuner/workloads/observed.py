@@ -73,8 +73,12 @@ def build_trace(observed: Sequence[ObservedRequest], *, name: str, description: 
     by_answer: dict[str, tuple[ObservedRequest, TraceRequest]] = {}
     sessions = 0
     requests: list[TraceRequest] = []
+    block_tokens: dict[str, int] = {}  # an estimated block keeps its first size, so that it stays one block
     for index, seen in enumerate(ordered):
         prefix = _prefix(seen)
+        if prefix is not None:
+            size = min(block_tokens.setdefault(prefix.block, prefix.tokens), seen.prompt_tokens)
+            prefix = prefix.model_copy(update={"tokens": size})
         prefix_tokens = prefix.tokens if prefix else 0
         previous = _previous_turn(seen, by_answer)
         if previous is None:

@@ -1,0 +1,87 @@
+"""Importers: other tools' traces and logs, read from small files in their documented formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import ConfigError, WorkloadError
+from tuner.importers import import_trace
+from tuner.workloads import dump_trace, load_trace
+
+DATA = Path(__file__).resolve().parent / "data" / "import"
+
+
+def test_mooncake_blocks_named_by_more_than_one_request_become_shared_prefix_blocks() -> None:
+    first, second, third = import_trace("mooncake", DATA / "mooncake.jsonl", {}, name="mc").requests
+    assert [b.block for b in first.prompt.shared_prefix] == ["mc-0", "mc-1"]
+    assert first.prompt.shared_prefix == second.prompt.shared_prefix
+    assert (first.prompt.new_tokens, second.prompt.new_tokens) == (1100 - 1024, 1300 - 1024)
+    assert (third.prompt.shared_prefix, third.prompt.new_tokens) == ([], 300)
+    assert [r.offset_s for r in (first, second, third)] == [0.0, 0.25, 1.25]
+
+
+def test_mooncake_block_size_is_an_option_and_an_unknown_option_is_refused() -> None:
+    first, *_ = import_trace("mooncake", DATA / "mooncake.jsonl", {"block_tokens": 256}, name="mc").requests
+    assert sum(b.tokens for b in first.prompt.shared_prefix) == 512
+    with pytest.raises(ConfigError, match="block_size"):
+        import_trace("mooncake", DATA / "mooncake.jsonl", {"block_size": 256}, name="mc")
+
+
+def test_azure_rows_keep_their_timing_to_the_tenth_of_a_microsecond_format() -> None:
+    requests = import_trace("azure", DATA / "azure.csv", {}, name="az").requests
+    assert [r.offset_s for r in requests] == pytest.approx([0.0, 4.314579, 4.579410], abs=1e-6)
+    assert [(r.prompt.new_tokens, r.output_tokens) for r in requests] == [(374, 44), (396, 109), (879, 3)]
+
+
+def test_an_azure_file_without_its_columns_names_them(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("time,tokens\n1,2\n")
+    with pytest.raises(WorkloadError, match=r"missing column.*TIMESTAMP, ContextTokens, GeneratedTokens"):
+        import_trace("azure", path, {}, name="x")
+
+
+@pytest.mark.parametrize("name", ["llama-server.log", "llama-server.journal"])
+def test_a_llama_server_log_becomes_sessions_with_history_where_the_slot_cache_held_the_last_turn(name: str) -> None:
+    first, other, follow_up = import_trace("llama-server-log", DATA / name, {}, name="log").requests
+    assert (first.prompt.new_tokens, first.output_tokens) == (100, 20)
+    assert follow_up.session == first.session != other.session and follow_up.turn == 1
+    # Task 30 held 143 tokens with 10 generated: a 134-token prompt of which 15 were computed.
+    assert (follow_up.prompt.history_tokens, follow_up.prompt.new_tokens) == (119, 15)
+    assert follow_up.think_s == pytest.approx(4.0, abs=1e-3)
+    assert follow_up.offset_s == pytest.approx(4.8, abs=1e-3)
+
+
+def test_openai_logs_rebuild_sessions_and_the_shared_system_prompt_without_keeping_text() -> None:
+    trace = import_trace("openai-log", DATA / "openai-log.jsonl", {}, name="gw")
+    first, other, follow_up = trace.requests
+    assert follow_up.session == first.session != other.session and follow_up.turn == 1
+    assert first.prompt.shared_prefix[0].block == other.prompt.shared_prefix[0].block
+    assert follow_up.prompt.history_tokens == 40 + 12 - first.prompt.shared_prefix[0].tokens
+    assert follow_up.think_s == pytest.approx(19.0) and follow_up.offset_s == pytest.approx(20.5)
+    assert (first.tag, other.tag) == ("support", "chat")
+    assert "router" not in dump_trace(trace) and "ACME" not in dump_trace(trace)
+
+
+def test_a_bad_line_is_named_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    good = (DATA / "openai-log.jsonl").read_text().splitlines()[0]
+    path.write_text(good + "\n" + good.replace('"usage"', '"use"') + "\n")
+    with pytest.raises(WorkloadError, match=r"log.jsonl:2: response.usage.prompt_tokens is missing"):
+        import_trace("openai-log", path, {}, name="x")
+
+
+def test_an_unknown_importer_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="valid kinds: azure, llama-server-log, mooncake, openai-log"):
+        import_trace("sharegpt", DATA / "azure.csv", {}, name="x")
+
+
+def test_an_import_is_written_whole_and_reads_back(tmp_path: Path) -> None:
+    from tuner.cli import main
+
+    out = tmp_path / "imported.jsonl"
+    assert main(["workload", "import", "mooncake", str(DATA / "mooncake.jsonl"), "--out", str(out)]) == 0
+    assert len(load_trace(out).requests) == 3
+    assert main(["workload", "import", "mooncake", str(DATA / "azure.csv"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert not (tmp_path / "x.jsonl").exists()
