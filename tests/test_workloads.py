@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,67 @@ def test_history_beyond_what_the_trace_holds_is_invented_once_per_session(tmp_pa
 def test_old_traces_without_history_or_lora_still_load(tmp_path: Path) -> None:
     trace = load_trace(REPO / "workloads" / "stall.jsonl")
     assert all(r.prompt.history_tokens == 0 and r.lora == [] for r in trace.requests)
+
+
+def shapes(*rows: tuple[str, float, float | None, int]) -> str:
+    """(session, offset, recorded duration, turn) rows as trace lines with 100 new and 30 output tokens."""
+    lines = [HEADER.strip()]
+    for index, (session, offset, duration, turn) in enumerate(rows):
+        row: dict[str, object] = {
+            "id": f"r{index}",
+            "offset_s": offset,
+            "session": session,
+            "turn": turn,
+            "prompt": {"new_tokens": 100},
+            "output_tokens": 30,
+        }
+        if duration is not None:
+            row["duration_s"] = duration
+        lines.append(json.dumps(row))
+    return "\n".join(lines) + "\n"
+
+
+def test_in_flight_concurrency_uses_recorded_durations_and_a_turn_ending_as_another_starts_is_no_overlap(
+    tmp_path: Path,
+) -> None:
+    from tuner.workloads import concurrency_profile
+
+    trace = load_trace(write(tmp_path, shapes(("a", 0, 2, 0), ("b", 1, 2, 0), ("c", 3, 1, 0))))
+    profile = concurrency_profile(trace, buckets=4)
+    assert profile.basis == "recorded durations"
+    assert profile.peak == 2 and profile.mean == pytest.approx(5 / 4)
+    assert profile.in_flight_peak == [1, 2, 1, 1] and profile.arrivals == [1, 1, 0, 1]
+
+
+def test_without_durations_a_sessions_next_turn_is_placed_after_the_estimated_end_of_the_last(tmp_path: Path) -> None:
+    from tuner.workloads import concurrency_profile
+
+    trace = load_trace(write(tmp_path, shapes(("a", 0, None, 0), ("a", 0, None, 1), ("b", 0.5, None, 0))))
+    profile = concurrency_profile(trace, prefill_tok_s=100, decode_tok_s=30)
+    # Each request takes 1 s of prefill and 1 s of decode; turn 1 of `a` starts at 2 s, not at 0.
+    assert sorted(profile.intervals) == [(0, 2), (0.5, 2.5), (2, 4)]
+    assert profile.peak == 2 and "estimated" in profile.basis
+
+
+def test_workload_show_draws_a_plot_and_refuses_an_image_type_it_cannot_write(tmp_path: Path) -> None:
+    from tuner.cli import main
+
+    plot = tmp_path / "stall.png"
+    stall = str(REPO / "workloads" / "stall.jsonl")
+    assert main(["workload", "show", stall, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
+    assert main(["workload", "show", stall, "--plot", str(tmp_path / "stall.jpg")]) == 2
+    assert not (tmp_path / "stall.jpg").exists()
+
+
+def test_chat_and_agent_sessions_carry_their_conversation_as_history() -> None:
+    from tuner.workloads import SynthOptions, synthesize_trace
+
+    for kind in ("chat", "agent"):
+        trace = synthesize_trace(kind, SynthOptions(users=2, turns=3, seed=0, long_tokens=8000))
+        session = sorted((r for r in trace.requests if r.session == trace.requests[0].session), key=lambda r: r.turn)
+        assert session[0].prompt.history_tokens == 0
+        for earlier, later in itertools.pairwise(session):
+            assert later.prompt.history_tokens == (
+                earlier.prompt.history_tokens + earlier.prompt.new_tokens + earlier.output_tokens
+            )

@@ -65,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
     show.add_argument("trace", type=Path, help="trace file (JSONL)")
     show.add_argument("--long-prompt-tokens", type=int, default=1000, help="new tokens that make a prompt long")
+    show.add_argument("--plot", type=Path, help="also draw the trace into this image (.png, .svg or .pdf)")
+    show.add_argument(
+        "--prefill-tok-s",
+        type=float,
+        default=1000.0,
+        help="prefill speed for estimating durations when the trace has none (default 1000)",
+    )
+    show.add_argument(
+        "--decode-tok-s", type=float, default=30.0, help="per-request decode speed for that estimate (default 30)"
+    )
     synth = workload_commands.add_parser("synth", help="write a synthetic trace of a known traffic shape")
     synth.add_argument("kind", choices=GENERATORS.kinds(), help="the traffic shape")
     synth.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL)")
@@ -208,8 +218,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             _show(args.run_dir, console, csv=args.csv)
             return 0
         if args.command == "workload" and args.workload_command == "show":
-            summary = summarize_trace(load_trace(args.trace), long_prompt_tokens=args.long_prompt_tokens)
+            trace = load_trace(args.trace)
+            summary = summarize_trace(
+                trace,
+                long_prompt_tokens=args.long_prompt_tokens,
+                prefill_tok_s=args.prefill_tok_s,
+                decode_tok_s=args.decode_tok_s,
+            )
             render_trace_summary(summary, console)
+            if args.plot is not None:
+                from tuner.workloads.plot import plot_trace
+
+                if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+                    raise ConfigError(f"--plot {args.plot}: use a .png, .svg or .pdf file name")
+                plot_trace(trace, summary, args.plot)
+                console.print(f"wrote {args.plot}")
             return 0
         if args.command == "workload" and args.workload_command == "synth":
             options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)

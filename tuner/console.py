@@ -5,7 +5,7 @@ Line-per-event rather than a live display, because overnight runs end up in log 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -167,7 +167,21 @@ def render_trace_summary(summary: TraceSummary, console: Console | None = None) 
     rate = f", {summary.arrivals_per_min:.1f} arrivals/min" if summary.arrivals_per_min is not None else ""
     console.print(
         f"{summary.requests} requests in {summary.sessions} sessions over {summary.span_s:.1f} s{rate}; "
-        f"{summary.long_prompts} long prompts; shared-prefix tokens are {summary.prefix_reuse:.0%} of all prompt tokens"
+        f"{summary.long_prompts} long prompts"
+    )
+    console.print(
+        f"prompt tokens the server can reuse: {summary.prefix_reuse:.0%} in shared prefixes, "
+        f"{summary.history_reuse:.0%} in session history"
+    )
+    concurrency = summary.concurrency
+    console.print(
+        f"in flight ({concurrency.basis}): peak {concurrency.peak}, mean {concurrency.mean:.1f}", highlight=False
+    )
+    console.print(f"  in flight {_sparkline(concurrency.in_flight_peak)} peak {concurrency.peak}", highlight=False)
+    console.print(
+        f"  arrivals  {_sparkline(concurrency.arrivals)} max {max(concurrency.arrivals)} per "
+        f"{concurrency.bucket_s:.3g} s",
+        highlight=False,
     )
     table = Table(title="tokens per request", title_justify="left")
     for column in ("", "p50", "p95", "max", "total"):
@@ -180,3 +194,11 @@ def render_trace_summary(summary: TraceSummary, console: Console | None = None) 
         table.add_row(label, f"{dist.p50:.0f}", f"{dist.p95:.0f}", f"{dist.max:.0f}", f"{dist.total}")
     console.print(table)
     console.print("tags: " + ", ".join(f"{tag} {count}" for tag, count in summary.tags.items()))
+    console.print("LoRA: " + ", ".join(f"{label} {count}" for label, count in summary.lora.items()))
+
+
+def _sparkline(values: Sequence[int]) -> str:
+    """One character per bucket, from a blank for 0 to a full block for the largest value."""
+    top = max(values) or 1
+    levels = " ▁▂▃▄▅▆▇█"
+    return "".join(levels[0] if v == 0 else levels[max(1, round(v / top * (len(levels) - 1)))] for v in values)

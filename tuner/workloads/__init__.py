@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuner.workloads.summary import TraceSummary, summarize_trace
+from tuner.workloads.summary import Concurrency, TraceSummary, concurrency_profile, summarize_trace
 from tuner.workloads.synthesis import synthesize_requests
 from tuner.workloads.synthetic import GENERATORS, SynthOptions, synthesize_trace
 from tuner.workloads.trace import (
@@ -22,6 +22,7 @@ __all__ = [
     "GENERATORS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "Concurrency",
     "LoraUse",
     "PrefixBlock",
     "PromptShape",
@@ -30,6 +31,7 @@ __all__ = [
     "TraceHeader",
     "TraceRequest",
     "TraceSummary",
+    "concurrency_profile",
     "dump_trace",
     "load_trace",
     "summarize_trace",

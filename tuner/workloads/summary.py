@@ -1,15 +1,23 @@
-"""What a trace will replay, in numbers: counts, arrival rate, length distributions, prefix reuse."""
+"""What a trace will replay, in numbers: counts, arrival rate, in-flight concurrency over time, length
+distributions, prefix and history reuse, LoRA mix.
+
+A trace stores when requests arrive, not how long the server took (that is what a trial measures), so
+concurrency uses the recorded durations when every request has one, and otherwise estimates each
+request's time as if it were served alone at the given prefill and decode speeds, sessions kept in
+order. The estimate is the concurrency the traffic offers, before any server slows it down.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.workloads.trace import Trace
+from tuner.workloads.trace import Trace, TraceRequest
 
-__all__ = ["Distribution", "TraceSummary", "summarize_trace"]
+__all__ = ["Concurrency", "Distribution", "TraceSummary", "concurrency_profile", "summarize_trace"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,6 +26,17 @@ class Distribution:
     p95: float
     max: float
     total: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Concurrency:
+    basis: str  # how request durations were obtained
+    bucket_s: float
+    in_flight_peak: list[int]  # most requests in flight during each bucket
+    arrivals: list[int]  # requests arriving in each bucket
+    peak: int
+    mean: float  # time-weighted over the span
+    intervals: list[tuple[float, float]]  # each request's [start, end), for plots
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,8 +51,11 @@ class TraceSummary:
     new_tokens: Distribution
     output_tokens: Distribution
     prefix_reuse: float  # shared-prefix tokens / all prompt tokens
+    history_reuse: float  # session-history tokens / all prompt tokens
     long_prompts: int
     tags: dict[str, int]
+    lora: dict[str, int]  # adapter set ("none" for none) -> requests
+    concurrency: Concurrency
 
 
 def _distribution(values: list[int]) -> Distribution:
@@ -46,10 +68,73 @@ def _distribution(values: list[int]) -> Distribution:
     )
 
 
-def summarize_trace(trace: Trace, *, long_prompt_tokens: int = 1000) -> TraceSummary:
+def concurrency_profile(
+    trace: Trace, *, prefill_tok_s: float = 1000.0, decode_tok_s: float = 30.0, buckets: int = 60
+) -> Concurrency:
     requests = trace.requests
-    offsets = [r.offset_s for r in requests]
-    span = max(offsets) - min(offsets)
+    recorded = all(r.duration_s is not None for r in requests)
+    intervals: list[tuple[float, float]] = []
+    if recorded:
+        intervals = [(r.offset_s, r.offset_s + (r.duration_s or 0.0)) for r in requests]
+        basis = "recorded durations"
+    else:
+        session_end: dict[str, float] = {}
+        for request in sorted(requests, key=lambda r: (r.session, r.turn, r.offset_s)):
+            start = request.offset_s
+            if request.session in session_end:
+                start = max(start, session_end[request.session] + request.think_s)
+            took = request.prompt.new_tokens / prefill_tok_s + request.output_tokens / decode_tok_s
+            intervals.append((start, start + took))
+            session_end[request.session] = start + took
+        basis = f"estimated: each request alone at {prefill_tok_s:g} prefill and {decode_tok_s:g} decode tok/s"
+    intervals.sort()
+    first = intervals[0][0]
+    span = max(max(e for _, e in intervals) - first, 1e-9)
+    bucket_s = span / buckets
+    # Ends sort before starts at the same instant: a turn that starts as another ends is not overlap.
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peaks, arrivals = [0] * buckets, [0] * buckets
+    level, area, previous, next_event = 0, 0.0, first, 0
+
+    def advance(until: float, *, inclusive: bool, index: int) -> int:
+        """Applies the events up to `until`; returns the most requests in flight meanwhile."""
+        nonlocal level, area, previous, next_event
+        peak = level
+        while next_event < len(events):
+            at, step = events[next_event]
+            if at > until or (at == until and not inclusive):
+                break
+            area += level * (at - previous)
+            previous, level = at, level + step
+            peak = max(peak, level)
+            arrivals[index] += step > 0
+            next_event += 1
+        return peak
+
+    for index in range(buckets):
+        advance(first + index * bucket_s, inclusive=True, index=index)  # events right on the boundary
+        last = index == buckets - 1
+        peaks[index] = advance(math.inf if last else first + (index + 1) * bucket_s, inclusive=False, index=index)
+    return Concurrency(
+        basis=basis,
+        bucket_s=bucket_s,
+        in_flight_peak=peaks,
+        arrivals=arrivals,
+        peak=max(peaks),
+        mean=area / span,
+        intervals=intervals,
+    )
+
+
+def summarize_trace(
+    trace: Trace, *, long_prompt_tokens: int = 1000, prefill_tok_s: float = 1000.0, decode_tok_s: float = 30.0
+) -> TraceSummary:
+    requests = trace.requests
+    concurrency = concurrency_profile(trace, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s)
+    # A session's turn is sent after the previous one ended plus think time, which can be long after its
+    # offset: the span and rate count the times requests are actually sent.
+    starts = [start for start, _ in concurrency.intervals]
+    span = max(starts) - min(starts)
     prompt = _distribution([r.prompt.total_tokens for r in requests])
     return TraceSummary(
         name=trace.header.name,
@@ -61,7 +146,16 @@ def summarize_trace(trace: Trace, *, long_prompt_tokens: int = 1000) -> TraceSum
         prompt_tokens=prompt,
         new_tokens=_distribution([r.prompt.new_tokens for r in requests]),
         output_tokens=_distribution([r.output_tokens for r in requests]),
-        prefix_reuse=sum(b.tokens for r in requests for b in r.prompt.shared_prefix) / prompt.total,
+        prefix_reuse=sum(r.prompt.prefix_tokens for r in requests) / prompt.total,
+        history_reuse=sum(r.prompt.history_tokens for r in requests) / prompt.total,
         long_prompts=sum(1 for r in requests if r.prompt.new_tokens >= long_prompt_tokens),
         tags=dict(Counter(r.tag for r in requests).most_common()),
+        lora=dict(Counter(_lora_label(r) for r in requests).most_common()),
+        concurrency=concurrency,
     )
+
+
+def _lora_label(request: TraceRequest) -> str:
+    if not request.lora:
+        return "none"
+    return "+".join(f"{use.adapter}" + (f"@{use.scale:g}" if use.scale != 1.0 else "") for use in request.lora)

@@ -40,7 +40,16 @@ GENERATORS: Registry[tuple[str, Generator]] = Registry("workload generator")
 
 
 def _request(
-    user: int, turn: int, *, offset: float, new: int, output: int, tag: str, think: float = 0.0, prefix: bool = True
+    user: int,
+    turn: int,
+    *,
+    offset: float,
+    new: int,
+    output: int,
+    tag: str,
+    think: float = 0.0,
+    prefix: bool = True,
+    history: int = 0,
 ) -> TraceRequest:
     return TraceRequest(
         id=f"{tag}-{user}.{turn}",
@@ -48,7 +57,7 @@ def _request(
         session=f"{tag}-{user}",
         turn=turn,
         think_s=round(think, 3),
-        prompt=PromptShape(shared_prefix=[_SYSTEM] if prefix else [], new_tokens=new),
+        prompt=PromptShape(shared_prefix=[_SYSTEM] if prefix else [], history_tokens=history, new_tokens=new),
         output_tokens=output,
         tag=tag,
     )
@@ -71,22 +80,25 @@ def _chat_sessions(
     output: tuple[int, int],
     think: Callable[[], float],
 ) -> list[TraceRequest]:
-    """One session per user, starting at a random time, with `think()` seconds between turns."""
+    """One conversation per user, starting at a random time, with `think()` seconds between turns; each
+    turn repeats the conversation so far (its history) before the user's new message."""
     requests = []
     for user in range(options.users):
         start = rng.uniform(0.0, start_within_s)
+        history = 0
         for turn in range(options.turns):
-            requests.append(
-                _request(
-                    user,
-                    turn,
-                    offset=start,
-                    new=rng.randint(*new),
-                    output=rng.randint(*output),
-                    tag="chat",
-                    think=0.0 if turn == 0 else think(),
-                )
+            request = _request(
+                user,
+                turn,
+                offset=start,
+                new=rng.randint(*new),
+                output=rng.randint(*output),
+                tag="chat",
+                think=0.0 if turn == 0 else think(),
+                history=history,
             )
+            requests.append(request)
+            history += request.prompt.new_tokens + request.output_tokens
     return requests
 
 
@@ -119,14 +131,25 @@ def _stall(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
 
 
 def _agent(options: SynthOptions, rng: random.Random) -> list[TraceRequest]:
-    # Agents and batch jobs: no think time, tool results in every prompt, all users at once.
-    return [
-        _request(
-            user, turn, offset=0.0, new=rng.randint(200, 800), output=rng.randint(100, 400), tag="agent", prefix=False
-        )
-        for user in range(options.users)
-        for turn in range(options.turns)
-    ]
+    # Agents and batch jobs: no think time, all users at once; each step re-sends the whole context so
+    # far with a new tool result appended.
+    requests = []
+    for user in range(options.users):
+        history = 0
+        for turn in range(options.turns):
+            request = _request(
+                user,
+                turn,
+                offset=0.0,
+                new=rng.randint(200, 800),
+                output=rng.randint(100, 400),
+                tag="agent",
+                prefix=False,
+                history=history,
+            )
+            requests.append(request)
+            history += request.prompt.new_tokens + request.output_tokens
+    return requests
 
 
 for _kind, _description, _generator in (
