@@ -120,3 +120,21 @@ def test_named_adapters_load_at_launch_without_being_applied_and_requests_pick_t
 def test_a_workload_naming_an_adapter_the_engine_lacks_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"adapter\(s\) legal .* add them to engine.lora_adapters"):
         llama(lora_adapters={"support": "/m/support.gguf"}).check_lora_adapters({"support", "legal"})
+
+
+@pytest.mark.parametrize("name", ["llama-server-completion.sse", "llama-server-completion-withheld-bytes.sse"])
+def test_the_fast_reading_of_partial_chunks_agrees_with_a_full_json_parse(name: str) -> None:
+    import json
+
+    engine = llama()
+    for line in (DATA / name).read_text().splitlines():
+        if not line.startswith("data:"):
+            continue
+        chunk = json.loads(line[5:])
+        event = engine.parse_stream_line(line)
+        assert event is not None
+        assert event.token_ids == tuple(chunk["tokens"]) and event.tokens_so_far == chunk["tokens_predicted"]
+        # A content with quotes, as the model may write them, reads the same.
+        tricky = line.replace(f'"content":{json.dumps(chunk["content"])}', '"content":"say \\"stop\\":false, "')
+        again = engine.parse_stream_line(tricky)
+        assert again is not None and again.token_ids == event.token_ids and again.done == event.done

@@ -56,7 +56,7 @@ class HttpCall:
     json: dict[str, Any]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)  # not frozen: one is made per streamed token, and frozen init is slow
 class StreamEvent:
     """What one line of a response stream carried.
 
