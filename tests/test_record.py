@@ -233,3 +233,30 @@ def _healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_recording_killed_mid_way_leaves_the_last_checkpoint_whole(tmp_path: Path) -> None:
+    upstream = Upstream()
+    options = RecorderOptions(
+        upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0, checkpoint_s=0.1
+    )
+    recorder = Recorder(options, transport=httpx.MockTransport(upstream.handler))
+    seen_mid_way: list[int] = []
+
+    async def scenario() -> None:
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(recorder.run(ready=ready.set_result))
+        port = await ready
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for n in range(2):
+                await chat(client, [{"role": "user", "content": f"question {n}"}])
+        await asyncio.sleep(0.4)
+        # What a SIGKILL now would leave behind: the last checkpoint, a whole trace.
+        seen_mid_way.append(len(load_trace(tmp_path / "rec.jsonl").requests))
+        assert [p.name for p in tmp_path.iterdir()] == ["rec.jsonl"]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert seen_mid_way == [2]

@@ -129,19 +129,50 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     spec, base_dir = load_study(args.study, args.overrides)
     run_path = args.runs_dir / spec.name
 
+    received: list[int] = []
+
     async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        _stop_on_signals(received)
         await run_study(spec, base_dir, run_path, ConsoleObserver(console))
 
     started = time.monotonic()
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        if signal.SIGINT in received:
+            raise KeyboardInterrupt from None
+        raise
     board = _show(run_path, console)
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
     return 0
+
+
+def _stop_on_signals(received: list[int]) -> None:
+    """Ctrl-C and SIGTERM cancel the running task, whose `finally` blocks put the host back.
+
+    A library can absorb a cancellation (anyio's shielded scopes, which httpcore uses to close a
+    response, may); the job must stop all the same, so the cancellation is repeated while the task runs
+    on with none pending. During clean-up one stays pending, so the restore itself is never cut short.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+
+    def insist() -> None:
+        if task.done():
+            return
+        if task.cancelling() == 0:
+            task.cancel()
+        loop.call_later(0.5, insist)
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        insist()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
 
 
 def _record(args: argparse.Namespace, console: Console) -> int:
@@ -167,14 +198,14 @@ def _record(args: argparse.Namespace, console: Console) -> int:
     )
 
     async def main() -> int:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, task.cancel)
-        ready = lambda port: console.print(  # noqa: E731
-            f"recording: point your application at http://{host}:{port} (it forwards to {args.upstream}); Ctrl-C stops"
-        )
+        _stop_on_signals([])
+
+        def ready(bound_port: int) -> None:
+            console.print(
+                f"recording: point your application at http://{host}:{bound_port} (it forwards to "
+                f"{args.upstream}); Ctrl-C stops and writes {args.out}"
+            )
+
         try:
             return await recorder.run(ready=ready, duration_s=args.duration)
         except asyncio.CancelledError:
