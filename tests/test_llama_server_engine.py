@@ -99,16 +99,11 @@ def test_a_server_without_the_counters_yields_none_not_zero() -> None:
     assert llama().round_counters({}, {}) == {"server_decode_calls": None, "server_tokens_per_decode": None}
 
 
-def test_named_adapters_load_at_launch_without_being_applied_and_requests_pick_them_by_id() -> None:
+def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id() -> None:
     engine = llama(lora_adapters={"support": "/models/support.gguf", "legal": "/models/legal.gguf"})
-    launch = engine.launch_spec({})
-    assert launch.args[:5] == (
-        "--lora",
-        "/models/support.gguf",
-        "--lora",
-        "/models/legal.gguf",
-        "--lora-init-without-apply",
-    )
+    launch = engine.launch_spec({"lora_policy": "all_on"})
+    assert launch.args[:4] == ("--lora-scaled", "/models/support.gguf:0", "--lora-scaled", "/models/legal.gguf:0")
+    assert not any("LORA" in name for name in launch.env)
     call = engine.build_request(
         ReplayRequest(
             request_id="a", session="s", offset_s=0, prompt_token_ids=(101,), output_tokens=1, lora=(("legal", 0.5),)
@@ -138,3 +133,18 @@ def test_the_fast_reading_of_partial_chunks_agrees_with_a_full_json_parse(name: 
         tricky = line.replace(f'"content":{json.dumps(chunk["content"])}', '"content":"say \\"stop\\":false, "')
         again = engine.parse_stream_line(tricky)
         assert again is not None and again.token_ids == event.token_ids and again.done == event.done
+
+
+def test_a_lora_policy_changes_what_requests_ask_for_not_the_server() -> None:
+    engine = llama(lora_adapters={"support": "/m/support.gguf"})
+    mixed = [
+        ReplayRequest(
+            request_id=str(i), session=str(i), offset_s=0, prompt_token_ids=(101,), output_tokens=1, lora=lora
+        )
+        for i, lora in enumerate([(("support", 1.0),), None, (("support", 1.0),), (("support", 0.5),)])
+    ]
+    assert engine.apply_request_settings(mixed, {}) == mixed
+    assert engine.apply_request_settings(mixed, {"lora_policy": "as_recorded"}) == mixed
+    assert {r.lora for r in engine.apply_request_settings(mixed, {"lora_policy": "all_on"})} == {(("support", 1.0),)}
+    assert {r.lora for r in engine.apply_request_settings(mixed, {"lora_policy": "all_off"})} == {()}
+    assert engine.build_request(engine.apply_request_settings(mixed, {"lora_policy": "all_off"})[0]).json["lora"] == []

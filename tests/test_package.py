@@ -11,7 +11,7 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 
 # Lower layers first; a module may import only from its own layer or below (docs/architecture.md).
 LAYERS = [
-    {"errors", "registry", "assets", "files"},
+    {"errors", "registry", "assets", "files", "adapters"},
     {"models", "config"},
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},

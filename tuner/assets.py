@@ -204,6 +204,27 @@ def ensure_model(log: bool = True) -> Path:
     return model_dir / MODEL_FILENAME
 
 
+def find_test_lora() -> Path | None:
+    """The test LoRA adapter for SmolLM2 that `tuner setup` writes, or None if it is not there yet."""
+    from tuner.adapters import TEST_LORA_FILENAME
+
+    adapter = cache_root() / f"smollm2-{SMOLLM2.version}" / TEST_LORA_FILENAME
+    return adapter if adapter.is_file() else None
+
+
+def ensure_test_lora(log: bool = True) -> Path:
+    """A random rank-8 LoRA adapter for the SmolLM2 model, for LoRA-policy tests and demos."""
+    from tuner.adapters import TEST_LORA_FILENAME, write_random_lora
+
+    found = find_test_lora()
+    if found:
+        return found
+    model = ensure_model(log=log)
+    if log:
+        print(f"writing a test LoRA adapter for {MODEL_FILENAME} ...", flush=True)
+    return write_random_lora(model, model.parent / TEST_LORA_FILENAME)
+
+
 def _ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path

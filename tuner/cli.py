@@ -285,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "setup":
             console.print(f"model: {assets.ensure_model()}")
             console.print(f"llama-server: {assets.ensure_llama_server()}")
+            console.print(f"test LoRA adapter: {assets.ensure_test_lora()}")
             return 0
         if args.command == "kinds":
             console.print(f"host:   {', '.join(TRANSPORTS.kinds())}")

@@ -151,6 +151,7 @@ async def _send(
         tag=request.tag,
         prompt_tokens=request.prompt_tokens,
         output_tokens_requested=request.output_tokens,
+        lora=tuple(sorted(request.lora or ())),
         send_s=send_s,
         token_s=tuple(token_s),
         end_s=time.perf_counter() - started,

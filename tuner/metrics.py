@@ -5,6 +5,7 @@ Nothing here does I/O or looks at a clock, so every metric can be checked on a h
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,6 +148,28 @@ METRICS: dict[str, MetricInfo] = {
             unit="tok",
             better="higher",
             description="Prompt and generated tokens per decode call: the average batch the server ran.",
+        ),
+        MetricInfo(
+            name="lora_wait_p95_s",
+            unit="s",
+            better="lower",
+            description="Wait before prefill of the requests that waited while a request with another LoRA "
+            "setting ran, p95: llama-server cannot batch slots whose adapters or scales differ, and this wait "
+            "is in no server timing.",
+        ),
+        MetricInfo(
+            name="lora_wait_share",
+            unit="",
+            better="lower",
+            description="Of all time requests waited before their prefill began, the share spent while a "
+            "request with another LoRA setting was running.",
+        ),
+        MetricInfo(
+            name="lora_switch_ms",
+            unit="ms",
+            better="lower",
+            description="Extra prefill time of a request whose LoRA setting differs from the one prefilled "
+            "before it, over the steady per-token time, median.",
         ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
         MetricInfo(
@@ -305,6 +328,7 @@ def compute_metrics(
         "wait_p95_s": _percentile(waits, 95),
         "client_prefill_tok_s": client_prefill,
         "wait_behind_long_prefill_share": _wait_share_behind(ok, windows),
+        **lora_metrics(ok),
         "failures": float(len(records) - len(ok)),
     }
     metrics["slo_pass"] = _slo_pass(metrics, len(records), slo or SloSpec())
@@ -334,6 +358,55 @@ def _wait_share_behind(records: Sequence[RequestRecord], windows: Sequence[Overl
                 behind += span_end - start
                 covered_until = span_end
     return behind / total if total > 0 else None
+
+
+def lora_metrics(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """The wait that different LoRA settings cause, and the cost of switching; None without a mix."""
+    settings = {r.lora for r in records}
+    empty: dict[str, float | None] = {"lora_wait_p95_s": None, "lora_wait_share": None, "lora_switch_ms": None}
+    if len(settings) < 2 or not any(settings):
+        return empty
+    waited = [
+        (r, r.send_s, r.token_s[0] - r.timings.prompt_ms / 1000.0)
+        for r in records
+        if r.timings is not None and r.token_s
+    ]
+    blocked_waits: list[float] = []
+    total = behind = 0.0
+    for record, wait_start, wait_end in waited:
+        if wait_end <= wait_start:
+            continue
+        total += wait_end - wait_start
+        others = sorted((max(wait_start, o.send_s), min(wait_end, o.end_s)) for o in records if o.lora != record.lora)
+        covered_until, overlap = wait_start, 0.0
+        for span_start, span_end in others:
+            start = max(span_start, covered_until)
+            if span_end > start:
+                overlap += span_end - start
+                covered_until = span_end
+        behind += overlap
+        if overlap > 0:
+            blocked_waits.append(wait_end - wait_start)
+    return {
+        "lora_wait_p95_s": _percentile(blocked_waits, 95),
+        "lora_wait_share": behind / total if total > 0 else None,
+        "lora_switch_ms": _switch_cost_ms(records),
+    }
+
+
+def _switch_cost_ms(records: Sequence[RequestRecord]) -> float | None:
+    timed = sorted(
+        (r for r in records if r.timings is not None and r.timings.prompt_n > 0 and r.token_s),
+        key=lambda r: r.token_s[0] - (r.timings.prompt_ms / 1000.0 if r.timings else 0.0),
+    )
+    after_switch = [b for a, b in itertools.pairwise(timed) if a.lora != b.lora]
+    steady = [b for a, b in itertools.pairwise(timed) if a.lora == b.lora]
+    per_token = _median([r.timings.prompt_ms / r.timings.prompt_n for r in steady if r.timings is not None])
+    if not after_switch or per_token is None:
+        return None
+    return _median(
+        [r.timings.prompt_ms - r.timings.prompt_n * per_token for r in after_switch if r.timings is not None]
+    )
 
 
 def _slo_pass(metrics: dict[str, float | None], requests: int, slo: SloSpec) -> float | None:

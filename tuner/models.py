@@ -105,6 +105,7 @@ class RequestRecord(_Contract):
     tag: str
     prompt_tokens: int
     output_tokens_requested: int
+    lora: tuple[tuple[str, float], ...] = Field(default=(), description="Adapters and scales it ran with.")
     send_s: float
     token_s: tuple[float, ...] = Field(default=(), description="Arrival time of every streamed token.")
     end_s: float

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -36,6 +36,8 @@ class Knob:
     minimum: int | None = None
     choices: tuple[str, ...] = ()
     description: str = ""
+    # "server": set at launch (env var or flag); "request": changes what the replay sends, not the server.
+    scope: Literal["server", "request"] = "server"
 
     def check(self, value: ParamValue) -> None:
         expected: type | tuple[type, ...] = {"int": int, "bool": bool, "str": str}[self.value_type]
@@ -88,6 +90,12 @@ class Engine(Protocol):
 
     def prompt_token_range(self) -> tuple[int, int]:
         """Token ids that are safe to put in a synthesized prompt: [low, high)."""
+        ...
+
+    def apply_request_settings(
+        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+    ) -> list[ReplayRequest]:
+        """The requests as a trial with these settings sends them (request-scoped knobs, e.g. a LoRA policy)."""
         ...
 
     def check_lora_adapters(self, names: set[str]) -> None:

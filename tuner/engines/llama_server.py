@@ -10,7 +10,8 @@ import json
 import json.scanner
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import AssetError, ConfigError
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 
-__all__ = ["LLAMA_SERVER_KNOBS", "LlamaServerEngine", "LlamaServerOptions"]
+__all__ = ["LLAMA_SERVER_KNOBS", "LORA_POLICIES", "LlamaServerEngine", "LlamaServerOptions"]
+
+LORA_POLICIES = ("as_recorded", "all_on", "all_off")
 
 LLAMA_SERVER_KNOBS: dict[str, Knob] = {
     knob.name: knob
@@ -120,6 +123,15 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             flag="-ctv",
             choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
             description="KV cache type for V.",
+        ),
+        Knob(
+            name="lora_policy",
+            value_type="str",
+            choices=LORA_POLICIES,
+            scope="request",
+            description="as_recorded: each request's own adapters; all_on: every request gets the workload's "
+            "most common adapter setting; all_off: no request gets an adapter. Slots whose settings differ "
+            "cannot share a batch.",
         ),
     )
 }
@@ -221,15 +233,16 @@ class LlamaServerEngine:
         }
         for name, value in {**self._options.settings, **tuned}.items():
             knob = self.knobs[name]
+            if knob.scope == "request":
+                continue
             assert knob.env is not None
             env[knob.env] = _render(knob, value)
-        # --lora has no environment variable; --lora-init-without-apply keeps every adapter at scale 0
-        # unless a request asks for it, as a server that hosts adapters for some clients would run.
+        # The adapter flags have no environment variable. Each adapter is loaded at global scale 0, so a
+        # request without a `lora` field runs without it, as on a server that hosts adapters for some
+        # clients. (--lora-init-without-apply does not do that: the global scale stays 1.0, tested.)
         lora_args: list[str] = []
         for path in self._options.lora_adapters.values():
-            lora_args += ["--lora", path]
-        if lora_args:
-            lora_args.append("--lora-init-without-apply")
+            lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
             executable=self.resolve_binary(),
             args=(*lora_args, *self._options.extra_args),
@@ -241,6 +254,20 @@ class LlamaServerEngine:
 
     def prompt_token_range(self) -> tuple[int, int]:
         return _PROMPT_TOKEN_RANGE
+
+    def apply_request_settings(
+        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+    ) -> list[ReplayRequest]:
+        policy = {**self._options.settings, **settings}.get("lora_policy", "as_recorded")
+        if policy == "as_recorded":
+            return list(requests)
+        if policy == "all_off":
+            return [r.model_copy(update={"lora": ()}) for r in requests]
+        used = Counter(r.lora for r in requests if r.lora)
+        if not used:
+            return list(requests)
+        most_common = used.most_common(1)[0][0]
+        return [r.model_copy(update={"lora": most_common}) for r in requests]
 
     def check_lora_adapters(self, names: set[str]) -> None:
         missing = sorted(names - set(self._options.lora_adapters))

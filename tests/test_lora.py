@@ -1,0 +1,110 @@
+"""LoRA policy: the wait that mixed adapter settings cause, measured on hand-made timelines and, for
+real, on llama-server with a generated adapter."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tuner.metrics import lora_metrics
+from tuner.models import RequestRecord, RequestStatus, ServerTimings
+
+STYLE = (("style", 1.0),)
+
+
+def record(
+    request_id: str, lora: tuple[tuple[str, float], ...], *, send: float, first: float, end: float, prompt_ms: float
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=request_id,
+        session=request_id,
+        tag="chat",
+        prompt_tokens=100,
+        output_tokens_requested=2,
+        lora=lora,
+        send_s=send,
+        token_s=(first, end),
+        end_s=end,
+        status=RequestStatus.OK,
+        timings=ServerTimings(prompt_n=100, prompt_ms=prompt_ms, predicted_n=2, predicted_ms=1.0),
+    )
+
+
+def test_a_request_waiting_while_another_lora_setting_runs_is_counted_and_the_switch_cost_measured() -> None:
+    records = [
+        record("a", STYLE, send=0.0, first=0.5, end=2.0, prompt_ms=500),
+        # Waited 2.0 s before its prefill began, all of it while `a` (another setting) ran.
+        record("b", (), send=0.0, first=2.7, end=3.0, prompt_ms=700),
+        record("c", (), send=3.0, first=3.5, end=3.6, prompt_ms=500),
+    ]
+    metrics = lora_metrics(records)
+    assert metrics["lora_wait_p95_s"] == pytest.approx(2.0)
+    assert metrics["lora_wait_share"] == pytest.approx(1.0)
+    # `c` follows `b` on the same setting at 5 ms per token; `b` followed a switch and took 200 ms more.
+    assert metrics["lora_switch_ms"] == pytest.approx(200.0)
+
+
+def test_one_lora_setting_for_everyone_has_no_lora_figures() -> None:
+    records = [
+        record("a", STYLE, send=0.0, first=0.5, end=1.0, prompt_ms=500),
+        record("b", STYLE, send=0.0, first=0.6, end=1.0, prompt_ms=500),
+    ]
+    assert lora_metrics(records) == {"lora_wait_p95_s": None, "lora_wait_share": None, "lora_switch_ms": None}
+
+
+@pytest.mark.real_server
+def test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes_the_wait(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    from tuner import assets
+    from tuner.config import PluginSpec
+    from tuner.deployers import ProcessDeployer
+    from tuner.deployers.process import ProcessOptions
+    from tuner.engines import create_engine
+    from tuner.loadgen import replay
+    from tuner.models import ReplayRequest
+    from tuner.transports import LocalTransport
+
+    adapter = str(assets.ensure_test_lora(log=False))
+    engine = create_engine(
+        PluginSpec.model_validate(
+            {"kind": "llama-server", "settings": {"n_parallel": 2}, "lora_adapters": {"style": adapter}}
+        )
+    )
+    mixed = [
+        ReplayRequest(
+            request_id=f"r{i}",
+            session=f"s{i}",
+            offset_s=0.05 * i,
+            prompt_token_ids=tuple(range(200 + i, 500 + i)),
+            output_tokens=60,
+            lora=lora,
+        )
+        for i, lora in enumerate([STYLE, None])
+    ]
+
+    async def scenario() -> dict[str, dict[str, float | None]]:
+        results = {}
+        async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
+            deployment = await deployer.apply(engine.launch_spec({}), log_path=str(tmp_path / "server.log"))
+            for policy in ("as_recorded", "all_on", "all_off"):
+                requests = engine.apply_request_settings(mixed, {"lora_policy": policy})
+                records = await replay(
+                    requests, engine=engine, base_url=deployment.launch.base_url, request_timeout_s=120
+                )
+                assert all(r.ok for r in records), [r.error for r in records]
+                waits = [r.token_s[0] - r.send_s - r.timings.prompt_ms / 1000 for r in records if r.timings]
+                results[policy] = {"max_wait_s": max(waits), **lora_metrics(records)}
+        return results
+
+    results = asyncio.run(scenario())
+    recorded = results["as_recorded"]
+    # Under as_recorded the two settings cannot share a batch: requests wait, with the other setting running.
+    assert recorded["lora_wait_share"] is not None and recorded["lora_wait_share"] > 0.8, results
+    assert recorded["lora_wait_p95_s"] is not None and recorded["lora_wait_p95_s"] > 0.5, results
+    for policy in ("all_on", "all_off"):
+        # One setting for all: no LoRA wait at all, and the longest wait is a fraction of the mixed one.
+        assert results[policy]["lora_wait_share"] is None, results
+        assert results[policy]["max_wait_s"] < 0.5 * recorded["max_wait_s"], results
