@@ -125,3 +125,11 @@ def test_a_constraint_on_an_unknown_metric_is_refused() -> None:
     spec, base = load_study(DEMO, ['constraints=[{metric="latency", max=2.0}]'])
     with pytest.raises(ConfigError, match="constraint metric 'latency' is unknown"):
         prepare_study(spec, base)
+
+
+def test_a_space_restricted_to_one_knob_drops_constraints_on_knobs_it_does_not_tune() -> None:
+    from tuner.config import load_search_space
+
+    space = load_search_space(REPO / "search_spaces" / "llama-server.toml")
+    assert [c.text for c in space.restricted_to(["n_batch", "n_ubatch"]).constraints] == ["n_ubatch <= n_batch"]
+    assert space.restricted_to(["lora_policy"]).constraints == []

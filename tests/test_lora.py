@@ -110,3 +110,39 @@ def test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes
         # One setting for all: no LoRA wait at all, and the longest wait is a fraction of the mixed one.
         assert results[policy]["lora_wait_share"] is None, results
         assert (results[policy]["max_wait_s"] or 0.0) < 0.5 * mixed_wait, results
+
+
+@pytest.mark.real_server
+def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tuner.report import build_leaderboard
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    study_file = Path(__file__).resolve().parent.parent / "studies" / "lora-demo.toml"
+    command = [sys.executable, "-m", "tuner", "run", str(study_file), "--runs-dir", str(tmp_path)]
+    overrides = ["--set", "budget.trials=1", "--set", "confirm.top=0", "--set", "seed=3"]
+    done = subprocess.run(command + overrides, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "allow_answer_changes" in done.stdout
+
+    study = open_optuna_study_readonly(RunDirectory(tmp_path / "lora-demo"))
+    board = build_leaderboard(study)
+    baseline = next(row for row in board.rows if row.baseline)
+    (trial,) = [row for row in board.rows if not row.baseline]
+    assert trial.params["lora_policy"] in ("all_on", "all_off")
+    # The baseline's mixed traffic waits for the other LoRA setting; one setting for all does not.
+    assert baseline.metrics["lora_wait_p95_s"][0] > 1.0
+    assert "lora_wait_p95_s" not in trial.metrics
+    assert trial.metrics["ttft_p95_s"][0] < baseline.metrics["ttft_p95_s"][0]
+    # Half the requests get another adapter setting: their probe answers change, so no recommendation...
+    assert trial.answers_changed == pytest.approx(0.5, abs=0.26)
+    assert board.recommendation.row is None and "changes answers" in board.recommendation.message
+    # ...until the study file says answers may change.
+    study.set_user_attr("allow_answer_changes", True)
+    allowed = build_leaderboard(study).recommendation
+    assert allowed.row is not None and allowed.row.number == trial.number, allowed.message

@@ -138,6 +138,11 @@ class GateSpec(StrictModel):
         le=1,
         description="Average share of each answer's tokens that must match the baseline's before they diverge.",
     )
+    allow_answer_changes: bool = Field(
+        default=False,
+        description="A setting that changes which adapter a request gets (lora_policy) changes its answers; "
+        "such a trial is measured and shown, but recommended only when this is true.",
+    )
 
 
 class ConfirmSpec(StrictModel):
@@ -330,7 +335,9 @@ class SearchSpace(StrictModel):
                 f"search.params names {unknown[0]!r}, which the search space does not define; "
                 f"valid: {', '.join(sorted(self.params))}"
             )
-        return self.model_copy(update={"params": {n: self.params[n] for n in names}})
+        # A constraint between a tuned knob and one left at its baseline has nothing to choose between.
+        kept = [c for c in self.constraints if all(n in names for n in c.names())]
+        return self.model_copy(update={"params": {n: self.params[n] for n in names}, "constraints": kept})
 
 
 def _format_validation_error(source: str, error: ValidationError) -> str:

@@ -21,6 +21,7 @@ from tuner.workloads import TraceSummary
 __all__ = ["ConsoleObserver", "make_console", "render_leaderboard", "render_trace_summary"]
 
 _ROUND_METRICS = ("ttft_p95_s", "stall_tok_s", "prefill_tok_s", "itl_max_s")
+_LORA_METRICS = ("lora_wait_p95_s", "lora_switch_ms")  # shown when the workload mixes LoRA settings
 _TABLE_METRICS = (
     "stall_tok_s",
     "unstalled_tok_s",
@@ -44,7 +45,7 @@ def _fmt(value: float | None) -> str:
 
 def _label(name: str) -> str:
     info = METRICS.get(name)
-    short = name.removesuffix("_s").removesuffix("_tok").replace("_", " ")
+    short = name.removesuffix("_s").removesuffix("_ms").removesuffix("_tok").replace("_", " ")
     return f"{short} ({info.unit})" if info and info.unit else short
 
 
@@ -129,22 +130,26 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
     table.add_column("trial", justify="right", no_wrap=True)
     table.add_column("settings (changed from baseline)", no_wrap=True, max_width=60)
     table.add_column("score", justify="right", no_wrap=True)
-    for name in _TABLE_METRICS:
+    # A column no trial has a value for (no long prompts: no stall figures) only takes room.
+    shown = tuple(n for n in _TABLE_METRICS + _LORA_METRICS if any(n in row.metrics for row in board.rows))
+    for name in shown:
         table.add_column(_label(name), justify="right", no_wrap=True)
     for row in board.rows:
         if row.score is None:
             settings = Text(_settings(row.changed or row.params))
             settings.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
-            table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in _TABLE_METRICS])
+            table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in shown])
             continue
         label = Text("baseline", style="bold") if row.baseline else Text(_settings(row.changed) or "same as baseline")
         if row.violates:
             label.append(f"  violates {'; '.join(row.violates)}", style="red")
+        if row.answers_changed:
+            label.append(f"  changes ~{row.answers_changed:.0%} of answers", style="magenta")
         score = Text(f"{row.score:+.2f}")
         if row.score_range and row.score_range[0] != row.score_range[1]:
             score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
         number = f"{row.number} *" if row.pareto else str(row.number)
-        table.add_row(number, label, score, *[_cell(row, n) for n in _TABLE_METRICS])
+        table.add_row(number, label, score, *[_cell(row, n) for n in shown])
     console.print(table)
     if board.pruning_saved_s > 0:
         console.print(

@@ -35,11 +35,18 @@ class GateResult:
     reason: str
 
 
-async def ask_probes(engine: Engine, base_url: str, *, tokens: int, timeout_s: float) -> list[tuple[int, ...]]:
+async def ask_probes(
+    engine: Engine,
+    base_url: str,
+    *,
+    tokens: int,
+    timeout_s: float,
+    lora: tuple[tuple[str, float], ...] | None = None,
+) -> list[tuple[int, ...]]:
     answers = []
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
         for prompt in PROBE_PROMPTS:
-            call = engine.probe_request(prompt, tokens=tokens)
+            call = engine.probe_request(prompt, tokens=tokens, lora=lora)
             try:
                 response = await client.request(call.method, call.path, json=call.json)
             except httpx.HTTPError as exc:

@@ -35,6 +35,8 @@ class LeaderboardRow:
     reason: str | None
     violates: list[str] = field(default_factory=list)
     pareto: bool = False
+    answers_changed: float | None = None  # share of the workload's requests whose answers the settings change
+    answers_changed_note: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +99,8 @@ def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue], front: set[
         reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
         violates=list(trial.user_attrs.get("violates", [])),
         pareto=trial.number in front,
+        answers_changed=trial.user_attrs.get("answers_changed"),
+        answers_changed_note=trial.user_attrs.get("answers_changed_note"),
     )
 
 
@@ -124,7 +128,30 @@ def _recommend(
     re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
     if baseline_trial is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
-    candidates = [r for r in rows if not r.baseline and r.score is not None and r.changed and not r.violates]
+    measured = [r for r in rows if not r.baseline and r.score is not None and r.changed and not r.violates]
+    allowed = bool(study.user_attrs.get("allow_answer_changes"))
+    candidates = [r for r in measured if allowed or not r.answers_changed]
+    held_back = next((r for r in measured if r not in candidates), None)
+    recommendation = _recommend_among(study, candidates, baseline_trial, min_effect)
+    if held_back is None or (
+        recommendation.row is not None and (recommendation.row.score or 0) >= (held_back.score or 0)
+    ):
+        return recommendation
+    note = (
+        f"trial {held_back.number} ({_settings(held_back)}) scored {held_back.score:+.2f} but changes the answers "
+        f"of about {held_back.answers_changed:.0%} of the workload's requests ({held_back.answers_changed_note}): "
+        "set gate.allow_answer_changes = true in the study file if that is acceptable"
+    )
+    if not candidates:
+        message = f"keep the baseline: every setting that beat it changes answers; {note}"
+    else:
+        message = f"{recommendation.message}; {note}"
+    return Recommendation(row=recommendation.row, verdict=recommendation.verdict, message=message)
+
+
+def _recommend_among(
+    study: optuna.Study, candidates: list[LeaderboardRow], baseline_trial: FrozenTrial, min_effect: float
+) -> Recommendation:
     if not candidates:
         return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
     confirmed = [

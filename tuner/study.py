@@ -14,6 +14,7 @@ import importlib.util
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,10 @@ def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
     if not names:
         raise StudyError(f"{run_dir.path} holds no study yet")
     return optuna.load_study(study_name=names[0], storage=storage)
+
+
+def _lora_label(lora: tuple[tuple[str, float], ...]) -> str:
+    return "+".join(f"{name}@{scale:g}" for name, scale in lora) or "no adapter"
 
 
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
@@ -341,8 +346,11 @@ class _StudyRun:
         )
         if round_index == 0:
             await self.check_answers(trial, base_url, baseline=pending.baseline)
+            if not pending.baseline:
+                await self.check_lora_answers(trial, base_url, pending.params)
             _, log_mark = await deployer.read_log(log_mark)
         metrics, _ = await self.measure_round(
+            settings={} if pending.baseline else pending.params,
             number=trial.number,
             prompts_index=round_index,
             label=f"round {round_index + 1}/{pending.planned}",
@@ -389,6 +397,39 @@ class _StudyRun:
         trial.set_user_attr("answer_agreement", result.agreement)
         if not result.passed:
             raise MeasurementError(f"correctness gate: {result.reason}")
+
+    async def check_lora_answers(self, trial: optuna.Trial, base_url: str, params: Mapping[str, ParamValue]) -> None:
+        """Asks the probes with each LoRA setting of the workload and with what the trial's settings turn it
+        into; records the share of the workload's requests whose answers would change, and an example."""
+        recorded = Counter(
+            tuple(sorted((use.adapter, use.scale) for use in request.lora)) for request in self.prepared.trace.requests
+        )
+        if len(recorded) < 2 and () in recorded:
+            return
+        samples = [
+            ReplayRequest(
+                request_id=f"lora-{i}", session="lora", offset_s=0, prompt_token_ids=(1,), output_tokens=1, lora=lora
+            )
+            for i, lora in enumerate(recorded)
+        ]
+        changed_requests, notes = 0.0, []
+        for sample, applied in zip(samples, self.prepared.engine.apply_request_settings(samples, params), strict=True):
+            before, after = tuple(sorted(sample.lora or ())), tuple(sorted(applied.lora or ()))
+            if before == after:
+                continue
+            timeout = self.spec.workload.request_timeout_s
+            engine, tokens = self.prepared.engine, self.spec.gate.tokens
+            as_recorded = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=before)
+            as_trial = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=after)
+            differing = sum(1 for a, b in zip(as_recorded, as_trial, strict=True) if tuple(a) != tuple(b))
+            changed_requests += recorded[before] * differing / len(as_recorded)
+            notes.append(
+                f"{_lora_label(before)} -> {_lora_label(after)} ({recorded[before]} requests): "
+                f"{differing} of {len(as_recorded)} probe answers differ"
+            )
+        if notes:
+            trial.set_user_attr("answers_changed", changed_requests / len(self.prepared.trace.requests))
+            trial.set_user_attr("answers_changed_note", "; ".join(notes))
 
     def check_constraints(
         self, trial: optuna.Trial, medians: Mapping[str, float | None], reference: Mapping[str, float | None]
@@ -469,6 +510,7 @@ class _StudyRun:
                         tuned, deployer, number=number, log_name=f"confirm-{candidate.number}-server.log"
                     )
                     metrics, _ = await self.measure_round(
+                        settings=tuned,
                         number=number,
                         prompts_index=self.spec.rounds + pair,
                         label=f"pair {pair + 1}/{self.spec.confirm.pairs}"
@@ -521,6 +563,7 @@ class _StudyRun:
     async def measure_round(
         self,
         *,
+        settings: Mapping[str, ParamValue],
         number: int,
         prompts_index: int,
         label: str,
@@ -541,6 +584,7 @@ class _StudyRun:
             round_index=prompts_index,
             time_scale=self.spec.workload.time_scale,
         )
+        requests = self.prepared.engine.apply_request_settings(requests, settings)
         counters_before = await scrape_prometheus(self.prepared.engine, base_url)
         records = await replay(
             requests,
@@ -631,6 +675,7 @@ async def run_study(
         study = open_optuna_study(run_dir, spec)
         loop = _StudyRun(prepared, run_dir, study, observer)
         study.set_user_attr("min_effect", min_effect(spec.objectives))
+        study.set_user_attr("allow_answer_changes", spec.gate.allow_answer_changes)
         loop.fail_interrupted_trials()
         loop.ensure_baseline_queued()
         observer.study_started(

@@ -108,8 +108,9 @@ class Engine(Protocol):
         """Reads one line of the streamed response; None for lines that carry nothing."""
         ...
 
-    def probe_request(self, prompt: str, *, tokens: int) -> HttpCall:
-        """A non-streamed, greedy (temperature 0) completion of a fixed text prompt, for the correctness gate."""
+    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+        """A non-streamed, greedy (temperature 0) completion of a fixed text prompt, for the correctness gate;
+        `lora` asks for these adapters (empty: none), None for the server's default."""
         ...
 
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:

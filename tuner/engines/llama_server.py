@@ -164,7 +164,8 @@ class LlamaServerOptions(StrictModel):
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
     lora_adapters: dict[str, str] = Field(
         default_factory=dict,
-        description="Adapter name (as the workload names it) to GGUF path; loaded at launch, applied per request.",
+        description="Adapter name (as the workload names it) to GGUF path, or auto for the test adapter "
+        "`tuner setup` writes; loaded at launch at scale 0, applied per request.",
     )
 
 
@@ -241,7 +242,8 @@ class LlamaServerEngine:
         # request without a `lora` field runs without it, as on a server that hosts adapters for some
         # clients. (--lora-init-without-apply does not do that: the global scale stays 1.0, tested.)
         lora_args: list[str] = []
-        for path in self._options.lora_adapters.values():
+        for name, configured in self._options.lora_adapters.items():
+            path = _resolve(configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}")
             lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
             executable=self.resolve_binary(),
@@ -269,6 +271,10 @@ class LlamaServerEngine:
         most_common = used.most_common(1)[0][0]
         return [r.model_copy(update={"lora": most_common}) for r in requests]
 
+    def _lora_field(self, lora: tuple[tuple[str, float], ...]) -> list[dict[str, object]]:
+        ids = {name: index for index, name in enumerate(self._options.lora_adapters)}
+        return [{"id": ids[name], "scale": scale} for name, scale in lora]
+
     def check_lora_adapters(self, names: set[str]) -> None:
         missing = sorted(names - set(self._options.lora_adapters))
         if missing:
@@ -287,11 +293,10 @@ class LlamaServerEngine:
             "temperature": 0.0,
         }
         if request.lora is not None:
-            ids = {name: index for index, name in enumerate(self._options.lora_adapters)}
-            body["lora"] = [{"id": ids[name], "scale": scale} for name, scale in request.lora]
+            body["lora"] = self._lora_field(request.lora)
         return HttpCall(method="POST", path="/completion", json=body)
 
-    def probe_request(self, prompt: str, *, tokens: int) -> HttpCall:
+    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
         body: dict[str, object] = {
             "prompt": prompt,
             "n_predict": tokens,
@@ -300,6 +305,8 @@ class LlamaServerEngine:
             "cache_prompt": True,
             "return_tokens": True,
         }
+        if lora is not None:
+            body["lora"] = self._lora_field(lora)
         return HttpCall(method="POST", path="/completion", json=body)
 
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
