@@ -114,7 +114,8 @@ async def _send(
                 http_status = response.status_code
                 if response.status_code != 200:
                     body = (await response.aread()).decode(errors="replace")
-                    status, error = RequestStatus.HTTP_ERROR, body.strip()[:300]
+                    status = RequestStatus.REJECTED if response.status_code == 503 else RequestStatus.HTTP_ERROR
+                    error = f"HTTP {response.status_code}: {body.strip()[:300]}"
                 else:
                     async for lines in _line_batches(response):
                         now = time.perf_counter() - started

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.config import SloSpec
-from tuner.models import RequestRecord, TaskTimeline
+from tuner.models import RequestRecord, RequestStatus, TaskTimeline
 
 # A tg_3s sample counts as "during a long prefill" if its interval lies inside the window up to this
 # much, since log timestamps and the window's ends come from different log lines.
@@ -173,6 +173,49 @@ METRICS: dict[str, MetricInfo] = {
         ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
         MetricInfo(
+            name="rejected",
+            unit="",
+            better="lower",
+            description="Requests the server refused with HTTP 503 (a full queue: Ollama's OLLAMA_MAX_QUEUE, "
+            "vLLM's --max-num-queued-reqs); also counted in failures.",
+        ),
+        MetricInfo(
+            name="server_preemptions",
+            unit="",
+            better="lower",
+            description="Requests vLLM preempted (KV cache full) during the round, from /metrics.",
+        ),
+        MetricInfo(
+            name="server_ttft_mean_s",
+            unit="s",
+            better="lower",
+            description="vLLM's own time to first token, mean over the round (its histogram, /metrics).",
+        ),
+        MetricInfo(
+            name="server_queue_mean_s",
+            unit="s",
+            better="lower",
+            description="vLLM's time in the waiting queue, mean over the round (/metrics).",
+        ),
+        MetricInfo(
+            name="server_prefix_hit_share",
+            unit="",
+            better="higher",
+            description="vLLM's prefix-cache hits over queries during the round (/metrics).",
+        ),
+        MetricInfo(
+            name="server_kv_cache_usage",
+            unit="",
+            better="lower",
+            description="vLLM's KV cache usage (0-1) when the round ended (/metrics).",
+        ),
+        MetricInfo(
+            name="server_waiting",
+            unit="",
+            better="lower",
+            description="Requests waiting in vLLM's queue when the round ended (/metrics).",
+        ),
+        MetricInfo(
             name="slo_pass",
             unit="",
             better="higher",
@@ -194,8 +237,11 @@ class OverlapWindow:
 
 
 def _new_prompt_tokens(record: RequestRecord) -> int:
-    if record.timings is not None and record.timings.prompt_n > 0:
-        return record.timings.prompt_n
+    """Prompt tokens the server computed: its own count, unless that count includes cached tokens (Ollama);
+    then the prompt's length, whose new part the replay made fresh for the round."""
+    timings = record.timings
+    if timings is not None and timings.prompt_n > 0 and not timings.prompt_n_includes_cached:
+        return timings.prompt_n
     return record.prompt_tokens
 
 
@@ -302,13 +348,12 @@ def compute_metrics(
     windows = long_prefill_windows(ok, long_prompt_tokens=long_prompt_tokens)
     inside, outside = stall_samples(ok, windows, min_overlap_s=min_overlap_s)
     long_timed = [
-        r.timings
+        r
         for r in ok
         if r.timings is not None and r.timings.prompt_ms > 0 and _new_prompt_tokens(r) >= long_prompt_tokens
     ]
-    prefill = (
-        sum(t.prompt_n for t in long_timed) / (sum(t.prompt_ms for t in long_timed) / 1000.0) if long_timed else None
-    )
+    prefill_ms = sum(r.timings.prompt_ms for r in long_timed if r.timings is not None)
+    prefill = sum(_new_prompt_tokens(r) for r in long_timed) / (prefill_ms / 1000.0) if long_timed else None
     waits = [max(0.0, (r.token_s[0] - r.send_s) - r.timings.prompt_ms / 1000.0) for r in ok if r.timings is not None]
     long_ok = [r for r in ok if _new_prompt_tokens(r) >= long_prompt_tokens]
     long_ttft = sum(r.token_s[0] - r.send_s for r in long_ok)
@@ -330,6 +375,7 @@ def compute_metrics(
         "wait_behind_long_prefill_share": _wait_share_behind(ok, windows),
         **lora_metrics(ok),
         "failures": float(len(records) - len(ok)),
+        "rejected": float(sum(1 for r in records if r.status is RequestStatus.REJECTED)),
     }
     metrics["slo_pass"] = _slo_pass(metrics, len(records), slo or SloSpec())
     return metrics

@@ -82,6 +82,7 @@ class ReplayRequest(_Contract):
 class RequestStatus(StrEnum):
     OK = "ok"
     HTTP_ERROR = "http_error"
+    REJECTED = "rejected"  # HTTP 503: the server's queue was full
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
     NO_OUTPUT = "no_output"
@@ -92,6 +93,9 @@ class ServerTimings(_Contract):
 
     cache_n: int = 0
     prompt_n: int = 0
+    prompt_n_includes_cached: bool = Field(
+        default=False, description="prompt_n counts cached tokens too (Ollama), so it is not the computed part."
+    )
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0

@@ -291,6 +291,11 @@ class _StudyRun:
                 trial.set_user_attr("skip_reason", f"violates {constraint.text}")
                 self.study.tell(trial, state=TrialState.PRUNED)
                 return f"violates {constraint.text}"
+        too_big = self.prepared.engine.memory_check({**self.prepared.baseline_params, **params})
+        if too_big is not None:
+            trial.set_user_attr("skip_reason", f"would not fit: {too_big}")
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return f"would not fit: {too_big}"
         earlier = self.measured_params().get(tuple(sorted(params.items())))
         if earlier is not None and earlier.values is not None:
             # Telling the earlier values keeps the sampler informed without spending a restart.

@@ -7,5 +7,17 @@ from __future__ import annotations
 
 from tuner.engines.base import ENGINES, Engine, HttpCall, Knob, StreamEvent, create_engine
 from tuner.engines.llama_server import LlamaServerEngine
+from tuner.engines.ollama import OllamaEngine
+from tuner.engines.vllm import VllmEngine
 
-__all__ = ["ENGINES", "Engine", "HttpCall", "Knob", "LlamaServerEngine", "StreamEvent", "create_engine"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "HttpCall",
+    "Knob",
+    "LlamaServerEngine",
+    "OllamaEngine",
+    "StreamEvent",
+    "VllmEngine",
+    "create_engine",
+]

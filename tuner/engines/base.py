@@ -30,7 +30,7 @@ class Knob:
     """One server setting: how it is passed and which values are valid."""
 
     name: str
-    value_type: Literal["int", "bool", "str"]
+    value_type: Literal["int", "float", "bool", "str"]
     env: str | None = None
     flag: str | None = None
     minimum: int | None = None
@@ -40,7 +40,8 @@ class Knob:
     scope: Literal["server", "request"] = "server"
 
     def check(self, value: ParamValue) -> None:
-        expected: type | tuple[type, ...] = {"int": int, "bool": bool, "str": str}[self.value_type]
+        types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
+        expected = types[self.value_type]
         if isinstance(value, bool) and self.value_type != "bool":
             raise ConfigError(f"knob {self.name!r} takes a {self.value_type}, got {value!r}")
         if not isinstance(value, expected):
@@ -96,6 +97,11 @@ class Engine(Protocol):
         self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
     ) -> list[ReplayRequest]:
         """The requests as a trial with these settings sends them (request-scoped knobs, e.g. a LoRA policy)."""
+        ...
+
+    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+        """Why these settings cannot fit in the configured memory (KV cache beside the weights), or None;
+        None too when the engine has no memory budget to check against."""
         ...
 
     def check_lora_adapters(self, names: set[str]) -> None:

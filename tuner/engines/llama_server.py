@@ -21,6 +21,7 @@ from tuner import assets
 from tuner.config import ParamValue, StrictModel
 from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
 from tuner.engines.llama_server_log import parse_llama_server_log
+from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 
@@ -162,6 +163,12 @@ class LlamaServerOptions(StrictModel):
         default_factory=dict, description="Knobs fixed for the whole study, the baseline included."
     )
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments.")
+    memory_budget_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory for the weights and the KV cache (ctx_size tokens); configs that need more are "
+        "skipped before any restart.",
+    )
     lora_adapters: dict[str, str] = Field(
         default_factory=dict,
         description="Adapter name (as the workload names it) to GGUF path, or auto for the test adapter "
@@ -253,6 +260,26 @@ class LlamaServerEngine:
             port=port,
             health_path="/health",
         )
+
+    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+        """llama-server allocates ctx_size KV tokens (all slots together) beside the weights at start."""
+        budget = self._options.memory_budget_gib
+        if budget is None:
+            return None
+        merged = {**self._options.settings, **settings}
+        model = Path(self.resolve_model())
+        tokens = int(merged.get("ctx_size") or 4096)
+        k_type = str(merged.get("cache_type_k", "f16"))
+        per_token = kv_bytes_per_token(
+            gguf_kv_shape(model), k_type=k_type, v_type=str(merged.get("cache_type_v", k_type))
+        )
+        need = model.stat().st_size + tokens * per_token
+        if need > budget * 2**30:
+            return (
+                f"needs {need / 2**30:.2f} GiB ({tokens} KV tokens x {per_token / 1024:.1f} KiB plus the weights), "
+                f"over the {budget:g} GiB budget"
+            )
+        return None
 
     def prompt_token_range(self) -> tuple[int, int]:
         return _PROMPT_TOKEN_RANGE

@@ -1,0 +1,249 @@
+"""The contract every engine passes, and each engine's reading of its own wire format.
+
+TRANSCRIPT-BASED: Ollama and vLLM cannot run here (no binaries, no GPU), so their streams and
+`/metrics` text are transcripts in tests/data/transcripts/, written from the formats documented in the
+serving-engines reference (Ollama's NDJSON with nanosecond metrics, the OpenAI SSE chunks with usage,
+vLLM's labelled Prometheus series). llama-server's transcripts were recorded from the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.config import PluginSpec, load_search_space
+from tuner.engines import ENGINES, Engine, StreamEvent, create_engine
+from tuner.engines.base import parse_prometheus_text
+from tuner.engines.text_prompts import WORDS
+from tuner.errors import ConfigError
+from tuner.models import ReplayRequest, RequestStatus
+
+DATA = Path(__file__).resolve().parent / "data"
+TRANSCRIPTS = DATA / "transcripts"
+REPO = DATA.parent.parent
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "llama-server": {"binary": "/bin/true", "model": "/bin/true", "port": 18080},
+    "ollama": {"model": "llama3.2:3b"},
+    "vllm": {"model": "Qwen/Qwen2.5-0.5B-Instruct"},
+}
+# (engine, engine options, transcript, streamed tokens, server's prompt count, cached part)
+STREAMS = [
+    ("llama-server", {}, DATA / "llama-server-completion.sse", 8, 40, 0),
+    ("ollama", {}, TRANSCRIPTS / "ollama-generate.ndjson", 7, 412, 0),
+    ("ollama", {"api": "openai"}, TRANSCRIPTS / "ollama-openai.sse", 7, 412, 0),
+    ("vllm", {}, TRANSCRIPTS / "vllm-completions.sse", 7, 412 - 256, 256),
+]
+
+
+def engine_of(kind: str, **extra: Any) -> Engine:
+    return create_engine(PluginSpec.model_validate({"kind": kind, **OPTIONS[kind], **extra}))
+
+
+def read(engine: Engine, path: Path) -> list[StreamEvent]:
+    return [e for e in map(engine.parse_stream_line, path.read_text().splitlines()) if e is not None]
+
+
+def test_every_engine_is_registered_and_has_a_search_space() -> None:
+    assert set(ENGINES.kinds()) == set(OPTIONS)
+    for kind in OPTIONS:
+        space = load_search_space(REPO / "search_spaces" / f"{kind}.toml")
+        assert space.engine == kind
+        assert set(space.params) <= set(engine_of(kind).knobs), kind
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIONS))
+def test_every_value_of_the_search_space_launches_and_reaches_the_server(kind: str) -> None:
+    engine = engine_of(kind)
+    space = load_search_space(REPO / "search_spaces" / f"{kind}.toml")
+    baseline = engine.launch_spec({})
+    for name, param in space.params.items():
+        knob = engine.knobs[name]
+        for value in param.choices or []:
+            launch = engine.launch_spec({name: value})
+            if knob.scope == "request":
+                assert launch.env == baseline.env and launch.args == baseline.args
+            elif knob.env is not None:
+                assert knob.env in launch.env, (name, value)
+            else:
+                assert knob.flag is not None
+                assert any(
+                    arg.startswith(knob.flag) or arg == knob.flag.replace("--", "--no-", 1) for arg in launch.args
+                )
+    assert baseline.port > 0 and baseline.health_path.startswith("/")
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIONS))
+def test_every_engine_refuses_an_unknown_knob_and_a_bad_value_with_the_valid_names(kind: str) -> None:
+    engine = engine_of(kind)
+    with pytest.raises(ConfigError, match="valid:"):
+        engine.launch_spec({"no_such_knob": 1})
+    name = next(n for n, k in engine.knobs.items() if k.value_type == "int")
+    with pytest.raises(ConfigError, match=name):
+        engine.launch_spec({name: "many"})
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIONS))
+def test_every_engine_sends_the_whole_prompt_and_asks_for_the_output_length(kind: str) -> None:
+    engine = engine_of(kind)
+    low, high = engine.prompt_token_range()
+    ids = tuple(range(low, min(high, low + 50)))
+    call = engine.build_request(
+        ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=ids, output_tokens=9)
+    )
+    body = json.loads(json.dumps(call.json))  # what goes on the wire
+    prompt = body["prompt"]
+    if isinstance(prompt, list):
+        assert tuple(prompt) == ids
+    else:
+        assert len(prompt.split()) == len(ids) and set(prompt.split()) <= set(WORDS)
+    assert 9 in (body.get("n_predict"), body.get("max_tokens"), (body.get("options") or {}).get("num_predict"))
+    assert body["stream"] is True
+    assert engine.apply_request_settings([], {}) == []
+
+
+@pytest.mark.parametrize(("kind", "extra", "path", "tokens", "prompt_n", "cache_n"), STREAMS)
+def test_every_engine_reads_its_stream_to_the_last_token_and_the_servers_counts(
+    *, kind: str, extra: dict[str, Any], path: Path, tokens: int, prompt_n: int, cache_n: int
+) -> None:
+    events = read(engine_of(kind, **extra), path)
+    counted = 0
+    for event in events:
+        counted = event.tokens_so_far if event.tokens_so_far is not None else counted + event.tokens
+    assert counted == tokens
+    assert any(e.done for e in events) and not any(e.error for e in events)
+    timings = next(e.timings for e in events if e.timings is not None)
+    assert (timings.prompt_n, timings.cache_n) == (prompt_n, cache_n)
+    assert timings.prompt_n_includes_cached is (kind == "ollama")
+
+
+def test_ollama_final_chunk_gives_durations_in_milliseconds_and_the_slot_wait() -> None:
+    events = read(engine_of("ollama"), TRANSCRIPTS / "ollama-generate.ndjson")
+    final = events[-1]
+    assert final.timings is not None
+    assert (final.timings.prompt_ms, final.timings.predicted_ms) == (400.0, 1400.0)
+    # total 2.5 s - load 0.1 s - prompt 0.4 s - eval 1.4 s: 0.6 s waiting for a free slot.
+    assert final.extra["slot_wait_ms"] == pytest.approx(600.0)
+
+
+def test_prefill_speed_from_ollama_counts_only_the_new_tokens_not_the_cached_ones() -> None:
+    from tuner.metrics import compute_metrics
+    from tuner.models import RequestRecord, ServerTimings
+
+    record = RequestRecord(
+        request_id="a",
+        session="a",
+        tag="chat",
+        prompt_tokens=2000,
+        output_tokens_requested=2,
+        send_s=0.0,
+        token_s=(2.0, 2.1),
+        end_s=2.1,
+        status=RequestStatus.OK,
+        # Ollama reports the whole prompt (cached part included) but only the computed part's time.
+        timings=ServerTimings(prompt_n=2400, prompt_n_includes_cached=True, prompt_ms=1000.0, predicted_n=2),
+    )
+    assert compute_metrics([record], long_prompt_tokens=1000, min_overlap_s=0.5)["prefill_tok_s"] == 2000.0
+
+
+def test_vllm_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:
+    (event,) = read(engine_of("vllm"), TRANSCRIPTS / "vllm-error.sse")
+    assert event.done and event.error is not None and "maximum context length" in event.error
+
+
+def test_vllm_metrics_of_a_round_sum_over_labels_and_read_the_histograms() -> None:
+    engine = engine_of("vllm")
+    before = parse_prometheus_text((TRANSCRIPTS / "vllm-metrics-before.txt").read_text())
+    after = parse_prometheus_text((TRANSCRIPTS / "vllm-metrics-after.txt").read_text())
+    counters = engine.round_counters(before, after)
+    assert counters["server_preemptions"] == 4
+    assert counters["server_ttft_mean_s"] == pytest.approx(10.0 / 20)
+    assert counters["server_queue_mean_s"] == pytest.approx(4.0 / 20)
+    assert counters["server_prefix_hit_share"] == pytest.approx(1000 / 4000)
+    assert (counters["server_kv_cache_usage"], counters["server_waiting"]) == (0.45, 2)
+
+
+def test_flags_without_environment_variables_become_arguments_and_booleans_their_negation() -> None:
+    launch = engine_of("vllm").launch_spec(
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.9}
+    )
+    assert launch.args[:2] == ("serve", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert "--no-enable-chunked-prefill" in launch.args
+    assert launch.args[launch.args.index("--max-num-batched-tokens") + 1] == "512"
+    assert launch.args[launch.args.index("--gpu-memory-utilization") + 1] == "0.9"
+    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+        engine_of("vllm").launch_spec({"gpu_memory_utilization": 1.5})
+    ollama = engine_of("ollama").launch_spec({"num_parallel": 4, "flash_attention": True})
+    assert ollama.args == ("serve",)
+    assert ollama.env["OLLAMA_NUM_PARALLEL"] == "4" and ollama.env["OLLAMA_FLASH_ATTENTION"] == "1"
+    assert ollama.env["OLLAMA_HOST"] == "127.0.0.1:11434"
+
+
+def test_ollama_and_vllm_refuse_per_request_lora_with_the_reason() -> None:
+    for kind in ("ollama", "vllm"):
+        with pytest.raises(ConfigError, match="LoRA"):
+            engine_of(kind).check_lora_adapters({"style"})
+
+
+def test_a_full_queue_503_is_a_rejected_request_with_the_servers_reason() -> None:
+    """Against a stand-in server: answers 503 with Ollama's body, as its queue does when full."""
+    from tuner.loadgen import replay
+
+    body = (TRANSCRIPTS / "ollama-503.json").read_bytes()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[Any]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
+            return await replay(
+                [request], engine=engine_of("ollama"), base_url=f"http://127.0.0.1:{port}", request_timeout_s=10
+            )
+
+    (record,) = asyncio.run(scenario())
+    assert record.status is RequestStatus.REJECTED
+    assert record.error is not None and "maximum pending requests exceeded" in record.error
+
+
+def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Path) -> None:
+    from tuner import assets
+    from tuner.engines.memory import gguf_kv_shape, hf_config_kv_shape, kv_bytes_per_token, parse_nvidia_smi
+
+    model = assets.find_model()
+    if model is None:
+        pytest.skip("the SmolLM2 model is not fetched (`tuner setup`); its GGUF header is the test input")
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 2 bytes per token at f16.
+    assert kv_bytes_per_token(gguf_kv_shape(model)) == 23040
+    llama = create_engine(
+        PluginSpec.model_validate({"kind": "llama-server", "model": str(model), "memory_budget_gib": 0.5})
+    )
+    assert llama.memory_check({"ctx_size": 8192}) is None
+    reason = llama.memory_check({"ctx_size": 32768})
+    assert reason is not None and "over the 0.5 GiB budget" in reason
+    assert llama.memory_check({"ctx_size": 32768, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}) is None
+
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({"num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896})
+    )
+    assert kv_bytes_per_token(hf_config_kv_shape(config)) == 2 * 24 * 2 * 64 * 2
+    vllm = engine_of("vllm", config_json=str(config), gpu_memory_gib=8, weights_gib=1.0)
+    assert vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.9}) is None
+    reason = vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.14})
+    assert reason is not None and "32768-token sequence" in reason
+    assert parse_nvidia_smi((TRANSCRIPTS / "nvidia-smi-memory.csv").read_text()) == [40512.0, 81003.0]

@@ -1,0 +1,279 @@
+"""Ollama: server settings as `OLLAMA_*` environment variables (its only interface; `ollama serve` has
+no tuning flags), requests through its native `/api/generate` (NDJSON) or its `/v1/completions` (SSE).
+
+Ollama takes text, not token ids: prompts are made of one common word per token id (`text_prompts`),
+so shared prefixes and history stay shared, and the server's own count of each prompt is kept. Its
+final chunk's `prompt_eval_count` includes tokens served from the cache while `prompt_eval_duration`
+covers only the computed part, so its prompt count is marked as a total and prefill speed is computed
+from the tokens the replay knows were new. Every request carries `keep_alive`, and none carries load
+options (`num_ctx`, `num_batch`, ...), because a request whose load options differ reloads the model
+in the middle of a trial. Ollama has no ignore-EOS option: answers may end before `num_predict`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuner.config import ParamValue, StrictModel
+from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.engines.llama_server_log import parse_llama_server_log
+from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
+from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
+from tuner.engines.text_prompts import WORDS, ids_to_text
+from tuner.errors import ConfigError
+from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
+
+__all__ = ["OLLAMA_KNOBS", "OllamaEngine", "OllamaOptions"]
+
+_NS_PER_MS = 1_000_000
+
+OLLAMA_KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            name="num_parallel",
+            value_type="int",
+            env="OLLAMA_NUM_PARALLEL",
+            minimum=1,
+            description="Requests served at once per loaded model (slots of the llama-server child).",
+        ),
+        Knob(
+            name="context_length",
+            value_type="int",
+            env="OLLAMA_CONTEXT_LENGTH",
+            minimum=0,
+            description="Default num_ctx per request; the child gets num_ctx x num_parallel KV tokens.",
+        ),
+        Knob(
+            name="max_queue",
+            value_type="int",
+            env="OLLAMA_MAX_QUEUE",
+            minimum=1,
+            description="Pending requests before HTTP 503 (mostly behind a model load).",
+        ),
+        Knob(
+            name="flash_attention",
+            value_type="bool",
+            env="OLLAMA_FLASH_ATTENTION",
+            description="Flash attention (needed for a quantized KV cache).",
+        ),
+        Knob(
+            name="kv_cache_type",
+            value_type="str",
+            env="OLLAMA_KV_CACHE_TYPE",
+            choices=("f16", "q8_0", "q4_0"),
+            description="KV cache type for K and V, all models.",
+        ),
+        Knob(
+            name="max_loaded_models",
+            value_type="int",
+            env="OLLAMA_MAX_LOADED_MODELS",
+            minimum=0,
+            description="Models kept loaded at once (0: 3 per GPU).",
+        ),
+        Knob(
+            name="keep_alive",
+            value_type="str",
+            env="OLLAMA_KEEP_ALIVE",
+            description="How long an idle model stays loaded (5m; -1 forever).",
+        ),
+    )
+}
+
+
+class OllamaOptions(StrictModel):
+    binary: str = Field(default="ollama", description="The ollama executable, for the process deployer.")
+    model: str = Field(min_length=1, description="The model to load, e.g. llama3.2:3b.")
+    host: str = Field(default="127.0.0.1", description="Address Ollama listens on (OLLAMA_HOST).")
+    port: int = Field(default=11434, ge=1, le=65535, description="Port Ollama listens on.")
+    api: Literal["native", "openai"] = Field(
+        default="native", description="native: /api/generate (NDJSON); openai: /v1/completions (SSE)."
+    )
+    request_keep_alive: str = Field(
+        default="30m", description="keep_alive sent with every request, so the model stays loaded all trial."
+    )
+    settings: dict[str, ParamValue] = Field(default_factory=dict, description="Knobs fixed for the whole study.")
+    model_file: str | None = Field(default=None, description="The model's GGUF blob, for the memory pre-check.")
+    memory_budget_gib: float | None = Field(
+        default=None, gt=0, description="Memory for weights and KV cache; configs that need more are skipped."
+    )
+
+
+def _render(knob: Knob, value: ParamValue) -> str:
+    if knob.value_type == "bool":
+        return "1" if value else "0"
+    return str(value)
+
+
+@ENGINES.register("ollama")
+class OllamaEngine:
+    kind = "ollama"
+    knobs: Mapping[str, Knob] = OLLAMA_KNOBS
+    options_model = OllamaOptions
+
+    def __init__(self, options: OllamaOptions) -> None:
+        self._options = options
+        try:
+            self.check_settings(options.settings)
+        except ConfigError as exc:
+            raise ConfigError(f"engine.settings: {exc}") from None
+
+    @property
+    def base_settings(self) -> Mapping[str, ParamValue]:
+        return self._options.settings
+
+    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        for name, value in settings.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                raise ConfigError(f"unknown ollama knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
+            knob.check(value)
+
+    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
+        self.check_settings(tuned)
+        env = {"OLLAMA_HOST": f"{self._options.host}:{self._options.port}"}
+        for name, value in {**self._options.settings, **tuned}.items():
+            knob = self.knobs[name]
+            assert knob.env is not None
+            env[knob.env] = _render(knob, value)
+        return LaunchSpec(
+            executable=self._options.binary,
+            args=("serve",),
+            env=env,
+            host=self._options.host,
+            port=self._options.port,
+            health_path="/api/version",
+        )
+
+    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+        """Ollama's child gets num_ctx x num_parallel KV tokens beside the weights."""
+        budget, model_file = self._options.memory_budget_gib, self._options.model_file
+        if budget is None or model_file is None:
+            return None
+        merged = {**self._options.settings, **settings}
+        kv_type = str(merged.get("kv_cache_type", "f16"))
+        tokens = int(merged.get("context_length") or 4096) * int(merged.get("num_parallel") or 1)
+        per_token = kv_bytes_per_token(gguf_kv_shape(Path(model_file)), k_type=kv_type)
+        need = Path(model_file).stat().st_size + tokens * per_token
+        if need > budget * 2**30:
+            return (
+                f"needs {need / 2**30:.1f} GiB ({tokens} KV tokens x {per_token / 1024:.0f} KiB at {kv_type} plus "
+                f"the weights), over the {budget:g} GiB budget"
+            )
+        return None
+
+    def prompt_token_range(self) -> tuple[int, int]:
+        return (0, len(WORDS))
+
+    def apply_request_settings(
+        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+    ) -> list[ReplayRequest]:
+        return list(requests)
+
+    def check_lora_adapters(self, names: set[str]) -> None:
+        raise ConfigError(
+            f"the workload applies LoRA adapters ({', '.join(sorted(names))}) per request, which Ollama cannot do "
+            "(an adapter is part of an Ollama model, via ADAPTER in its Modelfile); drop the lora fields or tune "
+            "llama-server"
+        )
+
+    def build_request(self, request: ReplayRequest) -> HttpCall:
+        prompt = ids_to_text(request.prompt_token_ids)
+        if self._options.api == "openai":
+            body: dict[str, Any] = {
+                "model": self._options.model,
+                "prompt": prompt,
+                "max_tokens": request.output_tokens,
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            return HttpCall(method="POST", path="/v1/completions", json=body)
+        body = {
+            "model": self._options.model,
+            "prompt": prompt,
+            "raw": True,
+            "stream": True,
+            "keep_alive": self._options.request_keep_alive,
+            "options": {"num_predict": request.output_tokens, "temperature": 0.0},
+        }
+        return HttpCall(method="POST", path="/api/generate", json=body)
+
+    def parse_stream_line(self, line: str) -> StreamEvent | None:
+        if self._options.api == "openai":
+            return parse_openai_sse_line(line, prompt_count_includes_cached=True)
+        return parse_ollama_ndjson_line(line)
+
+    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+        body = {
+            "model": self._options.model,
+            "prompt": prompt,
+            "raw": True,
+            "stream": False,
+            "keep_alive": self._options.request_keep_alive,
+            "options": {"num_predict": tokens, "temperature": 0.0},
+        }
+        return HttpCall(method="POST", path="/api/generate", json=body)
+
+    def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
+        return probe_answer_units(str(body.get("response", "")))
+
+    def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
+        # Ollama copies its llama-server child's trace-level lines to its own stderr, without timestamps.
+        return parse_llama_server_log(lines)
+
+    @property
+    def metrics_path(self) -> str | None:
+        return None
+
+    def round_counters(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+        return {}
+
+
+def parse_ollama_ndjson_line(line: str) -> StreamEvent | None:
+    """One line of /api/generate or /api/chat: a text piece, or the final object with its metrics (ns)."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        chunk = json.loads(line)
+    except json.JSONDecodeError:
+        return StreamEvent(error=f"unreadable stream line: {line[:80]}")
+    if not isinstance(chunk, dict):
+        return StreamEvent(error=f"unreadable stream line: {line[:80]}")
+    if "error" in chunk:
+        return StreamEvent(error=str(chunk["error"]), done=True)
+    piece = chunk.get("response")
+    if piece is None and isinstance(chunk.get("message"), dict):
+        piece = chunk["message"].get("content")
+    tokens = 1 if piece else 0
+    if not chunk.get("done"):
+        return StreamEvent(tokens=tokens)
+    eval_count = int(chunk.get("eval_count") or 0)
+    prompt_ms = int(chunk.get("prompt_eval_duration") or 0) / _NS_PER_MS
+    eval_ms = int(chunk.get("eval_duration") or 0) / _NS_PER_MS
+    total_ms = int(chunk.get("total_duration") or 0) / _NS_PER_MS
+    load_ms = int(chunk.get("load_duration") or 0) / _NS_PER_MS
+    return StreamEvent(
+        tokens=tokens,
+        tokens_so_far=eval_count,
+        done=True,
+        timings=ServerTimings(
+            prompt_n=int(chunk.get("prompt_eval_count") or 0),
+            prompt_n_includes_cached=True,
+            prompt_ms=prompt_ms,
+            predicted_n=eval_count,
+            predicted_ms=eval_ms,
+        ),
+        extra={
+            "done_reason": chunk.get("done_reason"),
+            "load_ms": load_ms,
+            # The wait for a free slot: the handler's whole time less load, prompt and generation.
+            "slot_wait_ms": max(0.0, total_ms - load_ms - prompt_ms - eval_ms),
+        },
+    )
