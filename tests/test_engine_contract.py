@@ -235,6 +235,7 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
     assert llama.memory_check({"ctx_size": 8192}) is None
     reason = llama.memory_check({"ctx_size": 32768})
     assert reason is not None and "over the 0.5 GiB budget" in reason
+    assert llama.memory_need({"ctx_size": 1000}) == model.stat().st_size + 1000 * 23040
     assert llama.memory_check({"ctx_size": 32768, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}) is None
 
     config = tmp_path / "config.json"

@@ -15,7 +15,7 @@ LAYERS = [
     {"models", "config"},
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},
-    {"loadgen", "gate", "record"},
+    {"loadgen", "gate", "record", "gpu"},
     {"study", "report"},
     {"console"},
     {"cli", "__main__", "__init__"},

@@ -180,6 +180,18 @@ METRICS: dict[str, MetricInfo] = {
             "vLLM's --max-num-queued-reqs); also counted in failures.",
         ),
         MetricInfo(
+            name="gpu_memory_peak_mib",
+            unit="MiB",
+            better="lower",
+            description="Most GPU memory in use (all GPUs) during the round, sampled with nvidia-smi every 0.5 s.",
+        ),
+        MetricInfo(
+            name="predicted_memory_mib",
+            unit="MiB",
+            better="lower",
+            description="What the memory pre-check predicted (weights plus KV cache), to compare with the peak.",
+        ),
+        MetricInfo(
             name="server_preemptions",
             unit="",
             better="lower",

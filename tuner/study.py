@@ -31,6 +31,7 @@ from tuner.deployers.base import Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.gate import ask_probes, judge
+from tuner.gpu import GpuMemorySampler
 from tuner.loadgen import replay, scrape_prometheus
 from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest
@@ -591,12 +592,13 @@ class _StudyRun:
         )
         requests = self.prepared.engine.apply_request_settings(requests, settings)
         counters_before = await scrape_prometheus(self.prepared.engine, base_url)
-        records = await replay(
-            requests,
-            engine=self.prepared.engine,
-            base_url=base_url,
-            request_timeout_s=self.spec.workload.request_timeout_s,
-        )
+        async with GpuMemorySampler() as gpu:
+            records = await replay(
+                requests,
+                engine=self.prepared.engine,
+                base_url=base_url,
+                request_timeout_s=self.spec.workload.request_timeout_s,
+            )
         self.run_dir.save_records(number, records_name, records)
         gone = await deployer.check_alive()
         if gone is not None:
@@ -624,6 +626,10 @@ class _StudyRun:
                 min_overlap_s=self.spec.metrics.min_overlap_s,
             )
         )
+        if gpu.peak_mib is not None:
+            predicted = self.prepared.engine.memory_need({**self.prepared.baseline_params, **settings})
+            metrics["gpu_memory_peak_mib"] = gpu.peak_mib
+            metrics["predicted_memory_mib"] = predicted / 2**20 if predicted is not None else None
         client_stall, server_stall = metrics.get("stall_tok_s"), metrics.get("server_stall_tok_s")
         metrics["stall_agreement"] = server_stall / client_stall if client_stall and server_stall is not None else None
         joined = join_server_tasks(records, tasks)

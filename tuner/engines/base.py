@@ -99,6 +99,10 @@ class Engine(Protocol):
         """The requests as a trial with these settings sends them (request-scoped knobs, e.g. a LoRA policy)."""
         ...
 
+    def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
+        """Bytes these settings need (weights and KV cache), or None when the engine cannot tell."""
+        ...
+
     def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
         """Why these settings cannot fit in the configured memory (KV cache beside the weights), or None;
         None too when the engine has no memory budget to check against."""

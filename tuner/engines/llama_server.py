@@ -261,25 +261,25 @@ class LlamaServerEngine:
             health_path="/health",
         )
 
-    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+    def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """llama-server allocates ctx_size KV tokens (all slots together) beside the weights at start."""
-        budget = self._options.memory_budget_gib
-        if budget is None:
+        try:
+            model = Path(self.resolve_model())
+        except AssetError:
             return None
         merged = {**self._options.settings, **settings}
-        model = Path(self.resolve_model())
         tokens = int(merged.get("ctx_size") or 4096)
         k_type = str(merged.get("cache_type_k", "f16"))
-        per_token = kv_bytes_per_token(
-            gguf_kv_shape(model), k_type=k_type, v_type=str(merged.get("cache_type_v", k_type))
-        )
-        need = model.stat().st_size + tokens * per_token
-        if need > budget * 2**30:
-            return (
-                f"needs {need / 2**30:.2f} GiB ({tokens} KV tokens x {per_token / 1024:.1f} KiB plus the weights), "
-                f"over the {budget:g} GiB budget"
-            )
-        return None
+        v_type = str(merged.get("cache_type_v", k_type))
+        return model.stat().st_size + tokens * kv_bytes_per_token(gguf_kv_shape(model), k_type=k_type, v_type=v_type)
+
+    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+        budget = self._options.memory_budget_gib
+        need = self.memory_need(settings) if budget is not None else None
+        if budget is None or need is None or need <= budget * 2**30:
+            return None
+        tokens = int({**self._options.settings, **settings}.get("ctx_size") or 4096)
+        return f"needs {need / 2**30:.2f} GiB (weights plus {tokens} KV tokens), over the {budget:g} GiB budget"
 
     def prompt_token_range(self) -> tuple[int, int]:
         return _PROMPT_TOKEN_RANGE

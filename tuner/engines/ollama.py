@@ -150,22 +150,22 @@ class OllamaEngine:
             health_path="/api/version",
         )
 
-    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+    def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """Ollama's child gets num_ctx x num_parallel KV tokens beside the weights."""
-        budget, model_file = self._options.memory_budget_gib, self._options.model_file
-        if budget is None or model_file is None:
+        if self._options.model_file is None:
             return None
+        model = Path(self._options.model_file)
         merged = {**self._options.settings, **settings}
-        kv_type = str(merged.get("kv_cache_type", "f16"))
         tokens = int(merged.get("context_length") or 4096) * int(merged.get("num_parallel") or 1)
-        per_token = kv_bytes_per_token(gguf_kv_shape(Path(model_file)), k_type=kv_type)
-        need = Path(model_file).stat().st_size + tokens * per_token
-        if need > budget * 2**30:
-            return (
-                f"needs {need / 2**30:.1f} GiB ({tokens} KV tokens x {per_token / 1024:.0f} KiB at {kv_type} plus "
-                f"the weights), over the {budget:g} GiB budget"
-            )
-        return None
+        kv_type = str(merged.get("kv_cache_type", "f16"))
+        return model.stat().st_size + tokens * kv_bytes_per_token(gguf_kv_shape(model), k_type=kv_type)
+
+    def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
+        budget = self._options.memory_budget_gib
+        need = self.memory_need(settings) if budget is not None else None
+        if budget is None or need is None or need <= budget * 2**30:
+            return None
+        return f"needs {need / 2**30:.1f} GiB (weights plus num_ctx x num_parallel KV tokens), over {budget:g} GiB"
 
     def prompt_token_range(self) -> tuple[int, int]:
         return (0, len(WORDS))

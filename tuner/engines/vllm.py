@@ -142,6 +142,13 @@ class VllmEngine:
             health_path="/health",
         )
 
+    def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
+        """vLLM takes gpu_memory_utilization x device memory at start, whatever the load."""
+        if self._options.gpu_memory_gib is None:
+            return None
+        utilization = float({**self._options.settings, **settings}.get("gpu_memory_utilization", 0.92))
+        return utilization * self._options.gpu_memory_gib * 2**30
+
     def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
         """vLLM must hold at least one max_model_len sequence in the KV cache it carves out of
         gpu_memory_utilization x device memory after the weights; otherwise it refuses to start."""
