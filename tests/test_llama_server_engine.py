@@ -99,10 +99,13 @@ def test_a_server_without_the_counters_yields_none_not_zero() -> None:
     assert llama().round_counters({}, {}) == {"server_decode_calls": None, "server_tokens_per_decode": None}
 
 
-def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id() -> None:
-    engine = llama(lora_adapters={"support": "/models/support.gguf", "legal": "/models/legal.gguf"})
+def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id(tmp_path: Path) -> None:
+    support, legal = tmp_path / "support.gguf", tmp_path / "legal.gguf"
+    support.touch()
+    legal.touch()
+    engine = llama(lora_adapters={"support": str(support), "legal": str(legal)})
     launch = engine.launch_spec({"lora_policy": "all_on"})
-    assert launch.args[:4] == ("--lora-scaled", "/models/support.gguf:0", "--lora-scaled", "/models/legal.gguf:0")
+    assert launch.args[:4] == ("--lora-scaled", f"{support}:0", "--lora-scaled", f"{legal}:0")
     assert not any("LORA" in name for name in launch.env)
     call = engine.build_request(
         ReplayRequest(
@@ -110,6 +113,13 @@ def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id()
         )
     )
     assert call.json["lora"] == [{"id": 1, "scale": 0.5}]
+
+
+def test_a_missing_adapter_file_is_refused_with_the_key_to_fix(tmp_path: Path) -> None:
+    from tuner.errors import AssetError
+
+    with pytest.raises(AssetError, match=r"fix engine.lora_adapters.support"):
+        llama(lora_adapters={"support": str(tmp_path / "gone.gguf")}).launch_spec({})
 
 
 def test_a_workload_naming_an_adapter_the_engine_lacks_is_refused_with_the_fix() -> None:
