@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -19,9 +19,11 @@ __all__ = [
     "EngineFactory",
     "HttpCall",
     "Knob",
+    "KnobbedEngine",
     "StreamEvent",
     "create_engine",
     "parse_prometheus_text",
+    "render_env_value",
 ]
 
 
@@ -75,6 +77,46 @@ class StreamEvent:
     timings: ServerTimings | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SettingsModel(Protocol):
+    @property
+    def settings(self) -> Mapping[str, ParamValue]: ...
+
+
+OptionsT = TypeVar("OptionsT", bound=SettingsModel)
+
+
+class KnobbedEngine(Generic[OptionsT]):
+    """What every engine does alike with its knobs: check values, and keep the study-wide settings."""
+
+    kind: str
+    knobs: Mapping[str, Knob]
+
+    def __init__(self, options: OptionsT) -> None:
+        self._options = options
+        try:
+            self.check_settings(options.settings)
+        except ConfigError as exc:
+            raise ConfigError(f"engine.settings: {exc}") from None
+
+    @property
+    def base_settings(self) -> Mapping[str, ParamValue]:
+        return self._options.settings
+
+    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        for name, value in settings.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                raise ConfigError(f"unknown {self.kind} knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
+            knob.check(value)
+
+
+def render_env_value(knob: Knob, value: ParamValue) -> str:
+    """A knob's value as its environment variable takes it: booleans as 1 and 0."""
+    if knob.value_type == "bool":
+        return "1" if value else "0"
+    return str(value)
 
 
 class Engine(Protocol):

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, render_env_value
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
@@ -194,35 +194,11 @@ def _free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _render(knob: Knob, value: ParamValue) -> str:
-    if knob.value_type == "bool":
-        return "1" if value else "0"
-    return str(value)
-
-
 @ENGINES.register("llama-server")
-class LlamaServerEngine:
+class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     kind = "llama-server"
     knobs: Mapping[str, Knob] = LLAMA_SERVER_KNOBS
     options_model = LlamaServerOptions
-
-    def __init__(self, options: LlamaServerOptions) -> None:
-        self._options = options
-        try:
-            self.check_settings(options.settings)
-        except ConfigError as exc:
-            raise ConfigError(f"engine.settings: {exc}") from None
-
-    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
-        for name, value in settings.items():
-            knob = self.knobs.get(name)
-            if knob is None:
-                raise ConfigError(f"unknown llama-server knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
-            knob.check(value)
-
-    @property
-    def base_settings(self) -> Mapping[str, ParamValue]:
-        return self._options.settings
 
     def resolve_binary(self) -> str:
         return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary", key="engine.binary")
@@ -244,7 +220,7 @@ class LlamaServerEngine:
             if knob.scope == "request":
                 continue
             assert knob.env is not None
-            env[knob.env] = _render(knob, value)
+            env[knob.env] = render_env_value(knob, value)
         # The adapter flags have no environment variable. Each adapter is loaded at global scale 0, so a
         # request without a `lora` field runs without it, as on a server that hosts adapters for some
         # clients. (--lora-init-without-apply does not do that: the global scale stays 1.0, tested.)

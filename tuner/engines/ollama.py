@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, render_env_value
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
@@ -104,35 +104,11 @@ class OllamaOptions(StrictModel):
     )
 
 
-def _render(knob: Knob, value: ParamValue) -> str:
-    if knob.value_type == "bool":
-        return "1" if value else "0"
-    return str(value)
-
-
 @ENGINES.register("ollama")
-class OllamaEngine:
+class OllamaEngine(KnobbedEngine[OllamaOptions]):
     kind = "ollama"
     knobs: Mapping[str, Knob] = OLLAMA_KNOBS
     options_model = OllamaOptions
-
-    def __init__(self, options: OllamaOptions) -> None:
-        self._options = options
-        try:
-            self.check_settings(options.settings)
-        except ConfigError as exc:
-            raise ConfigError(f"engine.settings: {exc}") from None
-
-    @property
-    def base_settings(self) -> Mapping[str, ParamValue]:
-        return self._options.settings
-
-    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
-        for name, value in settings.items():
-            knob = self.knobs.get(name)
-            if knob is None:
-                raise ConfigError(f"unknown ollama knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
-            knob.check(value)
 
     def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(tuned)
@@ -140,7 +116,7 @@ class OllamaEngine:
         for name, value in {**self._options.settings, **tuned}.items():
             knob = self.knobs[name]
             assert knob.env is not None
-            env[knob.env] = _render(knob, value)
+            env[knob.env] = render_env_value(knob, value)
         return LaunchSpec(
             executable=self._options.binary,
             args=("serve",),

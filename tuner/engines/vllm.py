@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, StreamEvent
+from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent
 from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.errors import ConfigError
@@ -97,32 +97,18 @@ def _flag_args(knob: Knob, value: ParamValue) -> list[str]:
 
 
 @ENGINES.register("vllm")
-class VllmEngine:
+class VllmEngine(KnobbedEngine[VllmOptions]):
     kind = "vllm"
     knobs: Mapping[str, Knob] = VLLM_KNOBS
     options_model = VllmOptions
-
-    def __init__(self, options: VllmOptions) -> None:
-        self._options = options
-        try:
-            self.check_settings(options.settings)
-        except ConfigError as exc:
-            raise ConfigError(f"engine.settings: {exc}") from None
-
-    @property
-    def base_settings(self) -> Mapping[str, ParamValue]:
-        return self._options.settings
 
     @property
     def model_name(self) -> str:
         return self._options.served_model_name or self._options.model
 
     def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        super().check_settings(settings)
         for name, value in settings.items():
-            knob = self.knobs.get(name)
-            if knob is None:
-                raise ConfigError(f"unknown vllm knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
-            knob.check(value)
             if name == "gpu_memory_utilization" and not 0 < float(value) <= 1:
                 raise ConfigError(f"knob 'gpu_memory_utilization' must be in (0, 1], got {value!r}")
 

@@ -13,8 +13,8 @@ from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
-from tuner.importers.base import IMPORTERS
-from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, PromptShape, Trace, TraceHeader, TraceRequest
+from tuner.importers.base import IMPORTERS, imported_trace
+from tuner.workloads import PromptShape, Trace, TraceRequest
 
 __all__ = ["AzureImporter", "AzureOptions"]
 
@@ -61,7 +61,4 @@ class AzureImporter:
                 zip(offsets, frame["ContextTokens"], frame["GeneratedTokens"], strict=True)
             )
         ]
-        header = TraceHeader(
-            format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}"
-        )
-        return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
+        return imported_trace(path, name, requests)

@@ -11,9 +11,9 @@ from pydantic import BaseModel
 from tuner.config import validate_options
 from tuner.errors import WorkloadError
 from tuner.registry import Registry
-from tuner.workloads import Trace
+from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, Trace, TraceHeader, TraceRequest
 
-__all__ = ["IMPORTERS", "Importer", "import_trace", "read_lines"]
+__all__ = ["IMPORTERS", "Importer", "import_trace", "imported_trace", "read_lines"]
 
 
 class Importer(Protocol):
@@ -38,6 +38,14 @@ def import_trace(kind: str, path: Path, options: Mapping[str, Any], *, name: str
     if not trace.requests:
         raise WorkloadError(f"{path}: no requests found for the {kind} importer; is this the right --kind?")
     return trace
+
+
+def imported_trace(path: Path, name: str, requests: list[TraceRequest]) -> Trace:
+    """A trace of `requests` in arrival order, its header naming the file it came from."""
+    header = TraceHeader(
+        format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}"
+    )
+    return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
 
 
 def read_lines(path: Path) -> list[str]:

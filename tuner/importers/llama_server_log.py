@@ -17,9 +17,9 @@ from pydantic import Field
 from tuner.config import StrictModel
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import WorkloadError
-from tuner.importers.base import IMPORTERS, read_lines
+from tuner.importers.base import IMPORTERS, imported_trace, read_lines
 from tuner.models import TaskTimeline
-from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, PrefixBlock, PromptShape, Trace, TraceHeader, TraceRequest
+from tuner.workloads import PrefixBlock, PromptShape, Trace, TraceRequest
 
 __all__ = ["LlamaServerLogImporter", "LlamaServerLogOptions"]
 
@@ -78,7 +78,4 @@ class LlamaServerLogImporter:
             )
             requests.append(request)
             previous_on_slot[task.slot] = (task, request)
-        header = TraceHeader(
-            format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}"
-        )
-        return Trace(header=header, requests=requests)
+        return imported_trace(path, name, requests)

@@ -15,8 +15,8 @@ from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
-from tuner.importers.base import IMPORTERS, read_lines
-from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, PrefixBlock, PromptShape, Trace, TraceHeader, TraceRequest
+from tuner.importers.base import IMPORTERS, imported_trace, read_lines
+from tuner.workloads import PrefixBlock, PromptShape, Trace, TraceRequest
 
 __all__ = ["MooncakeImporter", "MooncakeOptions"]
 
@@ -72,7 +72,4 @@ class MooncakeImporter:
                     tag=options.tag,
                 )
             )
-        header = TraceHeader(
-            format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}"
-        )
-        return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
+        return imported_trace(path, name, requests)
