@@ -59,9 +59,15 @@ class Upstream:
 
 
 def run_recorder(
-    tmp_path: Path, upstream: Upstream, client_side: Callable[[httpx.AsyncClient], Awaitable[None]]
+    tmp_path: Path,
+    upstream: Upstream,
+    client_side: Callable[[httpx.AsyncClient], Awaitable[None]],
+    *,
+    keep_content: bool = False,
 ) -> Recorder:
-    options = RecorderOptions(upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0)
+    options = RecorderOptions(
+        upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0, keep_content=keep_content
+    )
     recorder = Recorder(options, transport=httpx.MockTransport(upstream.handler))
 
     async def scenario() -> None:
@@ -260,3 +266,13 @@ def test_a_recording_killed_mid_way_leaves_the_last_checkpoint_whole(tmp_path: P
 
     asyncio.run(scenario())
     assert seen_mid_way == [2]
+
+
+def test_content_is_written_only_when_the_user_asks_to_keep_it(tmp_path: Path) -> None:
+    async def client_side(client: httpx.AsyncClient) -> None:
+        await chat(client, [{"role": "user", "content": "canary question"}])
+
+    run_recorder(tmp_path, Upstream(), client_side, keep_content=True)
+    (request,) = load_trace(tmp_path / "rec.jsonl").requests
+    assert request.content == {"messages": [{"role": "user", "content": "canary question"}]}
+    assert API_KEY not in (tmp_path / "rec.jsonl").read_text()

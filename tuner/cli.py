@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--tag-header", default="X-Tuner-Tag", help="request header whose value tags a request")
     record.add_argument("--duration", type=float, help="stop after this many seconds (default: at Ctrl-C)")
     record.add_argument("--max-requests", type=_positive, help="stop after recording this many requests")
+    record.add_argument(
+        "--keep-content",
+        action="store_true",
+        help="also write each request's messages or prompt into the trace (default: shape only, no text)",
+    )
     imports = workload_commands.add_parser(
         "import",
         help="turn another tool's trace or a server log into a trace",
@@ -189,6 +194,7 @@ def _record(args: argparse.Namespace, console: Console) -> int:
         listen_port=int(port),
         tag_header=args.tag_header.lower(),
         max_requests=args.max_requests,
+        keep_content=args.keep_content,
     )
     recorder = Recorder(options)
     recorder.on_request = lambda seen, count: console.print(

@@ -63,6 +63,7 @@ class RecorderOptions:
     tag_header: str = "x-tuner-tag"
     checkpoint_s: float = 5.0
     max_requests: int | None = None
+    keep_content: bool = False  # also write each request's messages or prompt (off: shape only)
 
 
 @dataclass(kw_only=True)
@@ -76,6 +77,7 @@ class _Exchange:
     system_text: str | None
     lora_ids: tuple[tuple[int, float], ...]
     tag: str
+    content: dict[str, Any] | None = None
     answer: list[str] = field(default_factory=list)
     chunks_with_output: int = 0
     prompt_tokens: int | None = None
@@ -252,6 +254,7 @@ class Recorder:
             system_text=system_text,
             lora_ids=lora_ids,
             tag=headers.get(self.options.tag_header, default_tag)[:64] or default_tag,
+            content=_content(payload, path) if self.options.keep_content else None,
         )
         hide_usage = False
         if payload.get("stream") and path in _CHAT_PATHS | {"/v1/completions", "/completions"}:
@@ -317,6 +320,7 @@ class Recorder:
             system_share=exchange.system_share,
             lora=tuple(lora),
             tag=exchange.tag,
+            content=exchange.content,
         )
         self._observed.append(observed)
         if self.on_request is not None:
@@ -353,6 +357,12 @@ class Recorder:
                     stem = Path(str(item["path"])).name.removesuffix(".gguf")
                     self._lora_names[int(item["id"])] = stem or f"adapter-{item['id']}"
         return self._lora_names.get(adapter_id, f"adapter-{adapter_id}")
+
+
+def _content(payload: Mapping[str, Any], path: str) -> dict[str, Any]:
+    if path in _CHAT_PATHS:
+        return {"messages": payload.get("messages")}
+    return {"prompt": payload.get("prompt")}
 
 
 def _int(value: object, fallback: int | None) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tuner.workloads.trace import (
@@ -63,7 +63,7 @@ class ObservedRequest:
     system_share: float = 0.0  # their share of the prompt's characters, for an estimate otherwise
     lora: tuple[LoraUse, ...] = ()
     tag: str = "chat"
-    extra: dict[str, Any] = field(default_factory=dict)
+    content: dict[str, Any] | None = None  # messages or prompt, only when the user keeps content
 
 
 def build_trace(observed: Sequence[ObservedRequest], *, name: str, description: str = "") -> Trace:
@@ -109,6 +109,7 @@ def build_trace(observed: Sequence[ObservedRequest], *, name: str, description: 
             lora=list(seen.lora),
             tag=seen.tag,
             duration_s=round(seen.end_s - seen.arrival_s, 6) if seen.end_s is not None else None,
+            content=seen.content,
         )
         requests.append(request)
         if seen.answer_chain is not None:

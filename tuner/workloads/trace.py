@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -90,6 +90,11 @@ class TraceRequest(StrictModel):
     tag: str = "chat"
     duration_s: float | None = Field(
         default=None, ge=0, description="How long the request took when recorded; shown, never replayed."
+    )
+    content: dict[str, Any] | None = Field(
+        default=None,
+        description="The request's messages or prompt, only when recorded with --keep-content; kept for the "
+        "user, never replayed (the replay synthesizes prompts of the recorded shape).",
     )
 
     @model_validator(mode="after")
