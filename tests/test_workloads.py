@@ -214,3 +214,26 @@ def test_chat_and_agent_sessions_carry_their_conversation_as_history() -> None:
             assert later.prompt.history_tokens == (
                 earlier.prompt.history_tokens + earlier.prompt.new_tokens + earlier.output_tokens
             )
+
+
+def test_a_day_compressed_with_keep_concurrency_keeps_its_in_flight_profile() -> None:
+    from tuner.workloads import SynthOptions, concurrency_profile, synthesize_trace, thin_sessions
+
+    day = synthesize_trace("chat", SynthOptions(users=400, turns=4, seed=1, long_tokens=8000))
+    scale = 0.1
+    compressed = day.model_copy(
+        update={
+            "requests": [
+                r.model_copy(update={"offset_s": r.offset_s * scale, "think_s": r.think_s * scale})
+                for r in thin_sessions(day, keep=scale, seed=0).requests
+            ]
+        }
+    )
+    sessions = {r.session for r in compressed.requests}
+    assert 25 <= len(sessions) <= 55  # about a tenth of 400, whole sessions only
+    assert all(sum(1 for r in compressed.requests if r.session == s) == 4 for s in sessions)
+    # Ten times faster with a tenth of the users: the same arrivals per second, so the same concurrency.
+    original = concurrency_profile(day, decode_tok_s=30)
+    kept = concurrency_profile(compressed, decode_tok_s=30)
+    assert kept.mean == pytest.approx(original.mean, rel=0.5)
+    assert thin_sessions(day, keep=1.0, seed=0) is day

@@ -72,6 +72,12 @@ class BudgetSpec(StrictModel):
 class WorkloadSpec(StrictModel):
     path: Path = Field(description="Trace file (JSONL), relative to the study file.")
     time_scale: float = Field(default=1.0, gt=0, description="Arrival offsets are multiplied by this.")
+    keep_concurrency: bool = Field(
+        default=False,
+        description="With time_scale below 1, replay about time_scale of the sessions (chosen by seed), so "
+        "that a day compressed into 20 minutes keeps its in-flight concurrency over time instead of "
+        "multiplying it by the compression.",
+    )
     request_timeout_s: float = Field(default=120.0, gt=0, description="A request taking longer fails.")
     seed: int = Field(default=0, description="Seed for the synthesized prompt tokens.")
 

@@ -39,7 +39,7 @@ from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
 from tuner.scoring import bootstrap_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import create_transport
-from tuner.workloads import Trace, load_trace, synthesize_requests
+from tuner.workloads import Trace, load_trace, synthesize_requests, thin_sessions
 
 __all__ = ["PreparedStudy", "open_optuna_study", "open_optuna_study_readonly", "prepare_study", "run_study"]
 
@@ -131,6 +131,8 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
             )
         baseline[name] = value
     trace = load_trace(base_dir / spec.workload.path)
+    if spec.workload.keep_concurrency:
+        trace = thin_sessions(trace, keep=spec.workload.time_scale, seed=spec.workload.seed)
     adapters = {use.adapter for request in trace.requests for use in request.lora}
     if adapters:
         engine.check_lora_adapters(adapters)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tuner.workloads.summary import Concurrency, TraceSummary, concurrency_profile, summarize_trace
-from tuner.workloads.synthesis import synthesize_requests
+from tuner.workloads.synthesis import synthesize_requests, thin_sessions
 from tuner.workloads.synthetic import GENERATORS, SynthOptions, synthesize_trace
 from tuner.workloads.trace import (
     TRACE_FORMAT,
@@ -37,4 +37,5 @@ __all__ = [
     "summarize_trace",
     "synthesize_requests",
     "synthesize_trace",
+    "thin_sessions",
 ]

@@ -16,7 +16,7 @@ import random
 from tuner.models import AnswerSpan, ReplayRequest
 from tuner.workloads.trace import Trace, TraceRequest
 
-__all__ = ["synthesize_requests"]
+__all__ = ["synthesize_requests", "thin_sessions"]
 
 
 def _rng(*parts: object) -> random.Random:
@@ -46,6 +46,18 @@ class _Conversation:
             if span.start < count
         ]
         return self.tokens[:count], spans
+
+
+def thin_sessions(trace: Trace, *, keep: float, seed: int) -> Trace:
+    """About `keep` of the trace's sessions, each kept or dropped whole by a hash of the seed and its
+    name: compressing time by `keep` and keeping this share of sessions keeps the arrival rate, and
+    so the concurrency over time, of the original. Always at least one session."""
+    if keep >= 1.0:
+        return trace
+    sessions = sorted({r.session for r in trace.requests})
+    scores = {name: _rng("thin", seed, name).random() for name in sessions}
+    kept = {name for name in sessions if scores[name] < keep} or {min(sessions, key=scores.__getitem__)}
+    return trace.model_copy(update={"requests": [r for r in trace.requests if r.session in kept]})
 
 
 def synthesize_requests(
