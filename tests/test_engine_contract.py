@@ -261,3 +261,27 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
     reason = vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.14})
     assert reason is not None and "32768-token sequence" in reason
     assert parse_nvidia_smi((TRANSCRIPTS / "nvidia-smi-memory.csv").read_text()) == [40512.0, 81003.0]
+
+
+def test_the_prompt_token_ratio_tells_how_close_text_prompts_came_to_the_meant_length() -> None:
+    from tuner.metrics import compute_metrics
+    from tuner.models import RequestRecord, ServerTimings
+
+    def record(prompt_tokens: int, timings: ServerTimings) -> RequestRecord:
+        return RequestRecord(
+            request_id="a",
+            session="a",
+            tag="chat",
+            prompt_tokens=prompt_tokens,
+            output_tokens_requested=2,
+            send_s=0.0,
+            token_s=(0.5, 0.6),
+            end_s=0.6,
+            status=RequestStatus.OK,
+            timings=timings,
+        )
+
+    exact = record(400, ServerTimings(cache_n=100, prompt_n=300, prompt_ms=100.0))
+    words = record(400, ServerTimings(prompt_n=440, prompt_n_includes_cached=True, prompt_ms=100.0))
+    assert compute_metrics([exact], long_prompt_tokens=1000, min_overlap_s=0.5)["prompt_token_ratio"] == 1.0
+    assert compute_metrics([words], long_prompt_tokens=1000, min_overlap_s=0.5)["prompt_token_ratio"] == 1.1

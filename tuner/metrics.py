@@ -171,6 +171,13 @@ METRICS: dict[str, MetricInfo] = {
             description="Extra prefill time of a request whose LoRA setting differs from the one prefilled "
             "before it, over the steady per-token time, median.",
         ),
+        MetricInfo(
+            name="prompt_token_ratio",
+            unit="",
+            better="higher",
+            description="The server's count of each prompt over the length the replay meant, median: 1 for "
+            "token-id prompts; for text prompts (Ollama), how close one word per token came.",
+        ),
         MetricInfo(name="failures", unit="", better="lower", description="Requests that failed."),
         MetricInfo(
             name="rejected",
@@ -386,6 +393,7 @@ def compute_metrics(
         "client_prefill_tok_s": client_prefill,
         "wait_behind_long_prefill_share": _wait_share_behind(ok, windows),
         **lora_metrics(ok),
+        "prompt_token_ratio": _prompt_token_ratio(ok),
         "failures": float(len(records) - len(ok)),
         "rejected": float(sum(1 for r in records if r.status is RequestStatus.REJECTED)),
     }
@@ -416,6 +424,19 @@ def _wait_share_behind(records: Sequence[RequestRecord], windows: Sequence[Overl
                 behind += span_end - start
                 covered_until = span_end
     return behind / total if total > 0 else None
+
+
+def _prompt_token_ratio(records: Sequence[RequestRecord]) -> float | None:
+    """The server's count of each prompt over the length the replay meant, median: 1 with token-id
+    prompts; for text prompts (Ollama) it tells how close one word per token came."""
+    ratios = []
+    for record in records:
+        timings = record.timings
+        if timings is None or record.prompt_tokens == 0 or timings.prompt_n == 0:
+            continue
+        counted = timings.prompt_n if timings.prompt_n_includes_cached else timings.prompt_n + timings.cache_n
+        ratios.append(counted / record.prompt_tokens)
+    return _median(ratios)
 
 
 def lora_metrics(records: Sequence[RequestRecord]) -> dict[str, float | None]:

@@ -1,8 +1,8 @@
 """Text prompts for engines that take no token ids: one common English word per token id.
 
-The same ids always give the same words, so shared prefixes and session history stay shared; most of
-these words are one token, with their leading space, in BPE and SentencePiece vocabularies, so a prompt
-of N ids is close to N tokens. The server's own count of each prompt is kept (`ServerTimings`), and
+The same ids always give the same words, so shared prefixes and session history stay shared; these
+words are one token each, with their leading space, in SmolLM2's vocabulary (2,000 random ones are
+2,000 tokens) and nearly so in other BPE vocabularies, so a prompt of N ids is close to N tokens. The server's own count of each prompt is kept (`ServerTimings`), and
 `prompt_token_ratio` reports how close the replay came.
 """
 
@@ -29,7 +29,7 @@ _WORD_LIST = """
     early white case john become large big need four within felt along children saw best church ever
     least power development light thing seemed family interest want members mind country area others
     done turned although open god service problem certain kind different thus began door help means
-    sense whole matter perhaps itself york times law human line above name example action company hands
+    sense whole matter perhaps itself times law human line above name example action company hands
     local show five history whether gave either act today feet across taken past quite anything seen
     having death week experience body word half really field am car words already themselves information
     tell together college shall money period held keep sure probably free real seems behind cannot miss
