@@ -2,8 +2,9 @@
 
 The same ids always give the same words, so shared prefixes and session history stay shared; these
 words are one token each, with their leading space, in SmolLM2's vocabulary (2,000 random ones are
-2,000 tokens) and nearly so in other BPE vocabularies, so a prompt of N ids is close to N tokens. The server's own count of each prompt is kept (`ServerTimings`), and
-`prompt_token_ratio` reports how close the replay came.
+2,000 tokens) and nearly so in other BPE vocabularies, so a prompt of N ids is close to N tokens.
+The server's own count of each prompt is kept (`ServerTimings`), and `prompt_token_ratio` reports how
+close the replay came.
 """
 
 from __future__ import annotations
