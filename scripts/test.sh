@@ -9,6 +9,12 @@ if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
   echo "$setup_error" >&2
   export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
 fi
+# The ssh transport is tested against a real sshd on loopback; install it where this user may.
+if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing openssh-server for the ssh transport's tests ..."
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 \
+    || echo "warning: could not install openssh-server; the ssh tests will skip, saying why" >&2
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

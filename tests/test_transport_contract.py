@@ -1,4 +1,4 @@
-"""The contract every transport passes. The ssh transport joins the parameter list when it lands."""
+"""The contract every transport passes: `local`, and `ssh` against a real sshd on loopback."""
 
 from __future__ import annotations
 
@@ -11,15 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from tuner.config import PluginSpec
 from tuner.errors import CommandFailed, TransportError
-from tuner.transports import LocalTransport, Transport
+from tuner.transports import LocalTransport, Transport, create_transport
 
-TRANSPORTS: dict[str, Callable[[], Transport]] = {"local": LocalTransport}
+TRANSPORTS = ("local", "ssh")
 
 
-@pytest.fixture(params=sorted(TRANSPORTS))
+@pytest.fixture(params=TRANSPORTS)
 def make_transport(request: pytest.FixtureRequest) -> Callable[[], Transport]:
-    return TRANSPORTS[request.param]
+    if request.param == "local":
+        return LocalTransport
+    host = request.getfixturevalue("sshd_host")
+    return lambda: create_transport(PluginSpec.model_validate({"kind": "ssh", **host.options()}))
 
 
 def eventually_gone(pid: int, within_s: float = 5.0) -> bool:

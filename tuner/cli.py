@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="options", action="append", default=[], metavar="KEY=VALUE", help="importer option (repeatable)"
     )
 
+    trust = commands.add_parser("trust-host", help="show a host's SSH key fingerprint and pin it for the ssh host kind")
+    trust.add_argument("host", help="host name or address")
+    trust.add_argument("--port", type=int, default=22, help="SSH port (default 22)")
+    trust.add_argument("--known-hosts", type=Path, help="pinned keys file (default ~/.config/serve-tuner/known_hosts)")
+    trust.add_argument("--yes", action="store_true", help="pin without asking (after checking the fingerprint)")
+
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
     return parser
@@ -178,6 +184,24 @@ def _stop_on_signals(received: list[int]) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+
+
+def _trust_host(args: argparse.Namespace, console: Console) -> int:
+    from tuner.transports.ssh import DEFAULT_KNOWN_HOSTS, fetch_host_key, pin_host_key
+
+    key = asyncio.run(fetch_host_key(args.host, args.port))
+    known_hosts = (args.known_hosts or Path(DEFAULT_KNOWN_HOSTS)).expanduser()
+    console.print(f"{args.host}:{args.port} offers a {key.get_algorithm()} key with fingerprint")
+    console.print(f"  {key.get_fingerprint('sha256')}", highlight=False)
+    console.print("compare it with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host itself")
+    if not args.yes:
+        answer = console.input(f"pin it in {known_hosts}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            console.print("not pinned")
+            return 1
+    pin_host_key(known_hosts, args.host, args.port, key)
+    console.print(f"pinned in {known_hosts}")
+    return 0
 
 
 def _record(args: argparse.Namespace, console: Console) -> int:
@@ -288,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "record":
             return _record(args, console)
+        if args.command == "trust-host":
+            return _trust_host(args, console)
         if args.command == "setup":
             console.print(f"model: {assets.ensure_model()}")
             console.print(f"llama-server: {assets.ensure_llama_server()}")

@@ -14,12 +14,14 @@ from tuner.transports.base import (
     create_transport,
 )
 from tuner.transports.local import LocalTransport
+from tuner.transports.ssh import SshTransport
 
 __all__ = [
     "TRANSPORTS",
     "CommandResult",
     "LocalTransport",
     "ProcessHandle",
+    "SshTransport",
     "Transport",
     "create_transport",
 ]
