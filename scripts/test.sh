@@ -12,7 +12,8 @@ fi
 # The ssh transport is tested against a real sshd on loopback; install it where this user may.
 if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing openssh-server for the ssh transport's tests ..."
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 \
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1; }; } \
     || echo "warning: could not install openssh-server; the ssh tests will skip, saying why" >&2
 fi
 .venv/bin/ruff check .
