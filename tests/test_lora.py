@@ -91,9 +91,7 @@ def test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes
             deployment = await deployer.apply(engine.launch_spec({}), log_path=str(tmp_path / "server.log"))
             for policy in ("as_recorded", "all_on", "all_off"):
                 requests = engine.apply_request_settings(mixed, {"lora_policy": policy})
-                records = await replay(
-                    requests, engine=engine, base_url=deployment.launch.base_url, request_timeout_s=120
-                )
+                records = await replay(requests, engine=engine, base_url=deployment.base_url, request_timeout_s=120)
                 assert all(r.ok for r in records), [r.error for r in records]
                 waits = [r.token_s[0] - r.send_s - r.timings.prompt_ms / 1000 for r in records if r.timings]
                 results[policy] = {"max_wait_s": max(waits), **lora_metrics(records)}

@@ -34,7 +34,7 @@ def replay_trace(tmp_path: Path, text: str, *, splice_answers: bool) -> list[Req
     async def scenario() -> list[RequestRecord]:
         async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
             deployment = await deployer.apply(engine.launch_spec({}), log_path=str(tmp_path / "server.log"))
-            return await replay(requests, engine=engine, base_url=deployment.launch.base_url, request_timeout_s=120)
+            return await replay(requests, engine=engine, base_url=deployment.base_url, request_timeout_s=120)
 
     return asyncio.run(scenario())
 

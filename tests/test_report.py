@@ -9,7 +9,15 @@ from tuner.report import build_leaderboard
 ROUNDS = [{"stall_tok_s": 1.0, "prefill_tok_s": 200.0}, {"stall_tok_s": 1.1, "prefill_tok_s": 190.0}]
 
 
-def add(study: optuna.Study, values: list[float], *, score: float, n_batch: int, baseline: bool = False) -> None:
+def add(
+    study: optuna.Study,
+    values: list[float],
+    *,
+    score: float,
+    n_batch: int,
+    baseline: bool = False,
+    **attrs: object,
+) -> None:
     study.add_trial(
         optuna.trial.create_trial(
             params={"n_batch": n_batch},
@@ -22,6 +30,7 @@ def add(study: optuna.Study, values: list[float], *, score: float, n_batch: int,
                 "score": score,
                 "round_scores": [score - 0.01, score + 0.01],
                 "rounds": ROUNDS,
+                **attrs,
             },
         )
     )
@@ -55,3 +64,23 @@ def test_a_confirmed_win_is_recommended_with_its_interval() -> None:
     board = build_leaderboard(study)
     assert board.recommendation.row is not None and board.recommendation.row.changed == {"n_batch": 128}
     assert "95% interval +1.40..+1.60" in board.recommendation.message
+
+
+def test_when_every_trial_breaks_a_constraint_the_message_says_so_not_that_nothing_was_measured() -> None:
+    study = optuna.create_study(direction="maximize")
+    add(study, [0.0], score=0.0, n_batch=2048, baseline=True)
+    add(study, [0.9], score=0.9, n_batch=32, violates=["prefill_tok_s 96 is not >= 198"])
+    message = build_leaderboard(study).recommendation.message
+    assert message.startswith("keep the baseline: every trial measured beside it breaks a constraint")
+    assert "n_batch=32" in message and "prefill_tok_s 96" in message
+
+
+def test_a_win_that_changes_answers_is_held_back_unless_the_study_allows_it() -> None:
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("min_effect", 0.1)
+    add(study, [0.0], score=0.0, n_batch=2048, baseline=True)
+    add(study, [1.5], score=1.5, n_batch=128, answers_changed=0.5, answers_changed_note="style@1 -> no adapter")
+    held = build_leaderboard(study).recommendation
+    assert held.row is None and "gate.allow_answer_changes = true" in held.message
+    study.set_user_attr("allow_answer_changes", True)
+    assert build_leaderboard(study).recommendation.row is not None

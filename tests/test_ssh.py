@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import string
@@ -218,3 +219,39 @@ def test_a_server_on_the_hosts_loopback_is_reached_through_a_forwarded_port(sshd
             return ""
 
     assert asyncio.run(scenario()) == "through the tunnel"
+
+
+@pytest.mark.real_server
+def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
+    sshd_host: SshHost, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    """The thin remote path: the process deployer starts llama-server through the ssh transport, the
+    health check and the replay reach it through a forwarded port, and the run ends with it stopped."""
+    from tests.conftest import llama_server_processes
+    from tuner.report import build_leaderboard
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    data = Path(__file__).resolve().parent / "data"
+    text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "remote"')
+    text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
+    text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
+    host = "\n".join(f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **sshd_host.options()}.items())
+    (tmp_path / "remote.toml").write_text(f"{text}\n[host]\n{host}\n")
+
+    before = llama_server_processes(llama_server_binary)
+    sshd_log = sshd_host.workdir / "sshd.log"
+    logins_before = sshd_log.read_text().count("Accepted publickey")
+    command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "remote.toml"), "--runs-dir", str(tmp_path)]
+    command += ["--set", "budget.trials=0", "--set", "confirm.top=0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "remote")))
+    (baseline,) = board.rows
+    assert baseline.baseline and baseline.state == "COMPLETE"
+    assert baseline.metrics["stall_tok_s"][0] > 0
+    # Reached over ssh: the study logged in, and the server's environment file was read and removed.
+    assert sshd_log.read_text().count("Accepted publickey") > logins_before
+    trial_dir = tmp_path / "remote" / "trials" / "0000"
+    assert (trial_dir / "server.log").exists() and not (trial_dir / "server.log.env").exists()
+    assert llama_server_processes(llama_server_binary) == before

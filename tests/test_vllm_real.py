@@ -65,7 +65,7 @@ def test_replay_against_a_real_vllm_counts_every_token_and_reads_its_metrics(
         options = ProcessOptions(start_timeout_s=600, inherit_env=["PATH", "HOME", "LANG", "TMPDIR", "XDG_CACHE_HOME"])
         async with LocalTransport() as transport, ProcessDeployer(options, transport=transport) as deployer:
             deployment = await deployer.apply(engine.launch_spec({}), log_path=str(tmp_path / "vllm.log"))
-            base_url = deployment.launch.base_url
+            base_url = deployment.base_url
             before = await scrape_prometheus(engine, base_url)
             records = await replay(requests, engine=engine, base_url=base_url, request_timeout_s=300)
             after = await scrape_prometheus(engine, base_url)

@@ -128,7 +128,16 @@ def _recommend(
     re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
     if baseline_trial is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
-    measured = [r for r in rows if not r.baseline and r.score is not None and r.changed and not r.violates]
+    scored = [r for r in rows if not r.baseline and r.score is not None and r.changed]
+    measured = [r for r in scored if not r.violates]
+    if scored and not measured:
+        best = scored[0]
+        return Recommendation(
+            row=None,
+            verdict=None,
+            message=f"keep the baseline: every trial measured beside it breaks a constraint (best was trial "
+            f"{best.number}, {_settings(best)}: {'; '.join(best.violates)})",
+        )
     allowed = bool(study.user_attrs.get("allow_answer_changes"))
     candidates = [r for r in measured if allowed or not r.answers_changed]
     held_back = next((r for r in measured if r not in candidates), None)

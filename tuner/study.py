@@ -488,9 +488,9 @@ class _StudyRun:
         launch = self.prepared.engine.launch_spec(tuned)
         deployment = await deployer.apply(launch, log_path=str(self.run_dir.trial_dir(number) / log_name))
         self.observer.server_ready(number=number, seconds=deployment.started_in_s)
-        await self.warm_up(launch.base_url)
+        await self.warm_up(deployment.base_url)
         _, log_mark = await deployer.read_log(0)
-        return launch.base_url, log_mark
+        return deployment.base_url, log_mark
 
     async def confirm(self, deployer: Deployer) -> None:
         """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores

@@ -28,6 +28,7 @@ class Deployment:
     pid: int | None
     started_in_s: float
     log_path: str | None
+    base_url: str  # where this controller reaches it (a forwarded port for a remote host)
 
 
 class Deployer(Protocol):
@@ -73,6 +74,7 @@ def create_deployer(spec: PluginSpec, *, transport: Transport) -> Deployer:
 async def wait_until_healthy(
     launch: LaunchSpec,
     *,
+    base_url: str,
     timeout_s: float,
     exited: Callable[[], Awaitable[str | None]],
     poll_s: float = 0.25,
@@ -90,7 +92,7 @@ async def wait_until_healthy(
             if reason is not None:
                 raise ServerNotReady(f"the server stopped while starting: {reason}")
             try:
-                response = await client.get(launch.base_url + launch.health_path)
+                response = await client.get(base_url + launch.health_path)
                 if response.status_code == 200:
                     return time.monotonic() - started
                 last = f"HTTP {response.status_code}"

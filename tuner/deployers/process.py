@@ -5,13 +5,12 @@ environment and arguments. Its baseline is "nothing of ours running", so restori
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
-from tuner.errors import ServerNotReady
+from tuner.errors import ServerNotReady, TransportError
 from tuner.models import LaunchSpec
 from tuner.transports.base import ProcessHandle, Transport
 
@@ -49,12 +48,15 @@ class ProcessDeployer:
         env.update(launch.env)
         self._log_path = log_path
         self._child = await self._transport.spawn([launch.executable, *launch.args], env=env, log_path=log_path)
+        base_url = await self._transport.reach(launch.host, launch.port)
         try:
-            took = await wait_until_healthy(launch, timeout_s=self._options.start_timeout_s, exited=self.check_alive)
+            took = await wait_until_healthy(
+                launch, base_url=base_url, timeout_s=self._options.start_timeout_s, exited=self.check_alive
+            )
         except ServerNotReady as exc:
             await self._stop_child()
-            raise ServerNotReady(f"{exc}{_log_tail(log_path)}") from None
-        return Deployment(launch=launch, pid=self._child.pid, started_in_s=took, log_path=log_path)
+            raise ServerNotReady(f"{exc}{await self._log_tail(log_path)}") from None
+        return Deployment(launch=launch, pid=self._child.pid, started_in_s=took, log_path=log_path, base_url=base_url)
 
     async def check_alive(self) -> str | None:
         if self._child is None:
@@ -71,20 +73,19 @@ class ProcessDeployer:
     async def restore(self) -> None:
         await self._stop_child()
 
+    async def _log_tail(self, log_path: str) -> str:
+        """The server's last error line, which usually names the real cause (bad flag, port in use)."""
+        try:
+            lines = (await self._transport.read_file(log_path)).decode(errors="replace").splitlines()
+        except TransportError:
+            return ""
+        for line in reversed(lines):
+            lowered = line.lower()
+            if any(word in lowered for word in ("error", "failed", "invalid", "abort")):
+                return f"; server log: {line.strip()[:200]}"
+        return f"; server log ends: {lines[-1].strip()[:200]}" if lines else ""
+
     async def _stop_child(self) -> None:
         if self._child is not None:
             child, self._child = self._child, None
             await child.stop(grace_s=self._options.stop_grace_s)
-
-
-def _log_tail(log_path: str) -> str:
-    """The server's last error line, which usually names the real cause (bad flag, port in use)."""
-    try:
-        lines = Path(log_path).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        lowered = line.lower()
-        if any(word in lowered for word in ("error", "failed", "invalid", "abort")):
-            return f"; server log: {line.strip()[:200]}"
-    return f"; server log ends: {lines[-1].strip()[:200]}" if lines else ""

@@ -62,6 +62,11 @@ class Transport(Protocol):
         """Starts a background process whose stdout and stderr go to `log_path`."""
         ...
 
+    async def reach(self, host: str, port: int) -> str:
+        """The base URL at which this controller reaches `host:port` as the host sees it (through a
+        forwarded port when the server listens only on the host's loopback)."""
+        ...
+
 
 class TransportFactory(Protocol):
     @property

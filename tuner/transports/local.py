@@ -105,6 +105,9 @@ class LocalTransport:
         with contextlib.suppress(FileNotFoundError):
             Path(path).unlink()
 
+    async def reach(self, host: str, port: int) -> str:
+        return f"http://{host}:{port}"
+
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: str) -> LocalProcess:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -112,6 +112,7 @@ class SshTransport:
         self._connection: asyncssh.SSHClientConnection | None = None
         self._children: list[SshProcess] = []
         self._forwards: list[asyncssh.SSHListener] = []
+        self._reached: dict[tuple[str, int], str] = {}
 
     @property
     def host(self) -> str:
@@ -130,6 +131,7 @@ class SshTransport:
             for listener in self._forwards:
                 listener.close()
             self._forwards.clear()
+            self._reached.clear()
             if self._connection is not None:
                 self._connection.close()
                 await self._connection.wait_closed()
@@ -282,6 +284,12 @@ class SshTransport:
         child = SshProcess(self, pid, status_path)
         self._children.append(child)
         return child
+
+    async def reach(self, host: str, port: int) -> str:
+        """Through a forwarded local port: the server may listen only on the host's loopback."""
+        if (host, port) not in self._reached:
+            self._reached[(host, port)] = f"http://127.0.0.1:{await self.forward_port(port, remote_host=host)}"
+        return self._reached[(host, port)]
 
     async def forward_port(self, remote_port: int, *, remote_host: str = "127.0.0.1") -> int:
         """Forwards a free local port to `remote_host:remote_port` as seen from the host; returns it."""
