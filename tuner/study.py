@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,14 @@ def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
     if not names:
         raise StudyError(f"{run_dir.path} holds no study yet")
     return optuna.load_study(study_name=names[0], storage=storage)
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Where two answers part, or None if they are the same."""
+    for position, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _lora_label(lora: tuple[tuple[str, float], ...]) -> str:
@@ -429,11 +437,15 @@ class _StudyRun:
             engine, tokens = self.prepared.engine, self.spec.gate.tokens
             as_recorded = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=before)
             as_trial = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=after)
-            differing = sum(1 for a, b in zip(as_recorded, as_trial, strict=True) if tuple(a) != tuple(b))
-            changed_requests += recorded[before] * differing / len(as_recorded)
+            diverge = [_first_difference(a, b) for a, b in zip(as_recorded, as_trial, strict=True)]
+            differing = [position for position in diverge if position is not None]
+            changed_requests += recorded[before] * len(differing) / len(as_recorded)
+            where = (
+                f" (first different token: {', '.join(str(p + 1) for p in differing)} of {tokens})" if differing else ""
+            )
             notes.append(
                 f"{_lora_label(before)} -> {_lora_label(after)} ({recorded[before]} requests): "
-                f"{differing} of {len(as_recorded)} probe answers differ"
+                f"{len(differing)} of {len(as_recorded)} probe answers differ{where}"
             )
         if notes:
             trial.set_user_attr("answers_changed", changed_requests / len(self.prepared.trace.requests))
