@@ -5,6 +5,15 @@ its log, and restore exactly what they found. A deployer never sees an engine.
 from __future__ import annotations
 
 from tuner.deployers.base import DEPLOYERS, Deployer, Deployment, create_deployer, wait_until_healthy
+from tuner.deployers.container import ContainerDeployer
 from tuner.deployers.process import ProcessDeployer
 
-__all__ = ["DEPLOYERS", "Deployer", "Deployment", "ProcessDeployer", "create_deployer", "wait_until_healthy"]
+__all__ = [
+    "DEPLOYERS",
+    "ContainerDeployer",
+    "Deployer",
+    "Deployment",
+    "ProcessDeployer",
+    "create_deployer",
+    "wait_until_healthy",
+]

@@ -1,0 +1,145 @@
+"""A stand-in `docker` CLI for the container deployer's tests (no container engine runs here).
+
+It keeps containers in a JSON state file (FAKE_DOCKER_STATE), records every invocation, answers
+`inspect` in docker's documented shape (a JSON array; `-f '{{.State.Status}} {{.State.ExitCode}}'`),
+and for a running container runs tests/data/health_server.py on the published host port, so that
+health checks are real. `run ... --fail-to-start` makes the container exit at once, as a bad flag would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+STATE = Path(os.environ["FAKE_DOCKER_STATE"])
+STAND_IN = Path(__file__).resolve().parent / "health_server.py"
+
+
+def load() -> dict[str, Any]:
+    state: dict[str, Any] = json.loads(STATE.read_text())
+    return state
+
+
+def save(state: dict[str, Any]) -> None:
+    STATE.write_text(json.dumps(state, indent=1))
+
+
+def host_port(inspect: dict[str, Any]) -> int:
+    bindings = inspect["HostConfig"]["PortBindings"]
+    return int(next(iter(bindings.values()))[0]["HostPort"])
+
+
+def start(state: dict[str, Any], name: str, *, fail: bool = False) -> None:
+    container = state["containers"][name]
+    log = STATE.parent / f"{name}.log"
+    if fail:
+        log.write_text("error: unrecognized arguments: --fail-to-start\n")
+        container["State"] = {"Status": "exited", "ExitCode": 2}
+        container["pid"] = None
+        return
+    with log.open("a") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(STAND_IN)],
+            env={**os.environ, "PORT": str(host_port(container)), "LOADING_S": "0.3"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    container["pid"] = process.pid
+    container["State"] = {"Status": "running", "ExitCode": 0}
+
+
+def stop(state: dict[str, Any], name: str) -> None:
+    container = state["containers"][name]
+    if container.get("pid"):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(container["pid"], signal.SIGTERM)
+    container["pid"] = None
+    container["State"] = {"Status": "exited", "ExitCode": 0}
+
+
+def create(state: dict[str, Any], args: list[str]) -> None:
+    """`run -d --name NAME -p ADDR:HOST:CONTAINER -e K=V ... IMAGE ARGS`: a container, started."""
+    name = args[args.index("--name") + 1]
+    ports = [args[i + 1] for i, a in enumerate(args) if a == "-p"]
+    published, _, container_port = ports[0].rpartition(":")
+    address, _, port = published.rpartition(":")
+    env = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
+    with_values = {
+        "--name",
+        "-p",
+        "-v",
+        "-e",
+        "--network",
+        "--ipc",
+        "--shm-size",
+        "--gpus",
+        "--runtime",
+        "--entrypoint",
+    }
+    rest, i = [], 0
+    while i < len(args):
+        if args[i] in with_values:
+            i += 2
+        elif args[i] == "-d":
+            i += 1
+        else:
+            rest = args[i:]
+            break
+    state["containers"][name] = {
+        "Name": "/" + name,
+        "Config": {"Image": rest[0], "Cmd": rest[1:], "Env": env, "Entrypoint": ["vllm", "serve"]},
+        "HostConfig": {"PortBindings": {container_port: [{"HostIp": address, "HostPort": port}]}},
+    }
+    start(state, name, fail="--fail-to-start" in rest)
+
+
+def main(argv: list[str]) -> int:
+    state = load()
+    state["calls"].append(argv)
+    containers = state["containers"]
+    command, args = argv[0], argv[1:]
+    code = 0
+    if command == "inspect":
+        name = args[-1]
+        if name not in containers:
+            print(f"Error: No such container: {name}", file=sys.stderr)
+            code = 1
+        elif "-f" in args:
+            current = containers[name]["State"]
+            print(f"{current['Status']} {current['ExitCode']}")
+        else:
+            shown = {k: v for k, v in containers[name].items() if k != "pid"}
+            print(json.dumps([shown]))
+    elif command == "stop":
+        stop(state, args[-1])
+    elif command == "start":
+        start(state, args[-1])
+    elif command == "rename":
+        containers[args[1]] = containers.pop(args[0])
+        containers[args[1]]["Name"] = "/" + args[1]
+    elif command == "rm":
+        if args[-1] in containers:
+            stop(state, args[-1])
+            del containers[args[-1]]
+    elif command == "logs":
+        log = STATE.parent / f"{args[-1]}.log"
+        print(log.read_text() if log.exists() else "", end="")
+    elif command == "run":
+        create(state, args)
+        print("0123456789ab")
+    else:
+        print(f"fake docker: unsupported command {command}", file=sys.stderr)
+        code = 125
+    save(state)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,174 @@
+"""The `container` deployer (docker or podman): trials run as a copy of the user's server container
+with new arguments; the original container itself is never changed, only stopped and renamed aside.
+
+    apply:   inspect NAME (the baseline, kept in memory and beside the log)
+             stop NAME; rename NAME -> NAME-tuner-baseline          (first trial only)
+             rm -f NAME-tuner-trial; run -d --name NAME-tuner-trial <NAME's ports, mounts, devices,
+             network, IPC, env> [--entrypoint X] IMAGE <args>
+    restore: rm -f NAME-tuner-trial; rename NAME-tuner-baseline -> NAME; start NAME
+
+A run that finds NAME-tuner-baseline already there (a controller killed mid-study) restores it first.
+The trial's argv is the engine's launch: where the image's entrypoint already is its start (vLLM's image
+runs `vllm serve`), only the rest is passed, as the image expects; otherwise `--entrypoint` replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuner.config import StrictModel
+from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
+from tuner.errors import CommandFailed, DeployError, ServerNotReady
+from tuner.models import LaunchSpec
+from tuner.transports.base import Transport
+
+__all__ = ["ContainerDeployer", "ContainerOptions", "trial_run_argv"]
+
+_BASELINE_SUFFIX = "-tuner-baseline"
+_TRIAL_SUFFIX = "-tuner-trial"
+
+
+class ContainerOptions(StrictModel):
+    cli: Literal["docker", "podman"] = Field(default="docker", description="The container engine's command.")
+    container: str = Field(min_length=1, description="Name of the container that runs the server now.")
+    start_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a healthy server.")
+    stop_timeout_s: int = Field(default=30, ge=1, description="Seconds `stop` waits before killing.")
+
+
+def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchSpec) -> list[str]:
+    """`<cli> run -d` for a trial: the original's ports, mounts, devices, network, IPC and environment,
+    the launch's environment on top, and the launch's argv fitted to the image's entrypoint."""
+    config, host = inspect.get("Config") or {}, inspect.get("HostConfig") or {}
+    argv = [cli, "run", "-d", "--name", name]
+    for container_port, bindings in sorted((host.get("PortBindings") or {}).items()):
+        for binding in bindings or []:
+            address = binding.get("HostIp") or ""
+            published = f"{address}:{binding.get('HostPort', '')}" if address else str(binding.get("HostPort", ""))
+            argv += ["-p", f"{published}:{container_port}"]
+    for bind in host.get("Binds") or []:
+        argv += ["-v", bind]
+    if host.get("NetworkMode") and host["NetworkMode"] != "default":
+        argv += ["--network", host["NetworkMode"]]
+    if host.get("IpcMode") and host["IpcMode"] not in ("private", "shareable", ""):
+        argv += ["--ipc", host["IpcMode"]]
+    if host.get("ShmSize"):
+        argv += ["--shm-size", str(host["ShmSize"])]
+    for request in host.get("DeviceRequests") or []:
+        if request.get("Driver") in ("nvidia", "") and request.get("Count") == -1:
+            argv += ["--gpus", "all"]
+        elif request.get("DeviceIDs"):
+            argv += ["--gpus", "device=" + ",".join(request["DeviceIDs"])]
+    if host.get("Runtime") and host["Runtime"] != "runc":
+        argv += ["--runtime", host["Runtime"]]
+    environment = dict(entry.split("=", 1) for entry in config.get("Env") or [] if "=" in entry)
+    environment.update(launch.env)
+    for key, value in environment.items():
+        argv += ["-e", f"{key}={value}"]
+    entrypoint = list(config.get("Entrypoint") or [])
+    command = [launch.executable, *launch.args]
+    if entrypoint and command[: len(entrypoint)] == entrypoint:
+        rest = command[len(entrypoint) :]
+    else:
+        argv += ["--entrypoint", command[0]]
+        rest = command[1:]
+    return [*argv, str(config.get("Image") or inspect.get("Image")), *rest]
+
+
+@DEPLOYERS.register("container")
+class ContainerDeployer:
+    options_model = ContainerOptions
+
+    def __init__(self, options: ContainerOptions, *, transport: Transport) -> None:
+        self._options = options
+        self._transport = transport
+        self._baseline: dict[str, Any] | None = None
+        self._moved_aside = False
+
+    @property
+    def _name(self) -> str:
+        return self._options.container
+
+    async def __aenter__(self) -> ContainerDeployer:
+        if await self._exists(self._name + _BASELINE_SUFFIX):
+            # A controller died mid-study: the user's container is still aside. Put it back first.
+            self._moved_aside = True
+            await self.restore()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.restore()
+
+    async def _cli(self, *args: str, check: bool = True, timeout_s: float = 120) -> str:
+        try:
+            result = await self._transport.run([self._options.cli, *args], timeout_s=timeout_s, check=check)
+        except CommandFailed as exc:
+            raise DeployError(f"{self._options.cli} {args[0]} failed: {exc.stderr_tail.strip()[-300:]}") from None
+        return result.stdout
+
+    async def _exists(self, name: str) -> bool:
+        result = await self._transport.run(
+            [self._options.cli, "inspect", "--type", "container", name], timeout_s=60, check=False
+        )
+        return result.exit_status == 0
+
+    async def _inspect(self, name: str) -> dict[str, Any]:
+        data = json.loads(await self._cli("inspect", "--type", "container", name))
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            raise DeployError(f"{self._options.cli} inspect {name} gave no container description")
+        return data[0]
+
+    async def apply(self, launch: LaunchSpec, *, log_path: str) -> Deployment:
+        if self._baseline is None:
+            if not await self._exists(self._name):
+                raise DeployError(
+                    f"no container named {self._name!r}; set deploy.container to the container that runs the server"
+                )
+            self._baseline = await self._inspect(self._name)
+            await self._transport.write_file(log_path + ".baseline.json", json.dumps(self._baseline).encode())
+        if not self._moved_aside:
+            await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
+            await self._cli("rename", self._name, self._name + _BASELINE_SUFFIX)
+            self._moved_aside = True
+        trial = self._name + _TRIAL_SUFFIX
+        await self._cli("rm", "-f", trial, check=False)
+        await self._cli(*trial_run_argv(self._options.cli, trial, self._baseline, launch)[1:])
+        base_url = await self._transport.reach(launch.host, launch.port)
+        try:
+            took = await wait_until_healthy(
+                launch, base_url=base_url, timeout_s=self._options.start_timeout_s, exited=self.check_alive
+            )
+        except ServerNotReady as exc:
+            tail = (await self.read_log(0))[0].strip().splitlines()[-1:] or ["(no output)"]
+            raise ServerNotReady(f"{exc}; container log ends: {tail[0][:200]}") from None
+        return Deployment(launch=launch, pid=None, started_in_s=took, log_path=log_path, base_url=base_url)
+
+    async def check_alive(self) -> str | None:
+        result = await self._transport.run(
+            [self._options.cli, "inspect", "--type", "container", "-f", "{{.State.Status}} {{.State.ExitCode}}",
+             self._name + _TRIAL_SUFFIX],
+            timeout_s=60,
+            check=False,
+        )  # fmt: skip
+        if result.exit_status != 0:
+            return "the trial container is gone"
+        status, _, code = result.stdout.strip().partition(" ")
+        return None if status == "running" else f"the trial container is {status} (exit code {code})"
+
+    async def read_log(self, since: int) -> tuple[str, int]:
+        result = await self._transport.run(
+            [self._options.cli, "logs", self._name + _TRIAL_SUFFIX], timeout_s=120, check=False
+        )
+        text = result.stdout + result.stderr
+        return text[since:], len(text)
+
+    async def restore(self) -> None:
+        """The trial container removed, the user's container back under its name and started."""
+        await self._cli("rm", "-f", self._name + _TRIAL_SUFFIX, check=False)
+        if self._moved_aside:
+            if await self._exists(self._name + _BASELINE_SUFFIX):
+                await self._cli("rename", self._name + _BASELINE_SUFFIX, self._name)
+            await self._cli("start", self._name)
+            self._moved_aside = False
