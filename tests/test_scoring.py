@@ -108,3 +108,16 @@ def test_objective_terms_are_signed_so_that_positive_is_better_in_both_direction
     base = {"stall_tok_s": 0.2, "ttft_p95_s": 4.0}
     terms = objective_terms({"stall_tok_s": 0.4, "ttft_p95_s": 8.0}, base, OBJECTIVES)
     assert terms == [pytest.approx(math.log(2)), pytest.approx(-math.log(2))]
+
+
+def test_two_lucky_pairs_of_a_config_against_itself_are_not_a_certain_win() -> None:
+    from tuner.scoring import difference_ci
+
+    # Seen here: cache_ram 8000 vs the baseline's 8192 (the same config) scored +0.14 and +0.22. The
+    # bootstrap of two values is just their range, which excluded 0; the t interval does not.
+    low, high = difference_ci([0.14, 0.22])
+    assert low < 0 < high
+    # A real effect measured three times stays a win.
+    low, _ = difference_ci([1.6, 1.9, 1.7])
+    assert low > 1.0
+    assert difference_ci([0.5]) == (float("-inf"), float("inf"))

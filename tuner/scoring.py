@@ -23,6 +23,7 @@ __all__ = [
     "RATIO_CLAMP",
     "Verdict",
     "bootstrap_ci",
+    "difference_ci",
     "median_metrics",
     "min_effect",
     "noisy_metrics",
@@ -104,12 +105,34 @@ class Verdict:
 def bootstrap_ci(
     values: Sequence[float], *, confidence: float = 0.95, resamples: int = 4000, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean. With few pairs it is wide, which is the point."""
+    """Percentile bootstrap interval of the mean."""
     data = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     means = rng.choice(data, size=(resamples, len(data)), replace=True).mean(axis=1)
     tail = (1.0 - confidence) / 2.0 * 100.0
     return float(np.percentile(means, tail)), float(np.percentile(means, 100.0 - tail))
+
+
+# Student's t, two-sided 95%, by degrees of freedom; beyond the table the normal value is close enough.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+
+
+def difference_ci(values: Sequence[float]) -> tuple[float, float]:
+    """95% interval of the mean paired difference: Student's t, or the bootstrap where that is wider.
+
+    A percentile bootstrap of two or three differences is only their range, so two lucky pairs of a
+    config against itself would look certain; the t interval widens with few pairs, as it must.
+    """
+    data = np.asarray(values, dtype=float)
+    if len(data) < 2:
+        return (-math.inf, math.inf)
+    degrees = len(data) - 1
+    t = _T95.get(degrees) or next((v for k, v in sorted(_T95.items()) if k >= degrees), 1.96)
+    half = t * float(data.std(ddof=1)) / math.sqrt(len(data))
+    mean = float(data.mean())
+    low, high = bootstrap_ci(values)
+    return min(mean - half, low), max(mean + half, high)
 
 
 def min_effect(objectives: Sequence[ObjectiveSpec]) -> float:

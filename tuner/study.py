@@ -37,7 +37,7 @@ from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_me
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
-from tuner.scoring import bootstrap_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
+from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests, thin_sessions
 
@@ -506,7 +506,7 @@ class _StudyRun:
 
     async def confirm(self, deployer: Deployer) -> None:
         """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores
-        the paired score differences with a bootstrap interval in the study's user attributes.
+        the paired score differences with their 95% interval in the study's user attributes.
 
         Alternating the order keeps a slow drift of the machine from favouring either side, and both
         members of a pair replay the same prompts.
@@ -542,7 +542,7 @@ class _StudyRun:
                     )
                     scores[number] = score_round(metrics, reference, self.spec.objectives)
                 differences.append(scores[candidate.number] - scores[baseline.number])
-            low, high = bootstrap_ci(differences)
+            low, high = difference_ci(differences)
             mean = statistics.fmean(differences)
             self.study.set_user_attr(key, {"differences": differences, "mean": mean, "ci": [low, high]})
             self.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
