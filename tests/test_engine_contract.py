@@ -285,3 +285,24 @@ def test_the_prompt_token_ratio_tells_how_close_text_prompts_came_to_the_meant_l
     words = record(400, ServerTimings(prompt_n=440, prompt_n_includes_cached=True, prompt_ms=100.0))
     assert compute_metrics([exact], long_prompt_tokens=1000, min_overlap_s=0.5)["prompt_token_ratio"] == 1.0
     assert compute_metrics([words], long_prompt_tokens=1000, min_overlap_s=0.5)["prompt_token_ratio"] == 1.1
+
+
+def test_peak_gpu_memory_is_read_on_the_host_and_missing_where_it_has_no_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRANSCRIPT-BASED: a stand-in nvidia-smi prints the recorded output (no GPU here)."""
+    from tuner.gpu import GpuMemorySampler
+    from tuner.transports import LocalTransport
+
+    async def peak() -> float | None:
+        async with LocalTransport() as transport, GpuMemorySampler(transport, interval_s=0.05) as gpu:
+            await asyncio.sleep(0.2)
+        return gpu.peak_mib
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
+    assert asyncio.run(peak()) is None
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\ncat {TRANSCRIPTS / 'nvidia-smi-memory.csv'}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert asyncio.run(peak()) == 40512 + 81003

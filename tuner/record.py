@@ -29,7 +29,7 @@ import httpx
 from tuner.errors import ConfigError
 from tuner.files import write_atomic
 from tuner.workloads import LoraUse, dump_trace
-from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, message_text
+from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, request_shape
 
 __all__ = ["Recorder", "RecorderOptions"]
 
@@ -225,20 +225,7 @@ class Recorder:
             return None, body, False
         if not isinstance(payload, dict):
             return None, body, False
-        messages = payload.get("messages") if path in _CHAT_PATHS else None
-        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            texts = [message_text(m) for m in messages]
-            system = 0
-            while system < len(messages) and messages[system].get("role") in ("system", "developer"):
-                system += 1
-            total_chars = sum(len(t) for t in texts) or 1
-            system_text = "\n".join(str(m.get("content", "")) for m in messages[:system]) if system else None
-            chain = hash_chain(self._salt, texts)
-            share = sum(len(t) for t in texts[:system]) / total_chars
-        else:
-            prompt = payload.get("prompt")
-            chain = hash_chain(self._salt, [json.dumps(prompt)])
-            system, share, system_text = 0, 0.0, None
+        shape = request_shape(self._salt, payload, chat=path in _CHAT_PATHS)
         lora = payload.get("lora")
         lora_ids = tuple(
             (int(item["id"]), float(item.get("scale", 1.0)))
@@ -248,10 +235,10 @@ class Recorder:
         default_tag = "chat" if path in _CHAT_PATHS else "completion"
         exchange = _Exchange(
             arrival_s=arrival,
-            chain=chain,
-            system_messages=system,
-            system_share=share,
-            system_text=system_text,
+            chain=shape.chain,
+            system_messages=shape.system_messages,
+            system_share=shape.system_share,
+            system_text=shape.system_text,
             lora_ids=lora_ids,
             tag=headers.get(self.options.tag_header, default_tag)[:64] or default_tag,
             content=_content(payload, path) if self.options.keep_content else None,

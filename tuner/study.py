@@ -38,7 +38,7 @@ from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
-from tuner.transports.base import create_transport
+from tuner.transports.base import Transport, create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests, thin_sessions
 
 __all__ = ["PreparedStudy", "open_optuna_study", "open_optuna_study_readonly", "prepare_study", "run_study"]
@@ -218,6 +218,7 @@ class _StudyRun:
         self.study = study
         self.observer = observer
         self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
+        self.transport: Transport | None = None  # the host's, once connected: GPU memory is read there
 
     def fail_interrupted_trials(self) -> None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -606,7 +607,8 @@ class _StudyRun:
         )
         requests = self.prepared.engine.apply_request_settings(requests, settings)
         counters_before = await scrape_prometheus(self.prepared.engine, base_url)
-        async with GpuMemorySampler() as gpu:
+        assert self.transport is not None
+        async with GpuMemorySampler(self.transport) as gpu:
             records = await replay(
                 requests,
                 engine=self.prepared.engine,
@@ -711,6 +713,7 @@ async def run_study(
             budget=spec.budget.trials,
         )
         async with create_transport(spec.host) as transport:
+            loop.transport = transport
             deployer = create_deployer(spec.deploy, transport=transport)
             async with deployer:
                 try:

@@ -24,7 +24,7 @@ from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, read_lines
 from tuner.workloads import Trace
-from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, message_text
+from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, request_shape
 
 __all__ = ["OpenAILogImporter", "OpenAILogOptions"]
 
@@ -68,16 +68,8 @@ def _observe(entry: Any, salt: str, default_tag: str) -> ObservedRequest:
     usage = response.get("usage")
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
         raise _Unreadable("response.usage.prompt_tokens is missing; token counts come from the server's usage")
-    messages = request.get("messages")
-    if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-        texts = [message_text(m) for m in messages]
-        system = 0
-        while system < len(messages) and messages[system].get("role") in ("system", "developer"):
-            system += 1
-        share = sum(len(t) for t in texts[:system]) / max(1, sum(len(t) for t in texts))
-    else:
-        texts, system, share = [json.dumps(request.get("prompt"))], 0, 0.0
-    chain = hash_chain(salt, texts)
+    shape = request_shape(salt, request)
+    chain = shape.chain
     answer = _answer(response)
     duration = entry.get("duration_s")
     if duration is None and isinstance(entry.get("duration_ms"), int | float):
@@ -89,8 +81,8 @@ def _observe(entry: Any, salt: str, default_tag: str) -> ObservedRequest:
         output_tokens=int(usage.get("completion_tokens") or 1),
         chain=chain,
         answer_chain=hash_chain(chain[-1], [f"assistant\x1f{answer}"])[0] if answer is not None else None,
-        system_messages=system,
-        system_share=share,
+        system_messages=shape.system_messages,
+        system_share=shape.system_share,
         tag=str(entry.get("tag") or default_tag),
     )
 

@@ -60,6 +60,10 @@ class SshOptions(StrictModel):
     sudo: bool = Field(default=False, description="Run privileged steps through `sudo -n`.")
 
 
+class _NotTrusted(TransportError):
+    """The host's key is not pinned, or it refused our keys: waiting and retrying cannot help."""
+
+
 def _known_hosts_path(configured: str) -> Path:
     return Path(configured).expanduser()
 
@@ -141,7 +145,7 @@ class SshTransport:
         options = self._options
         known_hosts = _known_hosts_path(options.known_hosts)
         if not known_hosts.is_file():
-            raise TransportError(
+            raise _NotTrusted(
                 f"no pinned host keys at {known_hosts}; run `tuner trust-host {options.host}` to check and pin the "
                 "host's key"
             )
@@ -158,12 +162,12 @@ class SshTransport:
                 connect_timeout=options.connect_timeout_s,
             )
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise TransportError(
+            raise _NotTrusted(
                 f"the host key of {options.host}:{options.port} does not match a pinned key ({exc.reason}); if the "
                 f"host was reinstalled, check its fingerprint and run `tuner trust-host {options.host}`"
             ) from None
         except asyncssh.PermissionDenied:
-            raise TransportError(
+            raise _NotTrusted(
                 f"{options.host} refused our keys; add ours to its authorized_keys or set host.client_keys"
             ) from None
         except (OSError, asyncssh.Error, TimeoutError) as exc:
@@ -179,8 +183,10 @@ class SshTransport:
         while True:
             try:
                 return await self._connect()
+            except _NotTrusted:
+                raise
             except TransportError as exc:
-                if "host key" in str(exc) or "refused our keys" in str(exc) or time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > deadline:
                     raise TransportError(
                         f"lost the connection to {self._options.host} and could not re-open it within "
                         f"{self._options.reconnect_window_s:g} s: {exc}"

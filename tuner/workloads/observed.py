@@ -26,7 +26,7 @@ from tuner.workloads.trace import (
     TraceRequest,
 )
 
-__all__ = ["ObservedRequest", "build_trace", "hash_chain", "message_text"]
+__all__ = ["ObservedRequest", "RequestShape", "build_trace", "hash_chain", "message_text", "request_shape"]
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -45,6 +45,39 @@ def hash_chain(salt: str, texts: Iterable[str]) -> tuple[str, ...]:
         previous = hashlib.sha256(f"{previous}\x1e{text}".encode()).hexdigest()
         chain.append(previous)
     return tuple(chain)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestShape:
+    """What a request body says about its prompt, without keeping its text."""
+
+    chain: tuple[str, ...]
+    system_messages: int  # leading system (or developer) messages: the shared prefix
+    system_share: float  # their share of the prompt's characters
+    system_text: str | None  # to count their tokens with the server; never stored
+
+
+def request_shape(salt: str, body: Mapping[str, Any], *, chat: bool = True) -> RequestShape:
+    """The hash chain of a chat request's messages and its leading system messages; a completion
+    request's prompt is one link with no shared prefix."""
+    messages = body.get("messages") if chat else None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return RequestShape(
+            chain=hash_chain(salt, [json.dumps(body.get("prompt"))]),
+            system_messages=0,
+            system_share=0.0,
+            system_text=None,
+        )
+    texts = [message_text(m) for m in messages]
+    system = 0
+    while system < len(messages) and messages[system].get("role") in ("system", "developer"):
+        system += 1
+    return RequestShape(
+        chain=hash_chain(salt, texts),
+        system_messages=system,
+        system_share=sum(len(t) for t in texts[:system]) / max(1, sum(len(t) for t in texts)),
+        system_text="\n".join(str(m.get("content", "")) for m in messages[:system]) if system else None,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
