@@ -13,7 +13,7 @@ import contextlib
 import gc
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import httpx
 
@@ -117,27 +117,28 @@ async def _send(
                     status = RequestStatus.REJECTED if response.status_code == 503 else RequestStatus.HTTP_ERROR
                     error = f"HTTP {response.status_code}: {body.strip()[:300]}"
                 else:
-                    async for lines in _line_batches(response):
-                        now = time.perf_counter() - started
-                        for line in lines:
-                            event = engine.parse_stream_line(line)
-                            if event is None:
+                    async with contextlib.aclosing(_line_batches(response)) as batches:
+                        async for lines in batches:
+                            now = time.perf_counter() - started
+                            for line in lines:
+                                event = engine.parse_stream_line(line)
+                                if event is None:
+                                    continue
+                                so_far = event.tokens_so_far
+                                arrived = event.tokens if so_far is None else so_far - len(token_s)
+                                if arrived > 0:
+                                    token_s.extend([now] * arrived)
+                                if event.token_ids:
+                                    generated.extend(event.token_ids)
+                                if event.error is not None:
+                                    status, error = RequestStatus.HTTP_ERROR, event.error
+                                if event.timings is not None:
+                                    timings = event.timings
+                                if event.done:
+                                    break
+                            else:
                                 continue
-                            so_far = event.tokens_so_far
-                            arrived = event.tokens if so_far is None else so_far - len(token_s)
-                            if arrived > 0:
-                                token_s.extend([now] * arrived)
-                            if event.token_ids:
-                                generated.extend(event.token_ids)
-                            if event.error is not None:
-                                status, error = RequestStatus.HTTP_ERROR, event.error
-                            if event.timings is not None:
-                                timings = event.timings
-                            if event.done:
-                                break
-                        else:
-                            continue
-                        break
+                            break
     except TimeoutError:
         status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
     except httpx.TimeoutException:
@@ -164,7 +165,7 @@ async def _send(
     return record, generated
 
 
-async def _line_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+async def _line_batches(response: httpx.Response) -> AsyncGenerator[list[str]]:
     """The stream's non-empty lines, a network read at a time: one timestamp serves a whole read, and
     splitting text ourselves costs a fraction of a line iterator's per-line overhead."""
     pending = ""
