@@ -7,10 +7,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tuner import assets
+
+if TYPE_CHECKING:
+    from tests.systemd_host import SystemdHost
 
 
 @pytest.fixture(scope="session")
@@ -104,3 +108,18 @@ def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
         process.terminate()
         process.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHost]:
+    """A real systemd as PID 1 of a PID namespace on an overlay root, with the operator's llama-server
+    unit and an sshd to reach it by; skips only where such a host cannot be booted here, saying why."""
+    from tests.systemd_host import boot_systemd_host, systemd_host_unavailable
+
+    why = systemd_host_unavailable()
+    if why is not None:
+        pytest.skip(f"no systemd host for the systemd deployer's tests: {why}")
+    model = assets.find_model()
+    assert model is not None
+    with boot_systemd_host(tmp_path_factory.mktemp("systemd-host"), binary=llama_server_binary, model=model) as host:
+        yield host

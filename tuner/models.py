@@ -41,6 +41,10 @@ class LaunchSpec(_Contract):
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def command(self) -> tuple[str, ...]:
+        return (self.executable, *self.args)
+
 
 class AnswerSpan(_Contract):
     """Where an earlier turn's answer sits in a prompt's session history, as a placeholder."""

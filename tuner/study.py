@@ -501,8 +501,12 @@ class _StudyRun:
         launch = self.prepared.engine.launch_spec(tuned)
         deployment = await deployer.apply(launch, log_path=str(self.run_dir.trial_dir(number) / log_name))
         self.observer.server_ready(number=number, seconds=deployment.started_in_s)
+        startup_log, log_mark = await deployer.read_log(0)
+        ignored = self.prepared.engine.ignored_settings(startup_log)
+        if ignored is not None:
+            raise DeployError(ignored)
         await self.warm_up(deployment.base_url)
-        _, log_mark = await deployer.read_log(0)
+        _, log_mark = await deployer.read_log(log_mark)
         return deployment.base_url, log_mark
 
     async def confirm(self, deployer: Deployer) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tuner.deployers.base import DEPLOYERS, Deployer, Deployment, create_deployer, wait_until_healthy
 from tuner.deployers.container import ContainerDeployer
 from tuner.deployers.process import ProcessDeployer
+from tuner.deployers.systemd import SystemdDeployer
 
 __all__ = [
     "DEPLOYERS",
@@ -14,6 +15,7 @@ __all__ = [
     "Deployer",
     "Deployment",
     "ProcessDeployer",
+    "SystemdDeployer",
     "create_deployer",
     "wait_until_healthy",
 ]

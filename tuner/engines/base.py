@@ -111,6 +111,10 @@ class KnobbedEngine(Generic[OptionsT]):
                 raise ConfigError(f"unknown {self.kind} knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
             knob.check(value)
 
+    def ignored_settings(self, startup_log: str) -> str | None:
+        """Why the server ignores a setting it was given, read from its startup log; None by default."""
+        return None
+
 
 def render_env_value(knob: Knob, value: ParamValue) -> str:
     """A knob's value as its environment variable takes it: booleans as 1 and 0."""
@@ -152,6 +156,11 @@ class Engine(Protocol):
 
     def check_lora_adapters(self, names: set[str]) -> None:
         """Raises `ConfigError` unless every adapter a workload names is configured for the engine."""
+        ...
+
+    def ignored_settings(self, startup_log: str) -> str | None:
+        """Why the server ignores one of the settings it was given (a flag in a systemd unit's own
+        ExecStart wins over the environment variable, say), read from its startup log; None if none."""
         ...
 
     def build_request(self, request: ReplayRequest) -> HttpCall: ...

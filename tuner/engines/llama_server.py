@@ -25,6 +25,12 @@ from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 
+# common/arg.cpp, when a flag and its environment variable are both given.
+_OVERWRITTEN_BY_FLAG = re.compile(
+    r"(?P<env>LLAMA_ARG_\w+) environment variable is set, but will be overwritten by command line argument "
+    r"(?P<flag>\S+)"
+)
+
 __all__ = ["LLAMA_SERVER_KNOBS", "LORA_POLICIES", "LlamaServerEngine", "LlamaServerOptions"]
 
 LORA_POLICIES = ("as_recorded", "all_on", "all_off")
@@ -277,6 +283,17 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def _lora_field(self, lora: tuple[tuple[str, float], ...]) -> list[dict[str, object]]:
         ids = {name: index for index, name in enumerate(self._options.lora_adapters)}
         return [{"id": ids[name], "scale": scale} for name, scale in lora]
+
+    def ignored_settings(self, startup_log: str) -> str | None:
+        by_env = {knob.env: knob for knob in self.knobs.values() if knob.env}
+        for match in _OVERWRITTEN_BY_FLAG.finditer(startup_log):
+            knob = by_env.get(match["env"])
+            if knob is not None:
+                return (
+                    f"llama-server ignored {knob.name} ({match['env']}): the command line sets {match['flag']}, "
+                    'which wins; remove it from the unit\'s ExecStart or set deploy.exec_start = "replace"'
+                )
+        return None
 
     def check_lora_adapters(self, names: set[str]) -> None:
         missing = sorted(names - set(self._options.lora_adapters))

@@ -46,8 +46,12 @@ class Transport(Protocol):
 
     async def __aexit__(self, *exc_info: object) -> None: ...
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float, check: bool = True) -> CommandResult:
-        """Runs a command without a shell; raises `CommandFailed` on a non-zero exit when `check`."""
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+    ) -> CommandResult:
+        """Runs a command without a shell; raises `CommandFailed` on a non-zero exit when `check`.
+        `privileged` steps (systemctl, files under /run and /etc) go through the host's sudo where the
+        transport is configured for it."""
         ...
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:

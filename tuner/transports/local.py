@@ -65,7 +65,10 @@ class LocalTransport:
             await child.stop(grace_s=5.0)
         self._children.clear()
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float, check: bool = True) -> CommandResult:
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+    ) -> CommandResult:
+        # The controller's own rights are the local host's: there is no second user to switch to.
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True

@@ -197,8 +197,10 @@ class SshTransport:
     def _privileged(self, argv: Sequence[str]) -> list[str]:
         return ["sudo", "-n", "--", *argv] if self._options.sudo else list(argv)
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float, check: bool = True) -> CommandResult:
-        return await self._run(list(argv), timeout_s=timeout_s, check=check)
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+    ) -> CommandResult:
+        return await self._run(self._privileged(argv) if privileged else list(argv), timeout_s=timeout_s, check=check)
 
     async def _run(
         self, argv: list[str], *, timeout_s: float, check: bool, stdin: bytes | None = None
@@ -245,7 +247,9 @@ class SshTransport:
         """A temporary file beside the target, then one rename: a reader sees old or new, never a part."""
         directory = str(Path(path).parent)
         temporary = f"{directory}/.{Path(path).name}.{secrets.token_hex(4)}.tmp"
-        script = 'umask 077 && mkdir -p -- "$1" && cat > "$2" && chmod "$3" -- "$2" && mv -f -- "$2" "$4"'
+        script = (
+            'umask 077 && mkdir -p -- "$1" && cat > "$2" && chmod "$3" -- "$2" && sync -- "$2" && mv -f -- "$2" "$4"'
+        )
         argv = self._privileged(["sh", "-c", script, "write", directory, temporary, f"{mode:o}", path])
         try:
             await self._run(argv, timeout_s=60, check=True, stdin=data)

@@ -1,0 +1,233 @@
+"""A real systemd, PID 1 of its own PID namespace, on an overlay of this machine's root: the host the
+systemd deployer's tests tune. An sshd unit inside it is the way in, as on a production host, and a
+llama-server unit is the operator's server. Never booted on the machine's own root: its tmpfiles
+cleanup would empty /tmp for everyone, so everything it writes lands in the overlay and fresh tmpfs mounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["SystemdHost", "boot_systemd_host", "systemd_host_unavailable"]
+
+_BOOT_SCRIPT = Path(__file__).parent / "data" / "boot-systemd-host.sh"
+UNIT = "llama-server.service"
+OPERATOR_OVERRIDE = (
+    '[Service]\n# the operator\'s own setting, which the tuner must leave alone\nEnvironment="LLAMA_ARG_THREADS=1"\n'
+)
+
+
+def systemd_host_unavailable() -> str | None:
+    """Why a systemd host cannot be booted here, or None."""
+    if os.geteuid() != 0:
+        return "booting systemd in a PID namespace needs root"
+    for tool in ("unshare", "nsenter", "chroot"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/lib/systemd/systemd").exists():
+        return "systemd is not installed"
+    if not Path("/sys/fs/cgroup/systemd").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "no cgroup hierarchy for systemd"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class SystemdHost:
+    pid: int  # PID 1 of the namespace, as this machine numbers it
+    ssh_port: int
+    server_port: int
+    known_hosts: Path
+    client_key: Path
+    binary: Path
+    model: Path
+    unit: str = UNIT
+
+    def ssh_options(self, **extra: object) -> dict[str, object]:
+        return {
+            "host": "127.0.0.1",
+            "port": self.ssh_port,
+            "user": "root",
+            "known_hosts": str(self.known_hosts),
+            "client_keys": [str(self.client_key)],
+            **extra,
+        }
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """A command inside the host, beside systemd, not through the tuner's transport."""
+        return subprocess.run(
+            ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "-r", "-w", *argv],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+    def show(self, *properties: str) -> dict[str, str]:
+        args = [arg for name in properties for arg in ("-p", name)]
+        out = self.run("systemctl", "show", self.unit, *args).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def read(self, path: str) -> bytes | None:
+        done = self.run("cat", "--", path, check=False)
+        return done.stdout.encode() if done.returncode == 0 else None
+
+    def unit_files(self) -> dict[str, str]:
+        """Every file that configures the unit (its fragment and the drop-ins of all directories), hashed."""
+        listing = self.run(
+            "sh",
+            "-c",
+            f"ls -1 /etc/systemd/system/{self.unit} /etc/systemd/system/{self.unit}.d/* "
+            f"/run/systemd/system/{self.unit}.d/* 2>/dev/null || true",
+        ).stdout.split()
+        return {path: hashlib.sha256(self.read(path) or b"").hexdigest() for path in listing}
+
+    def main_pid(self) -> int:
+        return int(self.show("MainPID")["MainPID"])
+
+    def process_environment(self) -> dict[str, str]:
+        raw = self.read(f"/proc/{self.main_pid()}/environ") or b""
+        return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if "=" in entry)
+
+    def wait_active(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.show("ActiveState")["ActiveState"] != "active":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.unit} is not active: {self.show('ActiveState', 'Result')}")
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.server_port}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def _payload(directory: Path, *, ssh_port: int, server_port: int, binary: Path, model: Path) -> tuple[Path, Path]:
+    """Units, sshd config and keys to copy over the new root; returns (known_hosts, client key)."""
+    import asyncssh
+
+    etc = directory / "etc"
+    conf = etc / "serve-tuner-test"
+    units = etc / "systemd" / "system"
+    (units / f"{UNIT}.d").mkdir(parents=True)
+    conf.mkdir(parents=True)
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    host_key.write_private_key(str(conf / "host_key"))
+    client = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = directory.parent / "client_key"
+    client.write_private_key(str(client_key))
+    client_key.chmod(0o600)
+    (conf / "host_key").chmod(0o600)
+    (conf / "authorized_keys").write_bytes(client.export_public_key())
+    (conf / "sshd_config").write_text(
+        f"Port {ssh_port}\nListenAddress 127.0.0.1\nHostKey /etc/serve-tuner-test/host_key\n"
+        "AuthorizedKeysFile /etc/serve-tuner-test/authorized_keys\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
+    )
+    (units / "serve-tuner-test-sshd.service").write_text(
+        "[Service]\nRuntimeDirectory=sshd\nExecStart=/usr/sbin/sshd -D -e -f /etc/serve-tuner-test/sshd_config\n"
+    )
+    (units / UNIT).write_text(
+        "[Unit]\nDescription=llama.cpp server (the operator's unit)\n[Service]\n"
+        f"ExecStart={binary} -m {model} --host 127.0.0.1 --port {server_port}\n"
+        "Restart=on-failure\nRestartSec=1\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    (units / f"{UNIT}.d" / "override.conf").write_text(OPERATOR_OVERRIDE)
+    (units / "serve-tuner-test.target").write_text(
+        f"[Unit]\nRequires=basic.target\nAfter=basic.target\nWants=serve-tuner-test-sshd.service {UNIT}\n"
+    )
+    known_hosts = directory.parent / "known_hosts"
+    public = host_key.export_public_key("openssh").decode().strip()
+    known_hosts.write_text(f"[127.0.0.1]:{ssh_port} {public}\n")
+    return known_hosts, client_key
+
+
+def _namespace_init(unshare_pid: int, timeout: float = 10) -> int:
+    """The PID (as this machine numbers it) of the namespace's PID 1: unshare's only child."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.05)
+    raise RuntimeError("the namespace's init did not appear")
+
+
+def _remove_cgroup(name: str) -> None:
+    """Deepest first: a cgroup directory can be removed once its children are."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+@contextlib.contextmanager
+def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[SystemdHost]:
+    ssh_port, server_port = _free_port(), _free_port()
+    payload = workdir / "payload"
+    known_hosts, client_key = _payload(payload, ssh_port=ssh_port, server_port=server_port, binary=binary, model=model)
+    base = workdir / "root"
+    base.mkdir()
+    cgroup = f"serve-tuner-test-{uuid.uuid4().hex[:8]}"
+    log = (workdir / "boot.log").open("w")
+    unshare = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", str(_BOOT_SCRIPT), str(base), str(payload), cgroup],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    init_pid = 0
+    try:
+        init_pid = _namespace_init(unshare.pid)
+        host = SystemdHost(
+            pid=init_pid, ssh_port=ssh_port, server_port=server_port, known_hosts=known_hosts,
+            client_key=client_key, binary=binary, model=model,
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while True:
+            state = host.run("systemctl", "is-system-running", check=False).stdout.strip()
+            if state in ("running", "degraded") and host.show("ActiveState")["ActiveState"] == "active":
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", ssh_port)) == 0:
+                        break
+            if unshare.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the systemd host did not come up (state {state!r}): {(workdir / 'boot.log').read_text()[-500:]}"
+                )
+            time.sleep(0.2)
+        yield host
+    finally:
+        if init_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init_pid, 9)  # PID 1 of the namespace: the kernel ends every process in it
+        unshare.wait(timeout=30)
+        log.close()
+        for _ in range(50):
+            _remove_cgroup(cgroup)
+            if not any((hierarchy / cgroup).exists() for hierarchy in Path("/sys/fs/cgroup").iterdir()):
+                break
+            time.sleep(0.1)

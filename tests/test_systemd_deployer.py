@@ -1,0 +1,313 @@
+"""The systemd deployer against a real systemd (PID 1 of a PID namespace, on an overlay root, reached
+through a real sshd inside it), with the operator's real llama-server unit. Every scenario ends with
+`assert_baseline`: no file of ours left, every other file byte-identical, the operator's environment
+back, the server healthy and answering a completion."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.systemd_host import SystemdHost
+from tuner.deployers.systemd import (
+    SystemdDeployer,
+    SystemdOptions,
+    parse_show_environment,
+    quote_unit_word,
+    render_drop_in,
+)
+from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError
+from tuner.models import LaunchSpec
+from tuner.transports.ssh import SshOptions, SshTransport
+
+RUNTIME_DROP_IN = "/run/systemd/system/llama-server.service.d/zz-tuner.conf"
+
+
+# ---- the drop-in's text, without a host ------------------------------------------------------
+
+
+def test_values_are_quoted_so_systemd_expands_nothing() -> None:
+    assert quote_unit_word('a "b" \\ 100% $HOME', in_exec=False, what="x") == '"a \\"b\\" \\\\ 100%% $HOME"'
+    assert quote_unit_word("$HOME %h", in_exec=True, what="x") == '"$$HOME %%h"'
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "nul\0", "tab\there", "\x1b[31m"])
+def test_a_control_character_is_refused_naming_the_variable(value: str) -> None:
+    launch = LaunchSpec(executable="/bin/x", env={"LLAMA_ARG_BATCH": value}, port=1)
+    with pytest.raises(ConfigError, match=r"LLAMA_ARG_BATCH.*control character"):
+        render_drop_in(launch, exec_start="keep", note="t")
+
+
+def test_flags_need_the_replace_mode_and_an_absolute_executable() -> None:
+    launch = LaunchSpec(executable="llama-server", args=("--lora-scaled", "a.gguf:0"), port=1)
+    with pytest.raises(ConfigError, match='exec_start = "replace"'):
+        render_drop_in(launch, exec_start="keep", note="t")
+    with pytest.raises(ConfigError, match="absolute path"):
+        render_drop_in(launch, exec_start="replace", note="t")
+
+
+def test_a_bad_unit_name_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"NAME\.service"):
+        SystemdOptions(unit="llama; rm -rf /")
+
+
+def test_systemctl_show_environment_is_read_back_exactly() -> None:
+    shown = 'LLAMA_ARG_THREADS=1 "A=x y" "B=q\\"uo\\\\te" C=100% "D=\\$(id)" "E=\\`x\\`;"'
+    assert parse_show_environment(shown) == {
+        "LLAMA_ARG_THREADS": "1", "A": "x y", "B": 'q"uo\\te', "C": "100%", "D": "$(id)", "E": "`x`;",
+    }  # fmt: skip
+
+
+# ---- against the real host --------------------------------------------------------------------
+
+
+def _deployer(host: SystemdHost, **options: object) -> tuple[SshTransport, SystemdDeployer]:
+    transport = SshTransport(SshOptions.model_validate(host.ssh_options()))
+    return transport, SystemdDeployer(SystemdOptions(unit=host.unit, **options), transport=transport)  # type: ignore[arg-type]
+
+
+def _launch(host: SystemdHost, **settings: str) -> LaunchSpec:
+    env = {"LLAMA_ARG_MODEL": str(host.model), "LLAMA_ARG_HOST": "127.0.0.1", "LLAMA_ARG_PORT": str(host.server_port)}
+    return LaunchSpec(executable=str(host.binary), env={**env, **settings}, port=host.server_port)
+
+
+@pytest.fixture
+def baseline(systemd_host: SystemdHost) -> Iterator[dict[str, str]]:
+    """The unit's files before the test; after it, the host must be exactly on them again."""
+    systemd_host.wait_active()
+    files = systemd_host.unit_files()
+    yield files
+    assert_baseline(systemd_host, files)
+
+
+def assert_baseline(host: SystemdHost, files: dict[str, str]) -> None:
+    assert host.read(RUNTIME_DROP_IN) is None, "serve-tuner's drop-in was left on the host"
+    assert host.unit_files() == files, "a file of the unit changed"
+    host.wait_active()
+    environment = host.process_environment()
+    assert environment.get("LLAMA_ARG_THREADS") == "1" and "LLAMA_ARG_BATCH" not in environment
+    assert host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
+    deadline = time.monotonic() + 120
+    while not host.healthy():
+        assert time.monotonic() < deadline, "the baseline server is not healthy"
+        time.sleep(0.5)
+    answer = httpx.post(
+        f"http://127.0.0.1:{host.server_port}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.json()["tokens_predicted"] > 0
+
+
+@pytest.mark.real_server
+def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+) -> None:
+    pid_before = systemd_host.main_pid()
+    launch = _launch(systemd_host, LLAMA_ARG_BATCH="64", LLAMA_ARG_UBATCH="64")
+
+    async def scenario() -> tuple[int, int, str, str | None]:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            deployment = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
+            environment = systemd_host.process_environment()
+            assert environment["LLAMA_ARG_BATCH"] == "64" and environment["LLAMA_ARG_THREADS"] == "1"
+            assert systemd_host.read(RUNTIME_DROP_IN) is not None
+            again = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
+            log, _ = await deployer.read_log(0)
+            return deployment.pid or 0, again.pid or 0, log, await deployer.check_alive()
+
+    first, second, log, alive = asyncio.run(scenario())
+    assert first not in (0, pid_before)
+    assert second == first, "the same settings applied twice restarted the server"
+    assert alive is None
+    assert "listening on" in log  # the server's own log, from the journal of this invocation
+
+
+@pytest.mark.real_server
+def test_a_config_that_cannot_start_fails_fast_with_the_reason_even_at_the_start_limit(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+) -> None:
+    """A bad value makes llama-server exit at once; Restart=on-failure then restarts it until systemd's
+    start limit; the trial fails with the reason, and reset-failed lets the baseline start again."""
+
+    async def scenario() -> tuple[str, float]:
+        transport, deployer = _deployer(systemd_host, start_timeout_s=60)
+        async with transport, deployer:
+            started = time.monotonic()
+            with pytest.raises(ServerNotReady) as failure:
+                await deployer.apply(
+                    _launch(systemd_host, LLAMA_ARG_CACHE_TYPE_K="not-a-type"), log_path=f"{tmp_path}/s.log"
+                )
+            took = time.monotonic() - started
+            deadline = time.monotonic() + 30
+            # Restart=on-failure goes on until StartLimitBurst: then the unit stays failed, and only
+            # reset-failed lets anything (our restore included) start it again.
+            while systemd_host.show("ActiveState")["ActiveState"] != "failed":
+                assert time.monotonic() < deadline, systemd_host.show("ActiveState", "Result", "NRestarts")
+                await asyncio.sleep(0.5)
+            return str(failure.value), took
+
+    reason, took = asyncio.run(scenario())
+    assert "llama-server.service" in reason and ("exit" in reason or "failed" in reason)
+    assert took < 30
+
+
+@pytest.mark.real_server
+def test_an_operator_drop_in_sorting_after_ours_that_sets_a_tuned_key_is_refused(
+    systemd_host: SystemdHost, tmp_path: object
+) -> None:
+    site = "/etc/systemd/system/llama-server.service.d/zzz-site.conf"
+    systemd_host.run("sh", "-c", f"printf '[Service]\\nEnvironment=LLAMA_ARG_BATCH=1024\\n' > {site}")
+    systemd_host.run("systemctl", "daemon-reload")
+    try:
+        files = systemd_host.unit_files()
+
+        async def scenario() -> None:
+            transport, deployer = _deployer(systemd_host)
+            async with transport, deployer:
+                await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+
+        with pytest.raises(DeployError, match=r"zzz-site\.conf sorts after"):
+            asyncio.run(scenario())
+        assert systemd_host.read(RUNTIME_DROP_IN) is None and systemd_host.unit_files() == files
+    finally:
+        systemd_host.run("rm", "-f", site)
+        systemd_host.run("systemctl", "daemon-reload")
+
+
+@pytest.mark.real_server
+def test_a_second_controller_is_refused_and_a_dead_ones_leftovers_are_restored_first(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+) -> None:
+    async def two_at_once() -> None:
+        transport, deployer = _deployer(systemd_host)
+        other_transport, other = _deployer(systemd_host)
+        async with transport, deployer, other_transport:
+            with pytest.raises(StudyError, match="another serve-tuner"):
+                await other.__aenter__()
+
+    asyncio.run(two_at_once())
+
+    # A controller SIGKILLed mid-trial: its drop-in is in place and its lock names a process that is gone.
+    systemd_host.run(
+        "sh", "-c",
+        f"mkdir -p /run/serve-tuner/llama-server.service.lock && "
+        f"printf '{{\"controller\": \"%s\", \"pid\": 999999999, \"beat\": 0}}' \"$(hostname)\" "
+        f"> /run/serve-tuner/llama-server.service.lock/owner.json && "
+        f"printf '[Service]\\nEnvironment=LLAMA_ARG_BATCH=32\\n' > {RUNTIME_DROP_IN} && "
+        "systemctl daemon-reload && systemctl restart llama-server.service",
+    )  # fmt: skip
+    assert systemd_host.process_environment().get("LLAMA_ARG_BATCH") == "32"
+
+    async def next_run() -> None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            assert systemd_host.read(RUNTIME_DROP_IN) is None
+
+    asyncio.run(next_run())
+
+
+@pytest.mark.real_server
+def test_the_dead_man_timer_restores_the_host_when_the_controller_vanishes(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+) -> None:
+    async def vanish() -> None:
+        transport, deployer = _deployer(systemd_host, dead_man_s=6)
+        async with transport:
+            await deployer.__aenter__()
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+            # No restore: the controller is gone as far as the host can tell.
+
+    asyncio.run(vanish())
+    assert systemd_host.process_environment().get("LLAMA_ARG_BATCH") == "64"
+    deadline = time.monotonic() + 60
+    while systemd_host.read(RUNTIME_DROP_IN) is not None or systemd_host.read(
+        "/run/serve-tuner/llama-server.service.lock/owner.json"
+    ):
+        assert time.monotonic() < deadline, "the dead-man timer did not restore the host"
+        time.sleep(0.5)
+    systemd_host.wait_active()
+
+
+@pytest.mark.real_server
+def test_a_server_killed_mid_trial_is_noticed_even_when_restart_brings_it_back(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+) -> None:
+    async def scenario() -> str | None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            deployment = await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+            systemd_host.run("kill", "-9", str(deployment.pid))
+            deadline = time.monotonic() + 30
+            while (reason := await deployer.check_alive()) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            return reason
+
+    reason = asyncio.run(scenario())
+    assert reason is not None and "llama-server.service" in reason
+
+
+# ---- property-based: no value can inject anything into a unit file --------------------------
+
+_FUZZ_UNIT = "serve-tuner-fuzz.service"
+_TRICKY = st.sampled_from(
+    ["\n[Service]\nExecStartPre=/bin/touch /tmp/pwned", "%h", "%%", "$(touch /tmp/pwned)", "`id`", '"', "'", ";",
+     "\\", "\\n", "$HOME", "${HOME}", "\0", "[Service]", " ", "é", "=", "a=b", "\\;", "--x"]
+)  # fmt: skip
+_VALUES = st.lists(st.one_of(_TRICKY, st.text(max_size=12)), min_size=1, max_size=4).map("".join)
+
+
+@pytest.fixture(scope="module")
+def fuzz_unit(systemd_host: SystemdHost) -> Iterator[SystemdHost]:
+    systemd_host.run(
+        "sh", "-c",
+        f"printf '[Service]\\nExecStart=/bin/sleep infinity\\n' > /etc/systemd/system/{_FUZZ_UNIT}"
+        " && systemctl daemon-reload",
+    )  # fmt: skip
+    yield systemd_host
+    systemd_host.run("sh", "-c", f"systemctl stop {_FUZZ_UNIT}; rm -rf /etc/systemd/system/{_FUZZ_UNIT} "
+                     f"/run/systemd/system/{_FUZZ_UNIT}.d; systemctl daemon-reload")  # fmt: skip
+
+
+FUZZ_CASES = 60
+
+
+@pytest.mark.real_server
+@settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=_VALUES, argument=_VALUES)
+def test_every_value_is_refused_or_reaches_the_process_unchanged(
+    fuzz_unit: SystemdHost, value: str, argument: str
+) -> None:
+    host = fuzz_unit
+    launch = LaunchSpec(
+        executable="/bin/sh", args=("-c", "exec sleep infinity", "sh", argument), env={"TUNED": value}, port=1
+    )
+    try:
+        text = render_drop_in(launch, exec_start="replace", note="fuzz")
+    except ConfigError:
+        assert any(ord(char) < 0x20 or ord(char) == 0x7F for char in value + argument)
+        return
+    path = f"/run/systemd/system/{_FUZZ_UNIT}.d/zz-tuner.conf"
+    host.run("mkdir", "-p", path.rsplit("/", 1)[0])
+    subprocess_input = text
+    import subprocess
+
+    subprocess.run(
+        ["nsenter", "-t", str(host.pid), "-m", "-p", "-u", "-i", "-r", "-w", "sh", "-c", f"cat > {path}"],
+        input=subprocess_input, text=True, check=True,
+    )  # fmt: skip
+    host.run("systemctl", "daemon-reload")
+    host.run("systemctl", "restart", _FUZZ_UNIT)
+    shown = host.run("systemctl", "show", _FUZZ_UNIT, "-p", "Environment", "--value").stdout.rstrip("\n")
+    assert parse_show_environment(shown) == {"TUNED": value}
+    pid = host.run("systemctl", "show", _FUZZ_UNIT, "-p", "MainPID", "--value").stdout.strip()
+    cmdline = host.read(f"/proc/{pid}/cmdline") or b""
+    environ = host.read(f"/proc/{pid}/environ") or b""
+    assert cmdline.decode().split("\0")[:-1] in (list(launch.command), ["sleep", "infinity"])
+    assert f"TUNED={value}\0" in environ.decode()
+    assert host.read("/tmp/pwned") is None

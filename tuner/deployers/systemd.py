@@ -1,0 +1,581 @@
+"""The `systemd` deployer: a trial is one drop-in of ours on the operator's unit, under /run.
+
+    enter:   take the host's lock; put back whatever an earlier, killed run left; snapshot the unit
+             (its files, their hashes, its environment, whether it ran)
+    apply:   refuse if an operator drop-in sorting after ours sets one of our keys
+             arm the dead-man timer on the host (it restores the baseline if this controller vanishes)
+             write /run/systemd/system/UNIT.d/zz-tuner.conf atomically; daemon-reload; reset-failed;
+             restart; wait for health while watching Result=, NRestarts and MainPID; then verify that
+             what runs is what was meant (no pending reload, a new MainPID and InvocationID, the
+             process's own environment and, with `exec_start = "replace"`, its argv)
+    restore: remove our drop-in; daemon-reload; reset-failed; restart (or stop, if the unit was not
+             running); verify every file is byte-identical to the snapshot; disarm the timer; unlock
+
+The drop-in lives under /run, so a host rebooted mid-trial boots on its baseline. We never run
+`systemctl revert`: it would delete the operator's drop-ins too. `tuner apply` writes the same file
+under /etc, and `tuner restore` removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shlex
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from tuner.config import StrictModel
+from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
+from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady, StudyError, TransportError
+from tuner.models import LaunchSpec
+from tuner.transports.base import Transport
+
+__all__ = [
+    "DROP_IN_NAME",
+    "SystemdDeployer",
+    "SystemdOptions",
+    "parse_show_environment",
+    "quote_unit_word",
+    "render_drop_in",
+]
+
+DROP_IN_NAME = "zz-tuner.conf"  # sorts after the operator's override.conf, so our values win
+RUNTIME_DIR = "/run/systemd/system"
+PERSISTENT_DIR = "/etc/systemd/system"
+STATE_DIR = "/run/serve-tuner"
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\-]+\.service\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SHOW_PROPERTIES = (
+    "LoadState", "ActiveState", "SubState", "Result", "MainPID", "InvocationID", "NRestarts",
+    "NeedDaemonReload", "FragmentPath", "DropInPaths", "Environment", "ExecMainStatus",
+)  # fmt: skip
+
+
+class SystemdOptions(StrictModel):
+    unit: str = Field(description="The service that runs the server, e.g. `llama-server.service`.")
+    exec_start: Literal["keep", "replace"] = Field(
+        default="keep",
+        description="`keep`: the unit's own ExecStart runs, with the trial's settings as Environment= "
+        "lines. `replace`: the drop-in also resets ExecStart= to the engine's full command line (needed "
+        "for flags without an environment variable, such as LoRA adapters, or a unit whose ExecStart "
+        "sets a tuned flag, which would win over the environment).",
+    )
+    start_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a trial to be healthy.")
+    restore_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for the baseline to be back.")
+    dead_man_s: float = Field(
+        default=3600.0,
+        ge=5,
+        description="The host restores its baseline by itself this long after the controller was last "
+        "heard from (a timer armed on the host before every change, re-armed while the study runs).",
+    )
+    lock_stale_s: float = Field(
+        default=900.0, gt=0, description="A lock whose holder has not been heard from for this long is taken over."
+    )
+
+    def model_post_init(self, context: object, /) -> None:
+        if not _UNIT_NAME.match(self.unit):
+            raise ValueError(f"deploy.unit {self.unit!r} is not a service name: write it as NAME.service")
+
+
+def quote_unit_word(text: str, *, in_exec: bool, what: str) -> str:
+    """One word of a unit file, double-quoted so that systemd reads back exactly `text`.
+
+    Inside quotes systemd undoes C escapes (so backslash and quote are escaped), expands `%` specifiers
+    everywhere (`%%`), and in ExecStart= also `$VAR` (`$$`). Control characters cannot be carried in a
+    unit file line at all and are refused."""
+    bad = next((char for char in text if ord(char) < 0x20 or ord(char) == 0x7F), None)
+    if bad is not None:
+        raise ConfigError(f"{what} contains the control character {bad!r}, which a unit file cannot carry; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} is not valid UTF-8; remove the stray bytes") from None
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if in_exec:
+        escaped = escaped.replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def render_drop_in(launch: LaunchSpec, *, exec_start: Literal["keep", "replace"], note: str) -> str:
+    """The text of our drop-in for `launch`; raises `ConfigError` for a value systemd cannot carry."""
+    if exec_start == "keep" and launch.args:
+        raise ConfigError(
+            f"this configuration passes flags ({' '.join(launch.args[:4])}) that only a new command line can "
+            'carry; set deploy.exec_start = "replace" in the study file'
+        )
+    lines = [f"# {note}", "[Service]"]
+    for name, value in launch.env.items():
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
+        lines.append("Environment=" + quote_unit_word(f"{name}={value}", in_exec=False, what=f"the value of {name}"))
+    if exec_start == "replace":
+        if not launch.executable.startswith("/"):
+            raise ConfigError(
+                f"ExecStart= needs an absolute path, not {launch.executable!r}; set engine.binary to the "
+                "server's path on the host"
+            )
+        words = [quote_unit_word(word, in_exec=True, what="a command-line argument") for word in launch.command]
+        lines += ["ExecStart=", "ExecStart=" + " ".join(words)]
+    return "\n".join(lines) + "\n"
+
+
+def parse_show_environment(text: str) -> dict[str, str]:
+    """`systemctl show -p Environment --value`: assignments separated by spaces, each bare or in double
+    quotes with backslash escapes (systemd's shell_maybe_quote)."""
+    result: dict[str, str] = {}
+    index = 0
+    while index < len(text):
+        if text[index] == " ":
+            index += 1
+            continue
+        word: list[str] = []
+        if text[index] == '"':
+            index += 1
+            while index < len(text) and text[index] != '"':
+                if text[index] == "\\" and index + 1 < len(text):
+                    index += 1
+                word.append(text[index])
+                index += 1
+            index += 1
+        else:
+            while index < len(text) and text[index] != " ":
+                word.append(text[index])
+                index += 1
+        name, _, value = "".join(word).partition("=")
+        result[name] = value
+    return result
+
+
+def _assigned_keys(unit_text: str) -> tuple[set[str], bool]:
+    """Environment names a unit file or drop-in assigns, and whether it sets ExecStart=."""
+    names: set[str] = set()
+    sets_exec = False
+    for raw in unit_text.splitlines():
+        line = raw.strip()
+        if line.startswith("Environment="):
+            for word in shlex.split(line.removeprefix("Environment="), posix=True):
+                names.add(word.partition("=")[0])
+        elif line.startswith("ExecStart="):
+            sets_exec = True
+    return names, sets_exec
+
+
+@dataclass(frozen=True)
+class UnitState:
+    properties: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.properties.get(name, "")
+
+    @property
+    def main_pid(self) -> int:
+        return int(self["MainPID"] or 0)
+
+    @property
+    def restarts(self) -> int:
+        return int(self["NRestarts"] or 0)
+
+    @property
+    def drop_ins(self) -> list[str]:
+        return self["DropInPaths"].split()
+
+
+@DEPLOYERS.register("systemd")
+class SystemdDeployer:
+    options_model = SystemdOptions
+
+    def __init__(self, options: SystemdOptions, *, transport: Transport) -> None:
+        self._options = options
+        self._transport = transport
+        self._unit = options.unit
+        self._runtime_drop_in = f"{RUNTIME_DIR}/{self._unit}.d/{DROP_IN_NAME}"
+        self._state_path = f"{STATE_DIR}/{self._unit}.json"
+        self._lock_dir = f"{STATE_DIR}/{self._unit}.lock"
+        self._restore_script = f"{STATE_DIR}/{self._unit}.restore.sh"
+        self._timer = "serve-tuner-restore-" + self._unit.removesuffix(".service").replace("@", "_")
+        self._owner = {"controller": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        self._locked = False
+        self._baseline: dict[str, object] | None = None
+        self._written: str | None = None  # our drop-in's text, while one is in place
+        self._deployed: UnitState | None = None
+        self._launch: LaunchSpec | None = None
+        self._last_beat = 0.0
+
+    # ---- the host's commands ------------------------------------------------------------------
+
+    async def _systemctl(self, *args: str, timeout_s: float = 60, check: bool = True) -> str:
+        try:
+            result = await self._transport.run(["systemctl", *args], timeout_s=timeout_s, check=check, privileged=True)
+        except CommandFailed as exc:
+            raise DeployError(f"systemctl {' '.join(args)} failed: {exc.stderr_tail.strip()[-300:]}") from None
+        return result.stdout
+
+    async def _state(self) -> UnitState:
+        args = [arg for name in _SHOW_PROPERTIES for arg in ("-p", name)]
+        out = await self._systemctl("show", self._unit, *args)
+        return UnitState(dict(line.split("=", 1) for line in out.splitlines() if "=" in line))
+
+    async def _read(self, path: str) -> bytes | None:
+        try:
+            return await self._transport.read_file(path)
+        except TransportError:
+            return None
+
+    async def _unit_files(self, state: UnitState) -> dict[str, str]:
+        """Every file that configures the unit, hashed: the fragment and each drop-in but ours."""
+        paths = [state["FragmentPath"], *state.drop_ins] if state["FragmentPath"] else state.drop_ins
+        hashes = {}
+        for path in paths:
+            if path.endswith("/" + DROP_IN_NAME):
+                continue
+            data = await self._read(path)
+            hashes[path] = hashlib.sha256(data or b"").hexdigest()
+        return hashes
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SystemdDeployer:
+        await self._lock()
+        try:
+            state = await self._state()
+            if state["LoadState"] != "loaded":
+                raise DeployError(
+                    f"the host has no unit {self._unit} ({state['LoadState'] or 'unknown'}); set deploy.unit to "
+                    "the service that runs the server (`systemctl list-units --type=service`)"
+                )
+            if await self._read(self._runtime_drop_in) is not None:
+                # An earlier controller died mid-study: put the host back before looking at it.
+                self._written = "(left by an earlier run)"
+                previous = await self._read(self._state_path)
+                was_active = json.loads(previous).get("active", True) if previous else True
+                self._baseline = {"active": was_active}
+                await self.restore()
+                await self._lock()
+                state = await self._state()
+            self._baseline = {
+                "active": state["ActiveState"] in ("active", "activating", "reloading"),
+                "files": await self._unit_files(state),
+                "environment": parse_show_environment(state["Environment"]),
+                "main_pid": state.main_pid,
+            }
+            await self._transport.write_file(self._state_path, json.dumps(self._baseline).encode(), mode=0o600)
+        except BaseException:
+            await self._unlock()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.restore()
+
+    async def _lock(self) -> None:
+        """One controller per host and unit: a directory made atomically, with its holder inside."""
+        if self._locked:
+            return
+        owner_path = f"{self._lock_dir}/owner.json"
+        await self._transport.run(["mkdir", "-p", "--", STATE_DIR], timeout_s=30, check=False, privileged=True)
+        made = await self._transport.run(["mkdir", "--", self._lock_dir], timeout_s=30, check=False, privileged=True)
+        if made.exit_status != 0:
+            raw = await self._read(owner_path)
+            holder = json.loads(raw) if raw else {}
+            if not self._stale(holder):
+                raise StudyError(
+                    f"another serve-tuner (pid {holder.get('pid')} on {holder.get('controller')}) is tuning "
+                    f"{self._unit} on this host; wait for it to finish, or stop it"
+                )
+        self._owner["beat"] = time.time()
+        await self._transport.write_file(owner_path, json.dumps(self._owner).encode(), mode=0o600)
+        self._locked = True
+        self._last_beat = time.monotonic()
+
+    def _stale(self, holder: Mapping[str, object]) -> bool:
+        if not holder:
+            return True  # a lock directory without its holder: the controller died while taking it
+        if holder.get("controller") == self._owner["controller"]:
+            pid = holder.get("pid")
+            if isinstance(pid, int) and not Path(f"/proc/{pid}").exists():
+                return True  # the holder ran on this machine and is gone
+        beat = holder.get("beat")
+        return not isinstance(beat, (int, float)) or time.time() - beat > self._options.lock_stale_s
+
+    async def _unlock(self) -> None:
+        if self._locked:
+            await self._transport.run(["rm", "-rf", "--", self._lock_dir], timeout_s=30, check=False, privileged=True)
+            self._locked = False
+
+    async def _heartbeat(self) -> None:
+        """Re-arm the dead-man timer and refresh the lock, at most every few minutes."""
+        if time.monotonic() - self._last_beat < min(120.0, self._options.dead_man_s / 4):
+            return
+        self._last_beat = time.monotonic()
+        self._owner["beat"] = time.time()
+        await self._transport.write_file(f"{self._lock_dir}/owner.json", json.dumps(self._owner).encode(), mode=0o600)
+        if self._written is not None:
+            await self._arm_dead_man()
+
+    async def _arm_dead_man(self) -> None:
+        """A transient timer on the host that restores the baseline unless re-armed in time. Its script
+        is a file beside the lock, which an operator can read, rather than a command line systemd would
+        re-escape."""
+        await self._disarm_dead_man()
+        active = bool(self._baseline and self._baseline.get("active", True))
+        unit = shlex.quote(self._unit)
+        script = "\n".join([
+            "#!/bin/sh",
+            f"# serve-tuner: puts {self._unit} back on its baseline if the controller stopped answering.",
+            f"rm -f {shlex.quote(self._runtime_drop_in)}",
+            "systemctl daemon-reload",
+            f"systemctl reset-failed {unit}",
+            f"systemctl restart {unit}" if active else f"systemctl stop {unit}",
+            f"rm -rf {shlex.quote(self._lock_dir)}",
+            "",
+        ])  # fmt: skip
+        await self._transport.write_file(self._restore_script, script.encode(), mode=0o700)
+        await self._transport.run(
+            ["systemd-run", f"--unit={self._timer}", f"--on-active={int(self._options.dead_man_s)}s",
+             "--timer-property=AccuracySec=1s", "--description=serve-tuner: restore the baseline of " + self._unit,
+             "/bin/sh", self._restore_script],
+            timeout_s=60,
+            privileged=True,
+        )  # fmt: skip
+
+    async def _disarm_dead_man(self) -> None:
+        await self._transport.run(
+            ["systemctl", "stop", f"{self._timer}.timer"], timeout_s=60, check=False, privileged=True
+        )
+        await self._transport.run(
+            ["systemctl", "reset-failed", f"{self._timer}.timer", f"{self._timer}.service"],
+            timeout_s=60,
+            check=False,
+            privileged=True,
+        )
+
+    # ---- a trial ------------------------------------------------------------------------------
+
+    async def _refuse_later_overrides(self, launch: LaunchSpec, state: UnitState) -> None:
+        """An operator drop-in that sorts after ours and sets one of our keys would silently win."""
+        ours = set(launch.env)
+        for path in state.drop_ins:
+            name = path.rsplit("/", 1)[-1]
+            if name <= DROP_IN_NAME or not path.startswith(("/etc/", "/run/", "/usr/lib/", "/lib/")):
+                continue
+            text = (await self._read(path) or b"").decode(errors="replace")
+            names, sets_exec = _assigned_keys(text)
+            clash = sorted(ours & names) + (
+                ["ExecStart"] if sets_exec and self._options.exec_start == "replace" else []
+            )
+            if clash:
+                raise DeployError(
+                    f"{path} sorts after serve-tuner's {DROP_IN_NAME} and sets {', '.join(clash)}, which would "
+                    f"override the trial's value; rename it to sort before {DROP_IN_NAME} or remove those lines"
+                )
+
+    async def apply(self, launch: LaunchSpec, *, log_path: str) -> Deployment:
+        if self._baseline is None:
+            raise DeployError("the systemd deployer was used outside `async with`")
+        text = render_drop_in(
+            launch, exec_start=self._options.exec_start, note="serve-tuner trial; removed when the study ends"
+        )
+        before = await self._state()
+        await self._refuse_later_overrides(launch, before)
+        base_url = await self._transport.reach(launch.host, launch.port)
+        if (
+            text == self._written
+            and self._deployed is not None
+            and before.main_pid == self._deployed.main_pid != 0
+            and before["ActiveState"] == "active"
+            and before["NeedDaemonReload"] == "no"
+        ):
+            # The same settings are already running: no restart (P5), only a check that they still serve.
+            took = await wait_until_healthy(
+                launch, base_url=base_url, timeout_s=self._options.start_timeout_s, exited=self.check_alive
+            )
+            self._launch = launch
+            return Deployment(
+                launch=launch, pid=before.main_pid, started_in_s=took, log_path=log_path, base_url=base_url
+            )
+        self._launch = launch
+        await self._arm_dead_man()
+        self._written = text
+        await self._transport.write_file(self._runtime_drop_in, text.encode(), mode=0o644)
+        await self._systemctl("daemon-reload")
+        await self._systemctl("reset-failed", self._unit, check=False)
+        await self._systemctl("restart", "--no-block", self._unit)
+        started = time.monotonic()
+        self._deployed = None
+        watcher = _StartWatcher(self, before)
+        try:
+            await wait_until_healthy(
+                launch, base_url=base_url, timeout_s=self._options.start_timeout_s, exited=watcher.failure
+            )
+        except ServerNotReady as exc:
+            raise ServerNotReady(f"{exc}{await self._journal_tail()}") from None
+        after = await self._state()
+        await self._verify(launch, before, after)
+        self._deployed = after
+        log = await self._journal(after["InvocationID"])
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text(log)
+        return Deployment(
+            launch=launch,
+            pid=after.main_pid,
+            started_in_s=time.monotonic() - started,
+            log_path=log_path,
+            base_url=base_url,
+        )
+
+    async def _verify(self, launch: LaunchSpec, before: UnitState, after: UnitState) -> None:
+        """What runs is what was meant: scored trials must not measure a stale or half-applied config (P6)."""
+        if after["NeedDaemonReload"] != "no":
+            raise DeployError(f"{self._unit} has a pending daemon-reload: its files changed while the trial started")
+        if after.main_pid in (0, before.main_pid) or after["InvocationID"] == before["InvocationID"]:
+            raise DeployError(
+                f"{self._unit} did not restart (MainPID {after.main_pid}); the trial would measure the old settings"
+            )
+        environ = await self._read(f"/proc/{after.main_pid}/environ")
+        if environ is None:
+            raise DeployError(f"cannot read the environment of {self._unit}'s process {after.main_pid}")
+        running = dict(entry.split("=", 1) for entry in environ.decode(errors="replace").split("\0") if "=" in entry)
+        for name, value in launch.env.items():
+            if running.get(name) != value:
+                raise DeployError(
+                    f"{self._unit} runs with {name}={running.get(name, '(unset)')!r}, not {value!r}: an "
+                    "EnvironmentFile= or a later drop-in overrides it; remove that setting from the unit"
+                )
+        if self._options.exec_start == "replace":
+            cmdline = await self._read(f"/proc/{after.main_pid}/cmdline")
+            argv = (cmdline or b"").decode(errors="replace").split("\0")[:-1]
+            if argv != list(launch.command):
+                raise DeployError(f"{self._unit} runs {shlex.join(argv)[:200]}, not the trial's command line")
+
+    async def check_alive(self) -> str | None:
+        if self._deployed is None:
+            return "no trial is running"
+        state = await self._state()
+        await self._heartbeat()
+        if state.main_pid != self._deployed.main_pid:
+            return f"{self._unit}'s main process changed ({self._deployed.main_pid} -> {state.main_pid or 'none'})"
+        if state.restarts != self._deployed.restarts:
+            return f"{self._unit} restarted {state.restarts - self._deployed.restarts} time(s) (Restart= hid a crash)"
+        if state["ActiveState"] != "active":
+            return f"{self._unit} is {state['ActiveState']} (result: {state['Result']})"
+        return None
+
+    async def _journal(self, invocation: str) -> str:
+        if not invocation:
+            return ""
+        result = await self._transport.run(
+            ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager"],
+            timeout_s=120,
+            check=False,
+            privileged=True,
+        )
+        return result.stdout
+
+    async def _journal_tail(self) -> str:
+        result = await self._transport.run(
+            ["journalctl", "-u", self._unit, "-n", "30", "-o", "cat", "--no-pager"],
+            timeout_s=60,
+            check=False,
+            privileged=True,
+        )
+        lines = result.stdout.strip().splitlines()
+        for line in reversed(lines):
+            lowered = line.lower()
+            if any(word in lowered for word in ("error", "failed", "invalid", "abort")) and self._unit not in line:
+                return f"; server log: {line.strip()[:200]}"
+        return f"; journal ends: {lines[-1].strip()[:200]}" if lines else ""
+
+    async def read_log(self, since: int) -> tuple[str, int]:
+        if self._deployed is None:
+            return "", since
+        text = await self._journal(self._deployed["InvocationID"])
+        return text[since:], len(text)
+
+    async def restore(self) -> None:
+        """Our drop-in removed and the unit back as the snapshot found it; the files compared byte for byte."""
+        try:
+            if self._written is not None:
+                await self._transport.remove_file(self._runtime_drop_in)
+                await self._systemctl("daemon-reload")
+                await self._systemctl("reset-failed", self._unit, check=False)
+                active = bool(self._baseline is None or self._baseline.get("active", True))
+                await self._systemctl("restart" if active else "stop", "--no-block", self._unit)
+                self._written, self._deployed = None, None
+                if active:
+                    await self._wait_restored()
+                if self._baseline is not None and "files" in self._baseline:
+                    files = await self._unit_files(await self._state())
+                    snapshot = self._baseline["files"]
+                    assert isinstance(snapshot, dict)
+                    changed = sorted(path for path in {*files, *snapshot} if files.get(path) != snapshot.get(path))
+                    if changed:
+                        raise DeployError(
+                            f"{changed[0]} differs from the snapshot taken before the study (someone changed "
+                            f"{self._unit}'s files meanwhile); check the unit by hand"
+                        )
+            await self._disarm_dead_man()
+            await self._transport.remove_file(self._restore_script)
+        finally:
+            await self._unlock()
+
+    async def _wait_restored(self) -> None:
+        deadline = time.monotonic() + self._options.restore_timeout_s
+        launch = self._launch
+        while True:
+            state = await self._state()
+            if state["ActiveState"] == "active":
+                break
+            if state["ActiveState"] == "failed" or time.monotonic() > deadline:
+                raise DeployError(
+                    f"{self._unit} did not come back on its baseline ({state['ActiveState']}, result "
+                    f"{state['Result']}){await self._journal_tail()}; check it with `systemctl status {self._unit}`"
+                )
+            await asyncio.sleep(0.25)
+        if launch is not None:
+            base_url = await self._transport.reach(launch.host, launch.port)
+            remaining = max(deadline - time.monotonic(), 1.0)
+
+            async def stopped() -> str | None:
+                now = await self._state()
+                return (
+                    None if now["ActiveState"] in ("active", "activating") else f"{self._unit} is {now['ActiveState']}"
+                )
+
+            try:
+                await wait_until_healthy(launch, base_url=base_url, timeout_s=remaining, exited=stopped)
+            except ServerNotReady as exc:
+                raise DeployError(f"{self._unit} is back on its baseline but not healthy: {exc}") from None
+
+
+class _StartWatcher:
+    """Tells, while a trial starts, whether systemd gave up on it: Type=simple units report a
+    successful start even when the binary fails at once, so Result=, NRestarts and the state decide."""
+
+    def __init__(self, deployer: SystemdDeployer, before: UnitState) -> None:
+        self._deployer = deployer
+        self._before = before
+        self._seen_pid = 0
+
+    async def failure(self) -> str | None:
+        state = await self._deployer._state()
+        unit = self._deployer._unit
+        if state["ActiveState"] == "failed":
+            return f"{unit} failed ({state['Result']}, exit status {state['ExecMainStatus']})"
+        if state.main_pid and state.main_pid != self._before.main_pid:
+            if self._seen_pid and state.main_pid != self._seen_pid:
+                return f"{unit} exited and was restarted by Restart= (exit status {state['ExecMainStatus']})"
+            self._seen_pid = state.main_pid
+        if state.restarts > 0:  # reset-failed zeroed the counter before our restart
+            return f"{unit} exited and was restarted {state.restarts} time(s) (exit status {state['ExecMainStatus']})"
+        if state["ActiveState"] == "activating" and state["SubState"] == "auto-restart":
+            return f"{unit} exited (exit status {state['ExecMainStatus']}) and waits to be restarted"
+        return None
