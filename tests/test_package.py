@@ -16,7 +16,7 @@ LAYERS = [
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
-    {"study", "report"},
+    {"study", "report", "apply"},
     {"console"},
     {"cli", "__main__", "__init__"},
 ]

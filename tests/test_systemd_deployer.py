@@ -6,8 +6,12 @@ back, the server healthy and answering a completion."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -294,12 +298,9 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
         return
     path = f"/run/systemd/system/{_FUZZ_UNIT}.d/zz-tuner.conf"
     host.run("mkdir", "-p", path.rsplit("/", 1)[0])
-    subprocess_input = text
-    import subprocess
-
     subprocess.run(
         ["nsenter", "-t", str(host.pid), "-m", "-p", "-u", "-i", "-r", "-w", "sh", "-c", f"cat > {path}"],
-        input=subprocess_input, text=True, check=True,
+        input=text, text=True, check=True,
     )  # fmt: skip
     host.run("systemctl", "daemon-reload")
     host.run("systemctl", "restart", _FUZZ_UNIT)
@@ -311,3 +312,57 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     assert cmdline.decode().split("\0")[:-1] in (list(launch.command), ["sleep", "infinity"])
     assert f"TUNED={value}\0" in environ.decode()
     assert host.read("/tmp/pwned") is None
+
+
+@pytest.mark.real_server
+def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+) -> None:
+    """The product's path on a production host: trials as drop-ins on the operator's unit, reached over
+    ssh, the replay through a forwarded port, and the unit exactly as found at the end."""
+    from tuner.report import build_leaderboard
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    data = Path(__file__).resolve().parent / "data"
+    text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
+    text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
+    text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
+    text = text.replace('kind = "llama-server"', f'kind = "llama-server"\nport = {systemd_host.server_port}')
+    host = "\n".join(
+        f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **systemd_host.ssh_options()}.items()
+    )
+    deploy = f'kind = "systemd"\nunit = "{systemd_host.unit}"'
+    (tmp_path / "unit.toml").write_text(f"{text}\n[host]\n{host}\n[deploy]\n{deploy}\n")
+
+    command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
+    command += ["--set", "budget.trials=1", "--set", "confirm.top=0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
+    assert [row.state for row in board.rows] == ["COMPLETE", "COMPLETE"]
+    tuned = next(row for row in board.rows if not row.baseline)
+    assert tuned.metrics["stall_tok_s"][0] > 0
+    # The server's log came from the journal of the trial's own invocation.
+    assert "listening on" in (tmp_path / "unit" / "trials" / f"{tuned.number:04d}" / "server.log").read_text()
+
+    # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
+    apply = [sys.executable, "-m", "tuner", "apply", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
+    done = subprocess.run([*apply, "--trial", str(tuned.number)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
+    applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
+    assert systemd_host.read(applied) is not None and systemd_host.read(RUNTIME_DROP_IN) is None
+    environment = systemd_host.process_environment()
+    for name, value in tuned.params.items():
+        env = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
+        assert environment[env] == str(value)
+    assert systemd_host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
+
+    # `tuner restore` removes exactly that file; the fixture then checks the whole baseline.
+    restore = [sys.executable, "-m", "tuner", "restore", str(tmp_path / "unit.toml")]
+    done = subprocess.run(restore, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
+    assert systemd_host.read(applied) is None
+    done = subprocess.run(restore, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "nothing to remove" in done.stdout

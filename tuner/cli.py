@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         help="override a study value, e.g. --set budget.trials=3 (repeatable)",
     )
 
+    _add_apply_commands(commands)
+
     board = commands.add_parser("leaderboard", help="show a study's trials, best first")
     board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
@@ -128,6 +130,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_apply_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    apply = commands.add_parser(
+        "apply", help="make a study's recommended settings the host's own, after a verification run (systemd)"
+    )
+    apply.add_argument("study", type=Path, help="the study file the run was made with")
+    apply.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories live (default: runs)")
+    apply.add_argument("--trial", type=int, help="apply this trial instead of the recommendation")
+    apply.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
+    )
+    restore = commands.add_parser("restore", help="remove what `tuner apply` wrote; the unit runs its own config again")
+    restore.add_argument("study", type=Path, help="the study file the settings were applied with")
+    restore.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
+    )
+
+
 def _importer_help() -> str:
     lines = [f"{kind}: {IMPORTERS.get(kind).description}" for kind in IMPORTERS.kinds()]
     return "Formats:\n  " + "\n  ".join(lines)
@@ -157,6 +176,53 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
+    return 0
+
+
+def _apply(args: argparse.Namespace, console: Console) -> int:
+    from tuner.apply import Applied, apply_settings
+    from tuner.config import load_study
+
+    spec, base_dir = load_study(args.study, args.overrides)
+    run_path = args.runs_dir / spec.name
+    if not (run_path / "optuna.journal").is_file():
+        raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
+
+    async def main() -> Applied:
+        _stop_on_signals([])
+        return await apply_settings(spec, base_dir, run_path, trial=args.trial, say=console.print)
+
+    applied = asyncio.run(main())
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
+    stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
+    console.print(
+        f"verification run: {applied.requests} requests, all answered"
+        + (f"; stall {stall:.2f} tok/s" if stall is not None else "")
+        + (f", TTFT p95 {ttft:.2f} s" if ttft is not None else "")
+    )
+    console.print(f"applied trial {applied.trial} ({settings}) for good: {applied.path}", highlight=False)
+    if applied.client_settings:
+        client = ", ".join(f"{k}={v}" for k, v in sorted(applied.client_settings.items()))
+        console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
+    console.print(f"`tuner restore {args.study}` removes it")
+    return 0
+
+
+def _restore(args: argparse.Namespace, console: Console) -> int:
+    from tuner.apply import restore_settings
+    from tuner.config import load_study
+
+    spec, base_dir = load_study(args.study, args.overrides)
+
+    async def main() -> str | None:
+        _stop_on_signals([])
+        return await restore_settings(spec, base_dir)
+
+    removed = asyncio.run(main())
+    if removed is None:
+        console.print("the host has no settings of `tuner apply`; nothing to remove")
+    else:
+        console.print(f"removed {removed}; the unit runs the operator's own configuration again", highlight=False)
     return 0
 
 
@@ -271,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, console)
+        if args.command == "apply":
+            return _apply(args, console)
+        if args.command == "restore":
+            return _restore(args, console)
         if args.command == "leaderboard":
             if not (args.run_dir / "optuna.journal").is_file():
                 raise StudyError(

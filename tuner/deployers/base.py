@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from pydantic import BaseModel
@@ -17,7 +17,15 @@ from tuner.models import LaunchSpec
 from tuner.registry import Registry
 from tuner.transports.base import Transport
 
-__all__ = ["DEPLOYERS", "Deployer", "DeployerFactory", "Deployment", "create_deployer", "wait_until_healthy"]
+__all__ = [
+    "DEPLOYERS",
+    "Deployer",
+    "DeployerFactory",
+    "Deployment",
+    "PersistentDeployer",
+    "create_deployer",
+    "wait_until_healthy",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +61,20 @@ class Deployer(Protocol):
         ...
 
     async def restore(self) -> None: ...
+
+
+@runtime_checkable
+class PersistentDeployer(Protocol):
+    """A deployer that can also make a verified trial the host's configuration for good (`tuner apply`)."""
+
+    async def persist(self, *, note: str) -> str:
+        """Makes the running, verified trial permanent without restarting it; returns where it wrote it."""
+        ...
+
+    async def remove_persisted(self, launch: LaunchSpec) -> str | None:
+        """Removes what `persist` wrote and restarts on the operator's own config; None if there was nothing.
+        `launch` tells where the server answers its health check."""
+        ...
 
 
 class DeployerFactory(Protocol):

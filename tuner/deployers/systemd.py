@@ -10,10 +10,12 @@
              process's own environment and, with `exec_start = "replace"`, its argv)
     restore: remove our drop-in; daemon-reload; reset-failed; restart (or stop, if the unit was not
              running); verify every file is byte-identical to the snapshot; disarm the timer; unlock
+    persist: (`tuner apply`, after a verification run) the same text as APPLIED_NAME under /etc, ours
+             under /run removed: the running server already has these settings, so it is not restarted
 
 The drop-in lives under /run, so a host rebooted mid-trial boots on its baseline. We never run
-`systemctl revert`: it would delete the operator's drop-ins too. `tuner apply` writes the same file
-under /etc, and `tuner restore` removes it.
+`systemctl revert`: it would delete the operator's drop-ins too. `tuner restore` removes the file
+`tuner apply` wrote, and only that.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tuner.models import LaunchSpec
 from tuner.transports.base import Transport
 
 __all__ = [
+    "APPLIED_NAME",
     "DROP_IN_NAME",
     "SystemdDeployer",
     "SystemdOptions",
@@ -49,6 +52,9 @@ __all__ = [
 ]
 
 DROP_IN_NAME = "zz-tuner.conf"  # sorts after the operator's override.conf, so our values win
+# `tuner apply` writes this one under /etc: it sorts before DROP_IN_NAME, so later trials still win over
+# it (a file of the same name in /etc would hide ours in /run).
+APPLIED_NAME = "zz-tuner-applied.conf"
 RUNTIME_DIR = "/run/systemd/system"
 PERSISTENT_DIR = "/etc/systemd/system"
 STATE_DIR = "/run/serve-tuner"
@@ -431,6 +437,35 @@ class SystemdDeployer:
             log_path=log_path,
             base_url=base_url,
         )
+
+    async def persist(self, *, note: str) -> str:
+        """The running trial's drop-in moved under /etc (as APPLIED_NAME): the same settings, so no restart."""
+        if self._written is None or self._launch is None or self._deployed is None:
+            raise DeployError("nothing to apply: no verified trial is running")
+        path = f"{PERSISTENT_DIR}/{self._unit}.d/{APPLIED_NAME}"
+        text = render_drop_in(self._launch, exec_start=self._options.exec_start, note=note)
+        await self._transport.write_file(path, text.encode(), mode=0o644)
+        await self._transport.remove_file(self._runtime_drop_in)
+        await self._systemctl("daemon-reload")
+        self._written = None
+        state = await self._state()
+        if state.main_pid != self._deployed.main_pid or state["NeedDaemonReload"] != "no":
+            raise DeployError(f"{self._unit} changed while its settings were made permanent; check it by hand")
+        await self._disarm_dead_man()
+        await self._transport.remove_file(self._restore_script)
+        return path
+
+    async def remove_persisted(self, launch: LaunchSpec) -> str | None:
+        path = f"{PERSISTENT_DIR}/{self._unit}.d/{APPLIED_NAME}"
+        if await self._read(path) is None:
+            return None
+        await self._transport.remove_file(path)
+        await self._systemctl("daemon-reload")
+        await self._systemctl("reset-failed", self._unit, check=False)
+        await self._systemctl("restart", "--no-block", self._unit)
+        self._launch = launch
+        await self._wait_restored()
+        return path
 
     async def _verify(self, launch: LaunchSpec, before: UnitState, after: UnitState) -> None:
         """What runs is what was meant: scored trials must not measure a stale or half-applied config (P6)."""

@@ -1,0 +1,125 @@
+"""`tuner apply` and `tuner restore`: make a study's winner the host's configuration for good, and undo it.
+
+Apply never trusts the study's numbers alone: the chosen settings go on as a trial would (our drop-in
+under /run, the running process verified), the workload is replayed once more, and only if every
+request of that verification run succeeds is the drop-in made permanent. Anything else leaves the host
+on its baseline, as a study does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.config import ParamValue, StudySpec
+from tuner.deployers.base import PersistentDeployer, create_deployer
+from tuner.errors import ConfigError, DeployError, StudyError
+from tuner.loadgen import replay
+from tuner.metrics import compute_metrics
+from tuner.report import LeaderboardRow, build_leaderboard
+from tuner.runs import RunDirectory
+from tuner.study import open_optuna_study_readonly, prepare_study
+from tuner.transports.base import create_transport
+from tuner.workloads import synthesize_requests
+
+__all__ = ["Applied", "apply_settings", "restore_settings"]
+
+# Fresh prompts for the verification run: no round of the study used this index, so nothing is cached.
+_VERIFY_PROMPTS_INDEX = 1_000_003
+
+
+@dataclass(frozen=True, kw_only=True)
+class Applied:
+    trial: int
+    server_settings: dict[str, ParamValue]
+    client_settings: dict[str, ParamValue]
+    path: str
+    requests: int
+    metrics: dict[str, float | None]
+
+
+def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(run_path)))
+    if trial is None:
+        if board.recommendation.row is None:
+            raise StudyError(
+                f"nothing to apply: {board.recommendation.message} (pass --trial N to apply a trial anyway)"
+            )
+        return board.recommendation.row
+    row = next((r for r in board.rows if r.number == trial), None)
+    if row is None or row.state != "COMPLETE":
+        done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
+        raise ConfigError(f"trial {trial} did not complete in {run_path}; choose one of: {done}")
+    return row
+
+
+async def apply_settings(
+    spec: StudySpec, base_dir: Path, run_path: Path, *, trial: int | None, say: Callable[[str], None]
+) -> Applied:
+    prepared = prepare_study(spec, base_dir)
+    engine = prepared.engine
+    row = _chosen_row(run_path, trial)
+    server = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "server"}
+    client = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "request"}
+    launch = engine.launch_spec(server)
+    log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}-server.log"
+    async with create_transport(spec.host) as transport:
+        deployer = create_deployer(spec.deploy, transport=transport)
+        if not isinstance(deployer, PersistentDeployer):
+            flags = " ".join(f"{name}={value}" for name, value in sorted(server.items()))
+            raise ConfigError(
+                f"deploy.kind = {spec.deploy.kind!r} has no configuration of the host to write; start the server "
+                f"with these settings yourself: {flags}"
+            )
+        async with deployer:
+            say(f"starting trial {row.number}'s settings as a trial first: {server}")
+            deployment = await deployer.apply(launch, log_path=str(log_path))
+            startup_log, _ = await deployer.read_log(0)
+            ignored = engine.ignored_settings(startup_log)
+            if ignored is not None:
+                raise DeployError(ignored)
+            say("verification run: replaying the workload once with fresh prompts")
+            requests = synthesize_requests(
+                prepared.trace,
+                token_range=engine.prompt_token_range(),
+                seed=spec.workload.seed,
+                round_index=_VERIFY_PROMPTS_INDEX,
+                time_scale=spec.workload.time_scale,
+            )
+            requests = engine.apply_request_settings(requests, row.params)
+            records = await replay(
+                requests, engine=engine, base_url=deployment.base_url, request_timeout_s=spec.workload.request_timeout_s
+            )
+            failed = [r for r in records if not r.ok]
+            gone = await deployer.check_alive()
+            if gone is not None or failed:
+                why = gone or f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error})"
+                raise StudyError(f"the verification run failed: {why}; the host stays on its baseline")
+            metrics = compute_metrics(
+                records,
+                long_prompt_tokens=spec.metrics.long_prompt_tokens,
+                min_overlap_s=spec.metrics.min_overlap_s,
+                slo=spec.metrics.slo,
+            )
+            note = (
+                f"serve-tuner: trial {row.number} of study {spec.name!r}, applied {time.strftime('%Y-%m-%d %H:%M')} "
+                "after a verification run; `tuner restore STUDY` removes this file"
+            )
+            path = await deployer.persist(note=note)
+    return Applied(
+        trial=row.number, server_settings=server, client_settings=client, path=path, requests=len(records),
+        metrics=metrics,
+    )  # fmt: skip
+
+
+async def restore_settings(spec: StudySpec, base_dir: Path) -> str | None:
+    """Removes what `apply_settings` wrote; returns its path, or None if the host had none."""
+    prepared = prepare_study(spec, base_dir)
+    async with create_transport(spec.host) as transport:
+        deployer = create_deployer(spec.deploy, transport=transport)
+        if not isinstance(deployer, PersistentDeployer):
+            raise ConfigError(f"deploy.kind = {spec.deploy.kind!r} writes nothing to the host that could be removed")
+        async with deployer:
+            return await deployer.remove_persisted(prepared.engine.launch_spec({}))
