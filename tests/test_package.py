@@ -11,7 +11,7 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 
 # Lower layers first; a module may import only from its own layer or below (docs/architecture.md).
 LAYERS = [
-    {"errors", "registry", "assets", "files", "adapters"},
+    {"errors", "registry", "assets", "files", "adapters", "faults"},
     {"models", "config"},
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from tuner.deployers.systemd import (
     render_drop_in,
 )
 from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError
+from tuner.faults import CRASH_POINTS
 from tuner.models import LaunchSpec
 from tuner.transports.ssh import SshOptions, SshTransport
 
@@ -203,6 +206,7 @@ def test_a_second_controller_is_refused_and_a_dead_ones_leftovers_are_restored_f
         f"mkdir -p /run/serve-tuner/llama-server.service.lock && "
         f"printf '{{\"controller\": \"%s\", \"pid\": 999999999, \"beat\": 0}}' \"$(hostname)\" "
         f"> /run/serve-tuner/llama-server.service.lock/owner.json && "
+        "mkdir -p /run/systemd/system/llama-server.service.d && "
         f"printf '[Service]\\nEnvironment=LLAMA_ARG_BATCH=32\\n' > {RUNTIME_DROP_IN} && "
         "systemctl daemon-reload && systemctl restart llama-server.service",
     )  # fmt: skip
@@ -314,16 +318,8 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     assert host.read("/tmp/pwned") is None
 
 
-@pytest.mark.real_server
-def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
-) -> None:
-    """The product's path on a production host: trials as drop-ins on the operator's unit, reached over
-    ssh, the replay through a forwarded port, and the unit exactly as found at the end."""
-    from tuner.report import build_leaderboard
-    from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
-
+def _study_file(systemd_host: SystemdHost, tmp_path: Path) -> Path:
+    """The tiny study, run on the systemd host over ssh: trials are drop-ins on the operator's unit."""
     data = Path(__file__).resolve().parent / "data"
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
     text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
@@ -334,7 +330,20 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
     )
     deploy = f'kind = "systemd"\nunit = "{systemd_host.unit}"'
     (tmp_path / "unit.toml").write_text(f"{text}\n[host]\n{host}\n[deploy]\n{deploy}\n")
+    return tmp_path / "unit.toml"
 
+
+@pytest.mark.real_server
+def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+) -> None:
+    """The product's path on a production host: trials as drop-ins on the operator's unit, reached over
+    ssh, the replay through a forwarded port, and the unit exactly as found at the end."""
+    from tuner.report import build_leaderboard
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    _study_file(systemd_host, tmp_path)
     command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
     command += ["--set", "budget.trials=1", "--set", "confirm.top=0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
@@ -348,7 +357,9 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
 
     # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
     apply = [sys.executable, "-m", "tuner", "apply", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
-    done = subprocess.run([*apply, "--trial", str(tuned.number)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*apply, "--trial", str(tuned.number)], capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
     applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
@@ -361,8 +372,46 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
 
     # `tuner restore` removes exactly that file; the fixture then checks the whole baseline.
     restore = [sys.executable, "-m", "tuner", "restore", str(tmp_path / "unit.toml")]
-    done = subprocess.run(restore, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
     assert systemd_host.read(applied) is None
-    done = subprocess.run(restore, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "nothing to remove" in done.stdout
+
+
+@pytest.mark.real_server
+@pytest.mark.parametrize("step", CRASH_POINTS)
+def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path, step: str
+) -> None:
+    """P2: SIGKILL at each named step; the same command run again puts the host back first, fails the
+    interrupted trial instead of leaving it RUNNING, and measures the baseline exactly once."""
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    command = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "run",
+        str(_study_file(systemd_host, tmp_path)),
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    command += ["--set", "budget.trials=0", "--set", "confirm.top=0"]
+    crashed = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "SERVE_TUNER_CRASH_AT": step},
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    trials = open_optuna_study_readonly(RunDirectory(tmp_path / "unit")).get_trials()
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    assert len([t for t in trials if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]) == 1
+    if step != "mid-restore":  # killed while restoring, the baseline had already been measured
+        assert any(t.state.name == "FAIL" and "interrupted" in t.user_attrs.get("fail_reason", "") for t in trials)

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 import httpx
 
 from tuner.engines.base import Engine, parse_prometheus_text
+from tuner.faults import crash_point
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 
 __all__ = ["replay", "scrape_prometheus", "with_answers"]
@@ -66,6 +67,7 @@ async def replay(
                     client, engine, with_answers(request, answers), started, request_timeout_s
                 )
                 records.append(record)
+                crash_point("mid-replay")
                 previous_end = record.end_s
 
         try:

@@ -30,6 +30,7 @@ from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_sea
 from tuner.deployers.base import Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
+from tuner.faults import crash_point
 from tuner.gate import ask_probes, judge
 from tuner.gpu import GpuMemorySampler
 from tuner.loadgen import replay, scrape_prometheus
@@ -682,6 +683,7 @@ class _StudyRun:
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
         trial.set_user_attr("score", value)
+        crash_point("before-tell")
         if self.spec.combine == "pareto":
             terms = [objective_terms(metrics, reference, objectives) for metrics in rounds]
             self.study.tell(trial, [statistics.median(column) for column in zip(*terms, strict=True)])

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from tuner.config import PluginSpec, validate_options
 from tuner.errors import ServerNotReady
+from tuner.faults import crash_point
 from tuner.models import LaunchSpec
 from tuner.registry import Registry
 from tuner.transports.base import Transport
@@ -111,6 +112,7 @@ async def wait_until_healthy(
     async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
         while True:
             reason = await exited()
+            crash_point("mid-health-wait")
             if reason is not None:
                 raise ServerNotReady(f"the server stopped while starting: {reason}")
             try:

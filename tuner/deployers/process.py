@@ -11,6 +11,7 @@ from pydantic import Field
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import ServerNotReady, TransportError
+from tuner.faults import crash_point
 from tuner.models import LaunchSpec
 from tuner.transports.base import ProcessHandle, Transport
 
@@ -48,6 +49,7 @@ class ProcessDeployer:
         env.update(launch.env)
         self._log_path = log_path
         self._child = await self._transport.spawn([launch.executable, *launch.args], env=env, log_path=log_path)
+        crash_point("after-restart")
         base_url = await self._transport.reach(launch.host, launch.port)
         try:
             took = await wait_until_healthy(
@@ -71,6 +73,8 @@ class ProcessDeployer:
         return data[since:].decode(errors="replace"), len(data)
 
     async def restore(self) -> None:
+        if self._child is not None:
+            crash_point("mid-restore")
         await self._stop_child()
 
     async def _log_tail(self, log_path: str) -> str:

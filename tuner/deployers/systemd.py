@@ -38,6 +38,7 @@ from pydantic import Field
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady, StudyError, TransportError
+from tuner.faults import crash_point
 from tuner.models import LaunchSpec
 from tuner.transports.base import Transport
 
@@ -258,10 +259,11 @@ class SystemdDeployer:
                     f"the host has no unit {self._unit} ({state['LoadState'] or 'unknown'}); set deploy.unit to "
                     "the service that runs the server (`systemctl list-units --type=service`)"
                 )
-            if await self._read(self._runtime_drop_in) is not None:
-                # An earlier controller died mid-study: put the host back before looking at it.
+            previous = await self._read(self._state_path)
+            if previous is not None or await self._read(self._runtime_drop_in) is not None:
+                # An earlier controller died before it had restored (its snapshot is removed only once the
+                # host is back): put the host back before looking at it.
                 self._written = "(left by an earlier run)"
-                previous = await self._read(self._state_path)
                 was_active = json.loads(previous).get("active", True) if previous else True
                 self._baseline = {"active": was_active}
                 await self.restore()
@@ -341,6 +343,7 @@ class SystemdDeployer:
             "systemctl daemon-reload",
             f"systemctl reset-failed {unit}",
             f"systemctl restart {unit}" if active else f"systemctl stop {unit}",
+            f"rm -f {shlex.quote(self._state_path)}",
             f"rm -rf {shlex.quote(self._lock_dir)}",
             "",
         ])  # fmt: skip
@@ -412,9 +415,11 @@ class SystemdDeployer:
         await self._arm_dead_man()
         self._written = text
         await self._transport.write_file(self._runtime_drop_in, text.encode(), mode=0o644)
+        crash_point("after-write")
         await self._systemctl("daemon-reload")
         await self._systemctl("reset-failed", self._unit, check=False)
         await self._systemctl("restart", "--no-block", self._unit)
+        crash_point("after-restart")
         started = time.monotonic()
         self._deployed = None
         watcher = _StartWatcher(self, before)
@@ -453,6 +458,7 @@ class SystemdDeployer:
             raise DeployError(f"{self._unit} changed while its settings were made permanent; check it by hand")
         await self._disarm_dead_man()
         await self._transport.remove_file(self._restore_script)
+        await self._transport.remove_file(self._state_path)
         return path
 
     async def remove_persisted(self, launch: LaunchSpec) -> str | None:
@@ -540,6 +546,7 @@ class SystemdDeployer:
         try:
             if self._written is not None:
                 await self._transport.remove_file(self._runtime_drop_in)
+                crash_point("mid-restore")
                 await self._systemctl("daemon-reload")
                 await self._systemctl("reset-failed", self._unit, check=False)
                 active = bool(self._baseline is None or self._baseline.get("active", True))
@@ -559,6 +566,7 @@ class SystemdDeployer:
                         )
             await self._disarm_dead_man()
             await self._transport.remove_file(self._restore_script)
+            await self._transport.remove_file(self._state_path)
         finally:
             await self._unlock()
 
