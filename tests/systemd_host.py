@@ -78,9 +78,15 @@ class SystemdHost:
             timeout=timeout,
         )
 
-    def show(self, *properties: str) -> dict[str, str]:
+    def write(self, path: str, data: str) -> None:
+        subprocess.run(
+            ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "-r", "-w", "sh", "-c", 'cat > "$0"', path],
+            input=data, text=True, check=True, timeout=60,
+        )  # fmt: skip
+
+    def show(self, *properties: str, unit: str | None = None) -> dict[str, str]:
         args = [arg for name in properties for arg in ("-p", name)]
-        out = self.run("systemctl", "show", self.unit, *args).stdout
+        out = self.run("systemctl", "show", unit or self.unit, *args).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def read(self, path: str) -> bytes | None:
@@ -97,11 +103,11 @@ class SystemdHost:
         ).stdout.split()
         return {path: hashlib.sha256(self.read(path) or b"").hexdigest() for path in listing}
 
-    def main_pid(self) -> int:
-        return int(self.show("MainPID")["MainPID"])
+    def main_pid(self, unit: str | None = None) -> int:
+        return int(self.show("MainPID", unit=unit)["MainPID"])
 
-    def process_environment(self) -> dict[str, str]:
-        raw = self.read(f"/proc/{self.main_pid()}/environ") or b""
+    def process_environment(self, unit: str | None = None) -> dict[str, str]:
+        raw = self.read(f"/proc/{self.main_pid(unit)}/environ") or b""
         return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if "=" in entry)
 
     def wait_active(self, timeout: float = 120) -> None:

@@ -6,12 +6,16 @@ back, the server healthy and answering a completion."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,13 +28,15 @@ from tests.systemd_host import SystemdHost
 from tuner.deployers.systemd import (
     SystemdDeployer,
     SystemdOptions,
+    check_kept_command,
     parse_show_environment,
     quote_unit_word,
     render_drop_in,
 )
+from tuner.engines.base import Engine
 from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError
 from tuner.faults import CRASH_POINTS
-from tuner.models import LaunchSpec
+from tuner.models import LaunchSpec, RequestRecord
 from tuner.transports.ssh import SshOptions, SshTransport
 
 RUNTIME_DROP_IN = "/run/systemd/system/llama-server.service.d/zz-tuner.conf"
@@ -51,12 +57,16 @@ def test_a_control_character_is_refused_naming_the_variable(value: str) -> None:
         render_drop_in(launch, exec_start="keep", note="t")
 
 
-def test_flags_need_the_replace_mode_and_an_absolute_executable() -> None:
+def test_flags_the_units_command_lacks_need_the_replace_mode_and_an_absolute_executable() -> None:
     launch = LaunchSpec(executable="llama-server", args=("--lora-scaled", "a.gguf:0"), port=1)
+    shown = "{ path=/usr/bin/llama-server ; argv[]=/usr/bin/llama-server -m m.gguf ; ignore_errors=no ; pid=0 }"
     with pytest.raises(ConfigError, match='exec_start = "replace"'):
-        render_drop_in(launch, exec_start="keep", note="t")
+        check_kept_command(launch, shown)
     with pytest.raises(ConfigError, match="absolute path"):
         render_drop_in(launch, exec_start="replace", note="t")
+    # Ollama's `serve` is already what the unit runs: keep needs nothing more.
+    ollama = LaunchSpec(executable="ollama", args=("serve",), port=1)
+    check_kept_command(ollama, "{ path=/usr/local/bin/ollama ; argv[]=/usr/local/bin/ollama serve ; pid=0 }")
 
 
 def test_a_bad_unit_name_is_refused() -> None:
@@ -75,8 +85,18 @@ def test_systemctl_show_environment_is_read_back_exactly() -> None:
 
 
 def _deployer(host: SystemdHost, **options: object) -> tuple[SshTransport, SystemdDeployer]:
+    return _deployer_for(host, host.unit, **options)
+
+
+def _deployer_for(host: SystemdHost, unit: str, **options: object) -> tuple[SshTransport, SystemdDeployer]:
     transport = SshTransport(SshOptions.model_validate(host.ssh_options()))
-    return transport, SystemdDeployer(SystemdOptions(unit=host.unit, **options), transport=transport)  # type: ignore[arg-type]
+    return transport, SystemdDeployer(SystemdOptions(unit=unit, **options), transport=transport)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _launch(host: SystemdHost, **settings: str) -> LaunchSpec:
@@ -117,7 +137,7 @@ def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
     pid_before = systemd_host.main_pid()
     launch = _launch(systemd_host, LLAMA_ARG_BATCH="64", LLAMA_ARG_UBATCH="64")
 
-    async def scenario() -> tuple[int, int, str, str | None]:
+    async def scenario() -> tuple[int, int, int, str, str | None]:
         transport, deployer = _deployer(systemd_host)
         async with transport, deployer:
             deployment = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
@@ -126,11 +146,19 @@ def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
             assert systemd_host.read(RUNTIME_DROP_IN) is not None
             again = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
             log, _ = await deployer.read_log(0)
-            return deployment.pid or 0, again.pid or 0, log, await deployer.check_alive()
+            alive = await deployer.check_alive()
+            # P6: someone edits our drop-in by hand. The same settings applied again must not be taken
+            # as already running: the file and the service disagree until it is rewritten and restarted.
+            systemd_host.run("sh", "-c", f"echo Environment=LLAMA_ARG_BATCH=999 >> {RUNTIME_DROP_IN}")
+            third = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
+            assert systemd_host.process_environment()["LLAMA_ARG_BATCH"] == "64"
+            assert systemd_host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
+            return deployment.pid or 0, again.pid or 0, third.pid or 0, log, alive
 
-    first, second, log, alive = asyncio.run(scenario())
+    first, second, third, log, alive = asyncio.run(scenario())
     assert first not in (0, pid_before)
     assert second == first, "the same settings applied twice restarted the server"
+    assert third != first, "a hand-edited drop-in was taken for the running settings"
     assert alive is None
     assert "listening on" in log  # the server's own log, from the journal of this invocation
 
@@ -344,9 +372,13 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
     from tuner.study import open_optuna_study_readonly
 
     _study_file(systemd_host, tmp_path)
+    # P12: with the server's API key, which must reach the server only through a 0600 file.
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    env = {**os.environ, "SERVE_TUNER_TEST_KEY": canary}
     command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
     command += ["--set", "budget.trials=1", "--set", "confirm.top=0"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    command += ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
     assert [row.state for row in board.rows] == ["COMPLETE", "COMPLETE"]
@@ -357,24 +389,34 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
 
     # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
     apply = [sys.executable, "-m", "tuner", "apply", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
-    done = subprocess.run(
-        [*apply, "--trial", str(tuned.number)], capture_output=True, text=True, timeout=600, check=False
-    )
+    apply += ["--trial", str(tuned.number), "--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+    done = subprocess.run(apply, capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
     applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
     assert systemd_host.read(applied) is not None and systemd_host.read(RUNTIME_DROP_IN) is None
     environment = systemd_host.process_environment()
     for name, value in tuned.params.items():
-        env = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
-        assert environment[env] == str(value)
+        variable = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
+        assert environment[variable] == str(value)
     assert systemd_host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
+    assert environment["LLAMA_API_KEY"] == canary  # in force...
+    secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
+    assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
+    # ...and nowhere else: not in systemctl show (D-Bus shows it to every user), the unit's files, the
+    # journal, the run directory, or anything printed.
+    unit_dir = f"/etc/systemd/system/{systemd_host.unit}.d"
+    visible = systemd_host.run("systemctl", "show", systemd_host.unit).stdout
+    visible += systemd_host.run("sh", "-c", f"cat {unit_dir}/* /run/serve-tuner/* 2>/dev/null; true").stdout
+    visible += systemd_host.run("journalctl", "--no-pager", "-o", "cat").stdout + done.stdout + done.stderr
+    assert canary not in visible
+    assert canary.encode() not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
 
     # `tuner restore` removes exactly that file; the fixture then checks the whole baseline.
     restore = [sys.executable, "-m", "tuner", "restore", str(tmp_path / "unit.toml")]
     done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
-    assert systemd_host.read(applied) is None
+    assert systemd_host.read(applied) is None and systemd_host.read(secrets) is None
     done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "nothing to remove" in done.stdout
 
@@ -415,3 +457,139 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
     assert len([t for t in trials if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]) == 1
     if step != "mid-restore":  # killed while restoring, the baseline had already been measured
         assert any(t.state.name == "FAIL" and "interrupted" in t.user_attrs.get("fail_reason", "") for t in trials)
+
+
+# ---- the other engines' launches on real units (servers: TRANSCRIPT-BASED stand-ins) ---------
+
+_STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
+
+
+@contextlib.contextmanager
+def stand_in_unit(host: SystemdHost, unit: str, service: str) -> Iterator[dict[str, str]]:
+    """`unit` running the transcript stand-in (Ollama and vLLM cannot run here), as an operator would
+    have installed the real server; yields its files' hashes and removes it afterwards."""
+    host.run("mkdir", "-p", "/etc/serve-tuner-test/transcripts")
+    host.write("/etc/serve-tuner-test/fake_engine_server.py", _STAND_IN.read_text())
+    for transcript in (_STAND_IN.parent / "transcripts").iterdir():
+        host.write(f"/etc/serve-tuner-test/transcripts/{transcript.name}", transcript.read_text())
+    host.write(f"/etc/systemd/system/{unit}", f"[Unit]\nDescription=stand-in\n[Service]\n{service}")
+    host.run("sh", "-c", f"systemctl daemon-reload && systemctl start {unit}")
+    files = {f"/etc/systemd/system/{unit}": hashlib.sha256(host.read(f"/etc/systemd/system/{unit}") or b"").hexdigest()}
+    try:
+        yield files
+    finally:
+        host.run("sh", "-c", f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}; systemctl daemon-reload")
+
+
+async def _replay_one(engine: Engine, base_url: str) -> list[RequestRecord]:
+    from tuner.loadgen import replay
+    from tuner.models import ReplayRequest
+
+    request = ReplayRequest(
+        request_id="a", session="s", offset_s=0, prompt_token_ids=tuple(range(100, 140)), output_tokens=8
+    )
+    return list(await replay([request], engine=engine, base_url=base_url, request_timeout_s=30))
+
+
+@pytest.mark.real_server
+def test_ollama_settings_go_on_ollama_service_as_environment_lines(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """Ollama is configured by OLLAMA_* variables only: `exec_start = "keep"`, as its install script's unit
+    runs `ollama serve`. TRANSCRIPT-BASED server."""
+    from tuner.engines.ollama import OllamaEngine, OllamaOptions
+
+    port = _free_port()
+    python = os.path.realpath(sys.executable)
+    service = (
+        f'Environment="OLLAMA_HOST=127.0.0.1:{port}"\n'
+        f"ExecStart={python} /etc/serve-tuner-test/fake_engine_server.py serve\n"
+    )
+    engine = OllamaEngine(OllamaOptions(model="llama3.2:3b", port=port))
+    launch = engine.launch_spec({"num_parallel": 2, "flash_attention": True, "keep_alive": "30m"})
+    with stand_in_unit(systemd_host, "ollama.service", service) as files:
+        before = systemd_host.main_pid("ollama.service")
+
+        async def scenario() -> int:
+            transport, deployer = _deployer_for(systemd_host, "ollama.service")
+            async with transport, deployer:
+                deployment = await deployer.apply(launch, log_path=f"{tmp_path}/ollama.log")
+                environment = systemd_host.process_environment("ollama.service")
+                assert environment["OLLAMA_NUM_PARALLEL"] == "2" and environment["OLLAMA_FLASH_ATTENTION"] == "1"
+                return deployment.pid or 0
+
+        pid = asyncio.run(scenario())
+        assert pid not in (0, before)
+        # What the replay sends to it and reads back, through the same engine.
+        (record,) = asyncio.run(_replay_one(engine, f"http://127.0.0.1:{port}"))
+        assert record.ok
+        after = systemd_host.process_environment("ollama.service")
+        assert "OLLAMA_NUM_PARALLEL" not in after and after["OLLAMA_HOST"] == f"127.0.0.1:{port}"
+        assert systemd_host.read("/run/systemd/system/ollama.service.d/zz-tuner.conf") is None
+        assert {k: hashlib.sha256(systemd_host.read(k) or b"").hexdigest() for k in files} == files
+
+
+@pytest.mark.real_server
+def test_vllm_flags_replace_the_units_command_line_and_the_operators_comes_back(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """vLLM takes its settings as flags: `exec_start = "replace"` resets ExecStart= to the launch's command
+    line, verified against the process's argv. TRANSCRIPT-BASED server."""
+    from tuner.engines.vllm import VllmEngine, VllmOptions
+
+    port = _free_port()
+    python = os.path.realpath(sys.executable)
+    script = "/etc/serve-tuner-test/fake_engine_server.py"
+    operator = [python, script, "serve", "Qwen/Qwen2.5-0.5B-Instruct", "--port", str(port), "--max-num-seqs", "256"]
+    engine = VllmEngine(VllmOptions(command=[python, script, "serve"], model="Qwen/Qwen2.5-0.5B-Instruct", port=port))
+    launch = engine.launch_spec({"max_num_seqs": 8, "enable_chunked_prefill": True, "max_num_batched_tokens": 512})
+    with stand_in_unit(systemd_host, "vllm.service", f"ExecStart={' '.join(operator)}\n"):
+
+        async def scenario() -> list[str]:
+            transport, deployer = _deployer_for(systemd_host, "vllm.service", exec_start="replace")
+            async with transport, deployer:
+                deployment = await deployer.apply(launch, log_path=f"{tmp_path}/vllm.log")
+                cmdline = systemd_host.read(f"/proc/{deployment.pid}/cmdline") or b""
+                (record,) = await _replay_one(engine, deployment.base_url)
+                assert record.ok
+                return cmdline.decode().split("\0")[:-1]
+
+        assert asyncio.run(scenario()) == list(launch.command)
+        assert "--max-num-seqs" in launch.command and "8" in launch.command
+        restored = systemd_host.read(f"/proc/{systemd_host.main_pid('vllm.service')}/cmdline") or b""
+        assert restored.decode().split("\0")[:-1] == operator
+
+
+@pytest.mark.real_server
+def test_lora_adapters_reach_the_unit_through_an_execstart_override(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 6 on systemd: `--lora-scaled` has no environment variable, so the drop-in carries the whole
+    command line; the real server then lists the adapter, loaded at scale 0."""
+    from tuner import assets
+
+    adapter = assets.find_test_lora()
+    if adapter is None:
+        pytest.skip("the test LoRA adapter is missing: run `tuner setup`")
+    launch = _launch(systemd_host, LLAMA_ARG_BATCH="64").model_copy(
+        update={
+            "args": (
+                "-m",
+                str(systemd_host.model),
+                "--port",
+                str(systemd_host.server_port),
+                "--lora-scaled",
+                f"{adapter}:0",
+            )
+        }
+    )
+
+    async def scenario() -> list[dict[str, object]]:
+        transport, deployer = _deployer(systemd_host, exec_start="replace")
+        async with transport, deployer:
+            deployment = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
+            cmdline = (systemd_host.read(f"/proc/{deployment.pid}/cmdline") or b"").decode().split("\0")[:-1]
+            assert cmdline == list(launch.command)
+            async with httpx.AsyncClient(timeout=10) as client:  # through the forwarded port, on this loop
+                return list((await client.get(f"{deployment.base_url}/lora-adapters")).json())
+
+    (loaded,) = asyncio.run(scenario())
+    assert loaded["path"] == str(adapter) and loaded["scale"] == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 import time
@@ -41,6 +42,12 @@ def _positive(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tuner", description="Tune a self-hosted LLM server against recorded traffic."
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["warning", "info", "debug"],
+        default="warning",
+        help="library log messages on stderr, for troubleshooting (default: warning)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -332,6 +339,7 @@ def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderbo
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     console = make_console()
     err = make_console(stderr=True)
     try:

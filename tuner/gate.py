@@ -44,7 +44,7 @@ async def ask_probes(
     lora: tuple[tuple[str, float], ...] | None = None,
 ) -> list[tuple[int, ...]]:
     answers = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=engine.request_headers()) as client:
         for prompt in PROBE_PROMPTS:
             call = engine.probe_request(prompt, tokens=tokens, lora=lora)
             try:

@@ -41,7 +41,9 @@ async def replay(
     limits = httpx.Limits(max_connections=len(requests) + 4, max_keepalive_connections=len(requests) + 4)
     timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
     records: list[RequestRecord] = []
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers()
+    ) as client:
         # The first request through httpx pays for lazy setup (about 0.1 s); paying it here, and starting
         # the clock only once every session task is waiting, keeps the first arrivals on schedule.
         with contextlib.suppress(httpx.HTTPError):
@@ -184,7 +186,7 @@ async def scrape_prometheus(engine: Engine, base_url: str) -> dict[str, float]:
     if engine.metrics_path is None:
         return {}
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=engine.request_headers()) as client:
             response = await client.get(engine.metrics_path)
     except httpx.HTTPError:
         return {}

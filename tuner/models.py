@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 __all__ = [
     "AnswerSpan",
@@ -33,6 +33,11 @@ class LaunchSpec(_Contract):
     executable: str = Field(description="Program to run.")
     args: tuple[str, ...] = Field(default=(), description="Command-line arguments after the program.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables the server reads.")
+    secret_env: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Environment variables that hold secrets (an API key): never on a command line, in a "
+        "unit file, a log or a repr; deployers pass them in a file only the server's user can read.",
+    )
     host: str = Field(default="127.0.0.1", description="Address the server listens on.")
     port: int = Field(description="TCP port the server listens on.")
     health_path: str = Field(default="/health", description="GET path that answers 200 once ready.")
@@ -44,6 +49,9 @@ class LaunchSpec(_Contract):
     @property
     def command(self) -> tuple[str, ...]:
         return (self.executable, *self.args)
+
+    def secret_values(self) -> dict[str, str]:
+        return {name: value.get_secret_value() for name, value in self.secret_env.items()}
 
 
 class AnswerSpan(_Contract):

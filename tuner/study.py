@@ -694,13 +694,26 @@ class _StudyRun:
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
 
 
+async def check_host_files(spec: StudySpec, engine: Engine) -> None:
+    """The files the engine's options name exist on the host, looked at before anything is changed."""
+    files = engine.host_files()
+    if not files:
+        return
+    async with create_transport(spec.host) as transport:
+        for key, path in files.items():
+            found = await transport.run(["test", "-f", path], timeout_s=30, check=False)
+            if found.exit_status != 0:
+                raise ConfigError(f"{path} does not exist on the host; fix {key} in the study file")
+
+
 async def run_study(
     spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver | None = None
 ) -> optuna.Study:
     """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline."""
     observer = observer or NullObserver()
     prepared = prepare_study(spec, base_dir)
-    prepared.engine.launch_spec({})  # fails here, before the host is touched, if the binary or model is missing
+    prepared.engine.launch_spec({})  # fails here, before the host is touched, if `tuner setup` was not run
+    await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
     with RunDirectory(run_path) as run_dir:

@@ -77,6 +77,14 @@ def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchS
     return [*argv, str(config.get("Image") or inspect.get("Image")), *rest]
 
 
+def _without_env_values(inspect: dict[str, Any]) -> dict[str, Any]:
+    """The inspect output as saved beside the log: environment names kept, their values (which may be
+    the operator's secrets) left out."""
+    config = dict(inspect.get("Config") or {})
+    config["Env"] = [entry.split("=", 1)[0] + "=(not saved)" for entry in config.get("Env") or []]
+    return {**inspect, "Config": config}
+
+
 @DEPLOYERS.register("container")
 class ContainerDeployer:
     options_model = ContainerOptions
@@ -127,14 +135,32 @@ class ContainerDeployer:
                     f"no container named {self._name!r}; set deploy.container to the container that runs the server"
                 )
             self._baseline = await self._inspect(self._name)
-            await self._transport.write_file(log_path + ".baseline.json", json.dumps(self._baseline).encode())
+            await self._transport.write_file(
+                log_path + ".baseline.json", json.dumps(_without_env_values(self._baseline)).encode()
+            )
         if not self._moved_aside:
             await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
             await self._cli("rename", self._name, self._name + _BASELINE_SUFFIX)
             self._moved_aside = True
         trial = self._name + _TRIAL_SUFFIX
         await self._cli("rm", "-f", trial, check=False)
-        await self._cli(*trial_run_argv(self._options.cli, trial, self._baseline, launch)[1:])
+        run_argv = trial_run_argv(self._options.cli, trial, self._baseline, launch)[1:]
+        if launch.secret_env:
+            # Secrets go in a file only root can read, read by the CLI at `run`, never on its command line.
+            secrets_path = log_path + ".secret.env"
+            lines = []
+            for name, value in launch.secret_values().items():
+                if "\n" in value or "\r" in value or "\0" in value:
+                    raise DeployError(f"the value of {name} contains a line break, which an env file cannot carry")
+                lines.append(f"{name}={value}\n")
+            await self._transport.write_file(secrets_path, "".join(lines).encode(), mode=0o600)
+            run_argv = [run_argv[0], run_argv[1], "--env-file", secrets_path, *run_argv[2:]]
+            try:
+                await self._cli(*run_argv)
+            finally:
+                await self._transport.remove_file(secrets_path)
+        else:
+            await self._cli(*run_argv)
         base_url = await self._transport.reach(launch.host, launch.port)
         try:
             took = await wait_until_healthy(

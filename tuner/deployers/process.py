@@ -47,6 +47,7 @@ class ProcessDeployer:
         await self._stop_child()
         env = {name: os.environ[name] for name in self._options.inherit_env if name in os.environ}
         env.update(launch.env)
+        env.update(launch.secret_values())  # over ssh the environment travels in a 0600 file, never argv
         self._log_path = log_path
         self._child = await self._transport.spawn([launch.executable, *launch.args], env=env, log_path=log_path)
         crash_point("after-restart")

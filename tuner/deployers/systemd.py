@@ -47,9 +47,11 @@ __all__ = [
     "DROP_IN_NAME",
     "SystemdDeployer",
     "SystemdOptions",
+    "check_kept_command",
     "parse_show_environment",
     "quote_unit_word",
     "render_drop_in",
+    "render_secrets_file",
 ]
 
 DROP_IN_NAME = "zz-tuner.conf"  # sorts after the operator's override.conf, so our values win
@@ -59,11 +61,12 @@ APPLIED_NAME = "zz-tuner-applied.conf"
 RUNTIME_DIR = "/run/systemd/system"
 PERSISTENT_DIR = "/etc/systemd/system"
 STATE_DIR = "/run/serve-tuner"
+PERSISTENT_SECRETS_DIR = "/etc/serve-tuner"
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\-]+\.service\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SHOW_PROPERTIES = (
     "LoadState", "ActiveState", "SubState", "Result", "MainPID", "InvocationID", "NRestarts",
-    "NeedDaemonReload", "FragmentPath", "DropInPaths", "Environment", "ExecMainStatus",
+    "NeedDaemonReload", "FragmentPath", "DropInPaths", "Environment", "ExecMainStatus", "ExecStart",
 )  # fmt: skip
 
 
@@ -112,18 +115,34 @@ def quote_unit_word(text: str, *, in_exec: bool, what: str) -> str:
     return f'"{escaped}"'
 
 
-def render_drop_in(launch: LaunchSpec, *, exec_start: Literal["keep", "replace"], note: str) -> str:
-    """The text of our drop-in for `launch`; raises `ConfigError` for a value systemd cannot carry."""
-    if exec_start == "keep" and launch.args:
-        raise ConfigError(
-            f"this configuration passes flags ({' '.join(launch.args[:4])}) that only a new command line can "
-            'carry; set deploy.exec_start = "replace" in the study file'
-        )
+def render_secrets_file(launch: LaunchSpec) -> str:
+    """An EnvironmentFile= for the launch's secrets: `systemctl show` and D-Bus show Environment= values
+    to anyone, the contents of a 0600 file to no one."""
+    lines = []
+    for name, value in launch.secret_values().items():
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
+        if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+            raise ConfigError(f"the value of {name} contains a control character, which a unit cannot carry")
+        escaped = "".join("\\" + char if char in '"\\`$' else char for char in value)
+        lines.append(f'{name}="{escaped}"\n')
+    return "".join(lines)
+
+
+def render_drop_in(
+    launch: LaunchSpec, *, exec_start: Literal["keep", "replace"], note: str, secrets_file: str | None = None
+) -> str:
+    """The text of our drop-in for `launch`; raises `ConfigError` for a value systemd cannot carry.
+    With `keep`, the launch's arguments are the unit's own business (`check_kept_command` checks that
+    its ExecStart already passes them)."""
     lines = [f"# {note}", "[Service]"]
     for name, value in launch.env.items():
         if not _ENV_NAME.match(name):
             raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
         lines.append("Environment=" + quote_unit_word(f"{name}={value}", in_exec=False, what=f"the value of {name}"))
+    if launch.secret_env:
+        assert secrets_file is not None
+        lines.append(f"EnvironmentFile={secrets_file}")
     if exec_start == "replace":
         if not launch.executable.startswith("/"):
             raise ConfigError(
@@ -133,6 +152,22 @@ def render_drop_in(launch: LaunchSpec, *, exec_start: Literal["keep", "replace"]
         words = [quote_unit_word(word, in_exec=True, what="a command-line argument") for word in launch.command]
         lines += ["ExecStart=", "ExecStart=" + " ".join(words)]
     return "\n".join(lines) + "\n"
+
+
+def check_kept_command(launch: LaunchSpec, exec_start_shown: str) -> None:
+    """With `exec_start = "keep"`, the unit's own command line must already pass the launch's arguments
+    (`serve` for Ollama; LoRA adapters would need to be there for llama-server), in order."""
+    match = re.search(r"argv\[\]=(.*?) ;", exec_start_shown)
+    unit_args = match.group(1).split()[1:] if match else []
+    position = 0
+    for arg in launch.args:
+        try:
+            position = unit_args.index(arg, position) + 1
+        except ValueError:
+            raise ConfigError(
+                f"this configuration passes {' '.join(launch.args[:4])}, which the unit's ExecStart does not; "
+                'set deploy.exec_start = "replace" in the study file so the drop-in carries the command line'
+            ) from None
 
 
 def parse_show_environment(text: str) -> dict[str, str]:
@@ -208,6 +243,7 @@ class SystemdDeployer:
         self._state_path = f"{STATE_DIR}/{self._unit}.json"
         self._lock_dir = f"{STATE_DIR}/{self._unit}.lock"
         self._restore_script = f"{STATE_DIR}/{self._unit}.restore.sh"
+        self._secrets_path = f"{STATE_DIR}/{self._unit}.secret.env"
         self._timer = "serve-tuner-restore-" + self._unit.removesuffix(".service").replace("@", "_")
         self._owner = {"controller": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         self._locked = False
@@ -339,7 +375,7 @@ class SystemdDeployer:
         script = "\n".join([
             "#!/bin/sh",
             f"# serve-tuner: puts {self._unit} back on its baseline if the controller stopped answering.",
-            f"rm -f {shlex.quote(self._runtime_drop_in)}",
+            f"rm -f {shlex.quote(self._runtime_drop_in)} {shlex.quote(self._secrets_path)}",
             "systemctl daemon-reload",
             f"systemctl reset-failed {unit}",
             f"systemctl restart {unit}" if active else f"systemctl stop {unit}",
@@ -371,7 +407,7 @@ class SystemdDeployer:
 
     async def _refuse_later_overrides(self, launch: LaunchSpec, state: UnitState) -> None:
         """An operator drop-in that sorts after ours and sets one of our keys would silently win."""
-        ours = set(launch.env)
+        ours = set(launch.env) | set(launch.secret_env)
         for path in state.drop_ins:
             name = path.rsplit("/", 1)[-1]
             if name <= DROP_IN_NAME or not path.startswith(("/etc/", "/run/", "/usr/lib/", "/lib/")):
@@ -391,10 +427,16 @@ class SystemdDeployer:
         if self._baseline is None:
             raise DeployError("the systemd deployer was used outside `async with`")
         text = render_drop_in(
-            launch, exec_start=self._options.exec_start, note="serve-tuner trial; removed when the study ends"
+            launch,
+            exec_start=self._options.exec_start,
+            note="serve-tuner trial; removed when the study ends",
+            secrets_file=self._secrets_path,
         )
+        secrets = render_secrets_file(launch)
         before = await self._state()
         await self._refuse_later_overrides(launch, before)
+        if self._options.exec_start == "keep":
+            check_kept_command(launch, before["ExecStart"])
         base_url = await self._transport.reach(launch.host, launch.port)
         if (
             text == self._written
@@ -414,6 +456,8 @@ class SystemdDeployer:
         self._launch = launch
         await self._arm_dead_man()
         self._written = text
+        if secrets:
+            await self._transport.write_file(self._secrets_path, secrets.encode(), mode=0o600)
         await self._transport.write_file(self._runtime_drop_in, text.encode(), mode=0o644)
         crash_point("after-write")
         await self._systemctl("daemon-reload")
@@ -448,9 +492,13 @@ class SystemdDeployer:
         if self._written is None or self._launch is None or self._deployed is None:
             raise DeployError("nothing to apply: no verified trial is running")
         path = f"{PERSISTENT_DIR}/{self._unit}.d/{APPLIED_NAME}"
-        text = render_drop_in(self._launch, exec_start=self._options.exec_start, note=note)
+        secrets_path = f"{PERSISTENT_SECRETS_DIR}/{self._unit}.secret.env"
+        text = render_drop_in(self._launch, exec_start=self._options.exec_start, note=note, secrets_file=secrets_path)
+        if self._launch.secret_env:
+            await self._transport.write_file(secrets_path, render_secrets_file(self._launch).encode(), mode=0o600)
         await self._transport.write_file(path, text.encode(), mode=0o644)
         await self._transport.remove_file(self._runtime_drop_in)
+        await self._transport.remove_file(self._secrets_path)
         await self._systemctl("daemon-reload")
         self._written = None
         state = await self._state()
@@ -466,6 +514,7 @@ class SystemdDeployer:
         if await self._read(path) is None:
             return None
         await self._transport.remove_file(path)
+        await self._transport.remove_file(f"{PERSISTENT_SECRETS_DIR}/{self._unit}.secret.env")
         await self._systemctl("daemon-reload")
         await self._systemctl("reset-failed", self._unit, check=False)
         await self._systemctl("restart", "--no-block", self._unit)
@@ -490,6 +539,11 @@ class SystemdDeployer:
                 raise DeployError(
                     f"{self._unit} runs with {name}={running.get(name, '(unset)')!r}, not {value!r}: an "
                     "EnvironmentFile= or a later drop-in overrides it; remove that setting from the unit"
+                )
+        for name, secret in launch.secret_values().items():
+            if running.get(name) != secret:  # compared, never shown
+                raise DeployError(
+                    f"{self._unit} does not run with the {name} it was given: another setting overrides it"
                 )
         if self._options.exec_start == "replace":
             cmdline = await self._read(f"/proc/{after.main_pid}/cmdline")
@@ -546,6 +600,7 @@ class SystemdDeployer:
         try:
             if self._written is not None:
                 await self._transport.remove_file(self._runtime_drop_in)
+                await self._transport.remove_file(self._secrets_path)
                 crash_point("mid-restore")
                 await self._systemctl("daemon-reload")
                 await self._systemctl("reset-failed", self._unit, check=False)

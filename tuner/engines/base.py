@@ -115,6 +115,14 @@ class KnobbedEngine(Generic[OptionsT]):
         """Why the server ignores a setting it was given, read from its startup log; None by default."""
         return None
 
+    def host_files(self) -> dict[str, str]:
+        """No files of the host's by default."""
+        return {}
+
+    def request_headers(self) -> dict[str, str]:
+        """No headers by default."""
+        return {}
+
 
 def render_env_value(knob: Knob, value: ParamValue) -> str:
     """A knob's value as its environment variable takes it: booleans as 1 and 0."""
@@ -156,6 +164,15 @@ class Engine(Protocol):
 
     def check_lora_adapters(self, names: set[str]) -> None:
         """Raises `ConfigError` unless every adapter a workload names is configured for the engine."""
+        ...
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers every request to the server carries (its API key); never logged."""
+        ...
+
+    def host_files(self) -> dict[str, str]:
+        """Files the configuration names on the host (study-file key to path), checked there before a
+        study starts: on a remote host they need not exist on this machine."""
         ...
 
     def ignored_settings(self, startup_log: str) -> str | None:

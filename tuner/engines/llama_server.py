@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import os
 import re
 import socket
 from collections import Counter
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
@@ -180,13 +181,19 @@ class LlamaServerOptions(StrictModel):
         description="Adapter name (as the workload names it) to GGUF path, or auto for the test adapter "
         "`tuner setup` writes; loaded at launch at scale 0, applied per request.",
     )
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable of the controller that holds the server's API key "
+        "(not the key itself, which stays out of study files). Requests send it as a Bearer token; the server "
+        "gets it as LLAMA_API_KEY through a file only it can read, never a command line or unit file.",
+    )
 
 
 def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str, key: str) -> str:
-    """A configured path, or with `auto` the one `tuner setup` made."""
+    """A configured path (a path on the host, which the study checks there), or with `auto` the one
+    `tuner setup` made here."""
     if configured != "auto":
-        if not Path(configured).is_file():
-            raise AssetError(f"{what} {configured} does not exist; fix {key}")
         return configured
     found = find_built()
     if found is None:
@@ -205,6 +212,26 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     kind = "llama-server"
     knobs: Mapping[str, Knob] = LLAMA_SERVER_KNOBS
     options_model = LlamaServerOptions
+
+    def __init__(self, options: LlamaServerOptions) -> None:
+        super().__init__(options)
+        self._api_key: SecretStr | None = None
+        if options.api_key_env is not None:
+            value = os.environ.get(options.api_key_env)
+            if not value:
+                raise ConfigError(
+                    f"engine.api_key_env names {options.api_key_env}, which is not set here; export it with the "
+                    "server's API key before running"
+                )
+            self._api_key = SecretStr(value)
+
+    def request_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
+
+    def host_files(self) -> dict[str, str]:
+        configured = {"engine.binary": self._options.binary, "engine.model": self._options.model}
+        configured.update({f"engine.lora_adapters.{name}": path for name, path in self._options.lora_adapters.items()})
+        return {key: path for key, path in configured.items() if path != "auto"}
 
     def resolve_binary(self) -> str:
         return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary", key="engine.binary")
@@ -238,6 +265,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             executable=self.resolve_binary(),
             args=(*lora_args, *self._options.extra_args),
             env=env,
+            secret_env={"LLAMA_API_KEY": self._api_key} if self._api_key else {},
             host=self._options.host,
             port=port,
             health_path="/health",
@@ -249,6 +277,8 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             model = Path(self.resolve_model())
         except AssetError:
             return None
+        if not model.is_file():
+            return None  # a model on a remote host: its header cannot be read from here
         merged = {**self._options.settings, **settings}
         tokens = int(merged.get("ctx_size") or 4096)
         k_type = str(merged.get("cache_type_k", "f16"))

@@ -1,0 +1,67 @@
+"""P12: the server's API key (a canary here) never appears in anything the tool prints or writes: run
+directories, Optuna's journal, reports, logs at debug level, error messages of a failed run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import ConfigError
+
+DATA = Path(__file__).resolve().parent / "data"
+TINY = DATA / "tiny-study.toml"
+CANARY = f"sk-canary-{uuid.uuid4().hex}"
+
+
+def everything_under(directory: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file())
+
+
+@pytest.mark.real_server
+def test_the_api_key_is_used_but_never_printed_or_written(tmp_path: Path, llama_server_binary: Path) -> None:
+    env = {**os.environ, "SERVE_TUNER_TEST_KEY": CANARY}
+    base = [sys.executable, "-m", "tuner", "--log-level", "debug", "run", str(TINY)]
+    base += ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"', "--set", "budget.trials=0", "--set", "confirm.top=0"]
+    ok = subprocess.run(
+        [*base, "--runs-dir", str(tmp_path / "ok")], capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    # A forced failure: every request times out, so the baseline cannot be measured and the run errors.
+    failing = subprocess.run(
+        [*base, "--runs-dir", str(tmp_path / "failing"), "--set", "workload.request_timeout_s=0.001"],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )  # fmt: skip
+    assert failing.returncode != 0 and failing.stderr.strip()
+
+    printed = (ok.stdout + ok.stderr + failing.stdout + failing.stderr).encode()
+    assert b"DEBUG" in printed  # the debug logging really ran
+    assert CANARY.encode() not in printed
+    assert CANARY.encode() not in everything_under(tmp_path)
+    # ...and the key was in force: llama-server warns at start when it has none, and every request of
+    # the baseline (which it would have refused without the key) was answered.
+    server_log = (tmp_path / "ok" / "tiny" / "trials" / "0000" / "server.log").read_text()
+    assert "listening on" in server_log and "no API key is set" not in server_log
+
+
+def test_an_api_key_variable_that_is_not_set_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
+
+    monkeypatch.delenv("SERVE_TUNER_UNSET_KEY", raising=False)
+    with pytest.raises(ConfigError, match="SERVE_TUNER_UNSET_KEY"):
+        LlamaServerEngine(LlamaServerOptions(api_key_env="SERVE_TUNER_UNSET_KEY"))
+
+
+def test_a_launch_never_shows_its_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
+
+    monkeypatch.setenv("SERVE_TUNER_TEST_KEY", CANARY)
+    engine = LlamaServerEngine(LlamaServerOptions(api_key_env="SERVE_TUNER_TEST_KEY", binary="/x", model="/y", port=1))
+    launch = engine.launch_spec({})
+    assert launch.secret_values() == {"LLAMA_API_KEY": CANARY}
+    assert CANARY not in repr(launch) and CANARY not in launch.model_dump_json()
+    assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
