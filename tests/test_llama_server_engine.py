@@ -115,11 +115,16 @@ def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id(t
     assert call.json["lora"] == [{"id": 1, "scale": 0.5}]
 
 
-def test_a_missing_adapter_file_is_refused_with_the_key_to_fix(tmp_path: Path) -> None:
-    from tuner.errors import AssetError
+def test_a_missing_adapter_file_is_refused_on_the_host_with_the_key_to_fix(tmp_path: Path) -> None:
+    import asyncio
 
-    with pytest.raises(AssetError, match=r"fix engine.lora_adapters.support"):
-        llama(lora_adapters={"support": str(tmp_path / "gone.gguf")}).launch_spec({})
+    from tuner.config import PluginSpec, StudySpec
+    from tuner.study import check_host_files
+
+    engine = llama(lora_adapters={"support": str(tmp_path / "gone.gguf")})
+    spec = StudySpec.model_construct(host=PluginSpec(kind="local"))
+    with pytest.raises(ConfigError, match=r"gone\.gguf does not exist on the host; fix engine\.lora_adapters\.support"):
+        asyncio.run(check_host_files(spec, engine))
 
 
 def test_a_workload_naming_an_adapter_the_engine_lacks_is_refused_with_the_fix() -> None:

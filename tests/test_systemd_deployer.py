@@ -593,3 +593,56 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
 
     (loaded,) = asyncio.run(scenario())
     assert loaded["path"] == str(adapter) and loaded["scale"] == 0
+
+
+@pytest.mark.real_server
+def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_timer(
+    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+) -> None:
+    """P9: the link to the host cut for 5 s is re-opened with backoff and the study's calls go on; cut
+    for longer than the reconnect window, the controller stops with exit code 75's error, and the
+    host's dead-man timer restores the baseline without it."""
+    from tests.tcp_proxy import CuttableProxy
+    from tuner.errors import HostUnreachable
+
+    pinned = systemd_host.known_hosts.read_text().split(" ", 1)[1]
+    with CuttableProxy(systemd_host.ssh_port) as proxy:
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.1]:{proxy.port} {pinned}")
+
+        def through_proxy(dead_man_s: float, **options: object) -> tuple[SshTransport, SystemdDeployer]:
+            ssh_options = {**systemd_host.ssh_options(), "port": proxy.port, "known_hosts": str(known_hosts)}
+            transport = SshTransport(SshOptions.model_validate({**ssh_options, "connect_timeout_s": 2, **options}))
+            options_ = SystemdOptions(unit=systemd_host.unit, dead_man_s=dead_man_s)
+            deployer = SystemdDeployer(options_, transport=transport)
+            return transport, deployer
+
+        async def short_outage() -> float:
+            transport, deployer = through_proxy(60, reconnect_window_s=30)
+            async with transport, deployer:
+                await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/a.log")
+                proxy.cut(5)
+                started = time.monotonic()
+                assert await deployer.check_alive() is None
+                return time.monotonic() - started
+
+        took = asyncio.run(short_outage())
+        assert 3 < took < 30
+        assert systemd_host.read(RUNTIME_DROP_IN) is None  # restored through the re-opened link
+
+        async def long_outage() -> None:
+            transport, deployer = through_proxy(8, reconnect_window_s=3)
+            async with transport:
+                await deployer.__aenter__()
+                await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/b.log")
+                proxy.cut(120)
+                with pytest.raises(HostUnreachable, match="dead-man timer"):
+                    await deployer.__aexit__(None, None, None)
+
+        asyncio.run(long_outage())
+        assert HostUnreachable.exit_code == 75
+        deadline = time.monotonic() + 60
+        while systemd_host.read(RUNTIME_DROP_IN) is not None:
+            assert time.monotonic() < deadline, "the dead-man timer did not restore the host"
+            time.sleep(0.5)
+        proxy.cut(0)

@@ -4,7 +4,8 @@
     ├── ConfigError            a study, search space or workload file is wrong (exit code 2)
     ├── AssetError             llama-server or the model could not be fetched or built
     ├── TransportError         a command or file operation on the host failed
-    │   └── CommandFailed      a command exited non-zero (argv, exit status, stderr tail)
+    │   ├── CommandFailed      a command exited non-zero (argv, exit status, stderr tail)
+    │   └── HostUnreachable    the link to the host stayed down past the reconnect window (exit code 75)
     ├── DeployError            a config could not be applied or restored
     │   └── ServerNotReady     the server did not become healthy in time, or exited
     ├── WorkloadError          a workload trace is malformed or unusable
@@ -23,6 +24,7 @@ __all__ = [
     "CommandFailed",
     "ConfigError",
     "DeployError",
+    "HostUnreachable",
     "MeasurementError",
     "ServerNotReady",
     "StudyError",
@@ -61,6 +63,15 @@ class CommandFailed(TransportError):
         self.stderr_tail = stderr_tail
         tail = stderr_tail.strip().splitlines()[-1:] or ["no stderr"]
         super().__init__(f"{self.argv[0]} exited with status {exit_status}: {tail[0]}")
+
+
+class HostUnreachable(TransportError):
+    """The connection to the host was lost and could not be re-opened within the reconnect window.
+
+    Exit code 75 (EX_TEMPFAIL): nothing is known to be wrong with the host or the study; on a systemd
+    host the dead-man timer puts the baseline back by itself."""
+
+    exit_code = 75
 
 
 class DeployError(TunerError):

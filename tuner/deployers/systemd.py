@@ -37,7 +37,15 @@ from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
-from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady, StudyError, TransportError
+from tuner.errors import (
+    CommandFailed,
+    ConfigError,
+    DeployError,
+    HostUnreachable,
+    ServerNotReady,
+    StudyError,
+    TransportError,
+)
 from tuner.faults import crash_point
 from tuner.models import LaunchSpec
 from tuner.transports.base import Transport
@@ -257,7 +265,9 @@ class SystemdDeployer:
 
     async def _systemctl(self, *args: str, timeout_s: float = 60, check: bool = True) -> str:
         try:
-            result = await self._transport.run(["systemctl", *args], timeout_s=timeout_s, check=check, privileged=True)
+            result = await self._transport.run(
+                ["systemctl", *args], timeout_s=timeout_s, check=check, privileged=True, idempotent=True
+            )
         except CommandFailed as exc:
             raise DeployError(f"systemctl {' '.join(args)} failed: {exc.stderr_tail.strip()[-300:]}") from None
         return result.stdout
@@ -325,7 +335,9 @@ class SystemdDeployer:
         if self._locked:
             return
         owner_path = f"{self._lock_dir}/owner.json"
-        await self._transport.run(["mkdir", "-p", "--", STATE_DIR], timeout_s=30, check=False, privileged=True)
+        await self._transport.run(
+            ["mkdir", "-p", "--", STATE_DIR], timeout_s=30, check=False, privileged=True, idempotent=True
+        )
         made = await self._transport.run(["mkdir", "--", self._lock_dir], timeout_s=30, check=False, privileged=True)
         if made.exit_status != 0:
             raw = await self._read(owner_path)
@@ -572,6 +584,7 @@ class SystemdDeployer:
             timeout_s=120,
             check=False,
             privileged=True,
+            idempotent=True,
         )
         return result.stdout
 
@@ -597,6 +610,17 @@ class SystemdDeployer:
 
     async def restore(self) -> None:
         """Our drop-in removed and the unit back as the snapshot found it; the files compared byte for byte."""
+        try:
+            await self._restore()
+        except HostUnreachable as exc:
+            if self._written is None:
+                raise
+            raise HostUnreachable(
+                f"{exc}; the host's dead-man timer puts {self._unit} back on its baseline within "
+                f"{self._options.dead_man_s:g} s of the last contact, and the next run checks it"
+            ) from None
+
+    async def _restore(self) -> None:
         try:
             if self._written is not None:
                 await self._transport.remove_file(self._runtime_drop_in)

@@ -47,11 +47,18 @@ class Transport(Protocol):
     async def __aexit__(self, *exc_info: object) -> None: ...
 
     async def run(
-        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        check: bool = True,
+        privileged: bool = False,
+        idempotent: bool = False,
     ) -> CommandResult:
         """Runs a command without a shell; raises `CommandFailed` on a non-zero exit when `check`.
         `privileged` steps (systemctl, files under /run and /etc) go through the host's sudo where the
-        transport is configured for it."""
+        transport is configured for it. An `idempotent` command (one that may run twice, like
+        `systemctl show` or `daemon-reload`) is sent again when the link drops while it runs."""
         ...
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:

@@ -66,7 +66,13 @@ class LocalTransport:
         self._children.clear()
 
     async def run(
-        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        check: bool = True,
+        privileged: bool = False,
+        idempotent: bool = False,
     ) -> CommandResult:
         # The controller's own rights are the local host's: there is no second user to switch to.
         try:

@@ -25,7 +25,7 @@ import asyncssh
 from pydantic import Field
 
 from tuner.config import StrictModel
-from tuner.errors import CommandFailed, TransportError
+from tuner.errors import CommandFailed, HostUnreachable, TransportError
 from tuner.transports.base import TRANSPORTS, CommandResult
 
 __all__ = [
@@ -115,7 +115,7 @@ class SshTransport:
         self._options = options
         self._connection: asyncssh.SSHClientConnection | None = None
         self._children: list[SshProcess] = []
-        self._forwards: list[asyncssh.SSHListener] = []
+        self._forwards: list[asyncio.Server] = []
         self._reached: dict[tuple[str, int], str] = {}
 
     @property
@@ -187,7 +187,7 @@ class SshTransport:
                 raise
             except TransportError as exc:
                 if time.monotonic() + delay > deadline:
-                    raise TransportError(
+                    raise HostUnreachable(
                         f"lost the connection to {self._options.host} and could not re-open it within "
                         f"{self._options.reconnect_window_s:g} s: {exc}"
                     ) from None
@@ -198,12 +198,19 @@ class SshTransport:
         return ["sudo", "-n", "--", *argv] if self._options.sudo else list(argv)
 
     async def run(
-        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        check: bool = True,
+        privileged: bool = False,
+        idempotent: bool = False,
     ) -> CommandResult:
-        return await self._run(self._privileged(argv) if privileged else list(argv), timeout_s=timeout_s, check=check)
+        command = self._privileged(argv) if privileged else list(argv)
+        return await self._run(command, timeout_s=timeout_s, check=check, idempotent=idempotent)
 
     async def _run(
-        self, argv: list[str], *, timeout_s: float, check: bool, stdin: bytes | None = None
+        self, argv: list[str], *, timeout_s: float, check: bool, stdin: bytes | None = None, idempotent: bool = False
     ) -> CommandResult:
         # `timeout` kills the command on the host too; the local deadline covers a host that stopped answering.
         seconds = f"{max(timeout_s, 0.1):g}"
@@ -224,6 +231,8 @@ class SshTransport:
                 self._connection = None
             except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
                 self._connection = None
+                if idempotent and attempt == 1:
+                    continue  # safe to send again: the next attempt re-opens the link within the window
                 raise TransportError(f"lost the connection to {self._options.host} during {argv[0]}: {exc}") from None
             except TimeoutError:
                 raise TransportError(
@@ -252,26 +261,32 @@ class SshTransport:
         )
         argv = self._privileged(["sh", "-c", script, "write", directory, temporary, f"{mode:o}", path])
         try:
-            await self._run(argv, timeout_s=60, check=True, stdin=data)
+            await self._run(argv, timeout_s=60, check=True, stdin=data, idempotent=True)
         except CommandFailed as exc:
             await self._run(self._privileged(["rm", "-f", "--", temporary]), timeout_s=15, check=False)
             raise TransportError(f"cannot write {path} on {self._options.host}: {exc.stderr_tail.strip()}") from None
 
     async def read_file(self, path: str) -> bytes:
-        connection = await self._live_connection()
         remote = shlex.join(self._privileged(["cat", "--", path]))
-        try:
-            async with asyncio.timeout(60):
-                completed = await connection.run(remote, check=False, stdin=asyncssh.DEVNULL, encoding=None)
-        except (TimeoutError, asyncssh.Error, OSError) as exc:
-            raise TransportError(f"cannot read {path} on {self._options.host}: {exc}") from None
+        for attempt in (1, 2):  # reading twice is harmless: a link lost meanwhile is re-opened once
+            connection = await self._live_connection()
+            try:
+                async with asyncio.timeout(60):
+                    completed = await connection.run(remote, check=False, stdin=asyncssh.DEVNULL, encoding=None)
+                break
+            except (asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+                self._connection = None
+                if attempt == 2:
+                    raise TransportError(f"cannot read {path} on {self._options.host}: {exc}") from None
+            except (TimeoutError, asyncssh.Error, OSError) as exc:
+                raise TransportError(f"cannot read {path} on {self._options.host}: {exc}") from None
         if completed.exit_status != 0:
             error = completed.stderr.decode(errors="replace") if isinstance(completed.stderr, bytes) else ""
             raise TransportError(f"cannot read {path} on {self._options.host}: {error.strip()}")
         return completed.stdout if isinstance(completed.stdout, bytes) else b""
 
     async def remove_file(self, path: str) -> None:
-        await self._run(self._privileged(["rm", "-f", "--", path]), timeout_s=30, check=True)
+        await self._run(self._privileged(["rm", "-f", "--", path]), timeout_s=30, check=True, idempotent=True)
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: str) -> SshProcess:
         """Starts `argv` in its own session with exactly `env`, output to `log_path`; its exit status
@@ -302,11 +317,44 @@ class SshTransport:
         return self._reached[(host, port)]
 
     async def forward_port(self, remote_port: int, *, remote_host: str = "127.0.0.1") -> int:
-        """Forwards a free local port to `remote_host:remote_port` as seen from the host; returns it."""
-        connection = await self._live_connection()
-        listener = await connection.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
-        self._forwards.append(listener)
-        return int(listener.get_port())
+        """Forwards a free local port to `remote_host:remote_port` as seen from the host; returns it.
+
+        The local listener is ours, not the connection's: each accepted connection opens its channel on
+        whatever link is live then, so the port (and the URL the study holds) outlives a reconnect."""
+        await self._live_connection()  # fails here, not at the first request, if the host is unreachable
+
+        async def tunnel(local_reader: asyncio.StreamReader, local_writer: asyncio.StreamWriter) -> None:
+            try:
+                connection = await self._live_connection()
+                remote_reader, remote_writer = await connection.open_connection(remote_host, remote_port)
+            except (TransportError, asyncssh.Error, OSError):
+                local_writer.close()
+                return
+            try:
+                await asyncio.gather(_pump(local_reader, remote_writer), _pump(remote_reader, local_writer))
+            finally:
+                local_writer.close()
+                remote_writer.close()
+
+        server = await asyncio.start_server(tunnel, "127.0.0.1", 0)
+        self._forwards.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+
+async def _pump(
+    reader: asyncio.StreamReader | asyncssh.SSHReader[bytes], writer: asyncio.StreamWriter | asyncssh.SSHWriter[bytes]
+) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, asyncssh.Error):
+        pass
+    finally:
+        try:
+            writer.write_eof()
+        except (OSError, asyncssh.Error):
+            writer.close()
 
 
 async def fetch_host_key(host: str, port: int = 22, *, timeout_s: float = 15.0) -> asyncssh.SSHKey:
