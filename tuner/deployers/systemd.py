@@ -93,7 +93,8 @@ class SystemdOptions(StrictModel):
         default=3600.0,
         ge=5,
         description="The host restores its baseline by itself this long after the controller was last "
-        "heard from (a timer armed on the host before every change, re-armed while the study runs).",
+        "heard from (a timer armed on the host before every change, re-armed after every round): make it "
+        "longer than a trial's longest round.",
     )
     lock_stale_s: float = Field(
         default=900.0, gt=0, description="A lock whose holder has not been heard from for this long is taken over."
@@ -345,7 +346,8 @@ class SystemdDeployer:
             if not self._stale(holder):
                 raise StudyError(
                     f"another serve-tuner (pid {holder.get('pid')} on {holder.get('controller')}) is tuning "
-                    f"{self._unit} on this host; wait for it to finish, or stop it"
+                    f"{self._unit} on this host; wait for it to finish, or stop it (a holder silent for "
+                    f"{self._options.lock_stale_s:g} s is taken over; removing {self._lock_dir} forces it now)"
                 )
         self._owner["beat"] = time.time()
         await self._transport.write_file(owner_path, json.dumps(self._owner).encode(), mode=0o600)
