@@ -9,12 +9,16 @@ if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
   echo "$setup_error" >&2
   export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
 fi
-# The ssh transport is tested against a real sshd on loopback; install it where this user may.
-if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing openssh-server for the ssh transport's tests ..."
-  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1; }; } \
-    || echo "warning: could not install openssh-server; the ssh tests will skip, saying why" >&2
+# The ssh transport is tested against a real sshd on loopback, and the systemd deployer's unprivileged
+# login through sudo; install them where this user may.
+missing=""
+[ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
+[ -x /usr/bin/sudo ] || missing="$missing sudo"
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing$missing for the ssh and systemd tests ..."
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
+    || echo "warning: could not install$missing; the tests that need them will skip, saying why" >&2
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

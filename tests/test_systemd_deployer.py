@@ -34,7 +34,7 @@ from tuner.deployers.systemd import (
     render_drop_in,
 )
 from tuner.engines.base import Engine
-from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError
+from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError, TunerError
 from tuner.faults import CRASH_POINTS
 from tuner.models import LaunchSpec, RequestRecord
 from tuner.transports.ssh import SshOptions, SshTransport
@@ -646,3 +646,53 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
             assert time.monotonic() < deadline, "the dead-man timer did not restore the host"
             time.sleep(0.5)
         proxy.cut(0)
+
+
+@pytest.fixture(scope="module")
+def tuner_user(systemd_host: SystemdHost) -> str:
+    """An unprivileged login on the host, allowed exactly the commands the deployer runs as root."""
+    if systemd_host.run("test", "-x", "/usr/bin/sudo", check=False).returncode != 0:
+        pytest.skip("sudo is not installed (scripts/test.sh installs it where apt-get and root allow)")
+    if systemd_host.run("id", "tuner", check=False).returncode != 0:
+        systemd_host.run("useradd", "--create-home", "--shell", "/bin/sh", "tuner")
+        systemd_host.run("usermod", "-p", "*", "tuner")  # no password, but not locked: keys only
+    commands = ", ".join(
+        f"{prefix}/bin/{name}" for name in ("systemctl", "systemd-run", "journalctl", "sh", "cat", "rm", "mkdir")
+        for prefix in ("", "/usr")
+    )  # fmt: skip
+    systemd_host.write("/etc/sudoers.d/serve-tuner", f"tuner ALL=(root) NOPASSWD: {commands}\n")
+    systemd_host.run("chmod", "0440", "/etc/sudoers.d/serve-tuner")
+    return "tuner"
+
+
+@pytest.mark.real_server
+def test_an_unprivileged_login_changes_the_unit_only_through_sudo(
+    systemd_host: SystemdHost, baseline: dict[str, str], tuner_user: str, tmp_path: Path
+) -> None:
+    """Production hosts are reached as a plain user: privileged steps go through `sudo -n` (never asking),
+    and without it the run stops on the first of them with the host unchanged."""
+
+    def as_user(*, sudo: bool) -> tuple[SshTransport, SystemdDeployer]:
+        options = SshOptions.model_validate({**systemd_host.ssh_options(), "user": tuner_user, "sudo": sudo})
+        transport = SshTransport(options)
+        return transport, SystemdDeployer(SystemdOptions(unit=systemd_host.unit), transport=transport)
+
+    async def without_sudo() -> None:
+        transport, deployer = as_user(sudo=False)
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/a.log")
+
+    with pytest.raises(TunerError, match="Permission denied"):
+        asyncio.run(without_sudo())
+    assert systemd_host.read(RUNTIME_DROP_IN) is None
+
+    async def with_sudo() -> tuple[dict[str, str], str]:
+        transport, deployer = as_user(sudo=True)
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/b.log")
+            owner = systemd_host.run("stat", "-c", "%U %a", RUNTIME_DROP_IN).stdout.split()
+            return systemd_host.process_environment(), " ".join(owner)
+
+    environment, owner = asyncio.run(with_sudo())
+    assert environment["LLAMA_ARG_BATCH"] == "64"
+    assert owner == "root 644"  # written by root through sudo, readable by systemd, not writable by the login
