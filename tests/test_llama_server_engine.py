@@ -163,3 +163,17 @@ def test_a_lora_policy_changes_what_requests_ask_for_not_the_server() -> None:
     assert {r.lora for r in engine.apply_request_settings(mixed, {"lora_policy": "all_on"})} == {(("support", 1.0),)}
     assert {r.lora for r in engine.apply_request_settings(mixed, {"lora_policy": "all_off"})} == {()}
     assert engine.build_request(engine.apply_request_settings(mixed, {"lora_policy": "all_off"})[0]).json["lora"] == []
+
+
+def test_a_tuned_setting_overridden_by_the_units_own_flag_is_named_with_the_fix() -> None:
+    """llama-server prefers a flag to its environment variable and says so at start; for a tuned knob
+    that means the trial would measure the unit's value, not the trial's."""
+    log = (
+        "warn: LLAMA_ARG_MODEL environment variable is set, but will be overwritten by command line argument -m\n"
+        "warn: LLAMA_ARG_PORT environment variable is set, but will be overwritten by command line argument --port\n"
+    )
+    engine = llama()
+    assert engine.ignored_settings(log) is None  # where the unit names its model and port itself: harmless
+    log += "warn: LLAMA_ARG_BATCH environment variable is set, but will be overwritten by command line argument -b\n"
+    message = engine.ignored_settings(log)
+    assert message is not None and "n_batch" in message and "-b" in message and 'exec_start = "replace"' in message
