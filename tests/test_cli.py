@@ -222,3 +222,38 @@ def test_workload_synth_writes_a_trace_and_refuses_zero_users(tmp_path: Path) ->
     refused = tuner_cli("workload", "synth", "chat", "--users", "0", "--out", str(tmp_path / "none.jsonl"))
     assert refused.returncode == 2 and "must be a positive integer" in refused.stderr
     assert not (tmp_path / "none.jsonl").exists()
+
+
+@pytest.mark.real_server
+def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readable(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    """P14: the run directory's disk fills up between runs. The next run stops with one line naming the
+    problem, leaves no server running, and the study written so far still opens with its baseline."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs for the run directory needs root")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)
+    try:
+        first = tuner_cli(
+            "run", str(TINY), "--runs-dir", str(runs), "--set", "budget.trials=0", "--set", "confirm.top=0"
+        )
+        assert first.returncode == 0, first.stderr
+        with open(runs / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):  # the disk fills up
+            while True:
+                filler.write(b"\0" * 65536)
+        before = llama_server_processes(llama_server_binary)
+        full = tuner_cli(
+            "run", str(TINY), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0"
+        )
+        assert full.returncode != 0
+        assert "Traceback" not in full.stderr
+        assert "No space left" in one_error_line(full)
+        assert llama_server_processes(llama_server_binary) == before
+        study = open_optuna_study_readonly(RunDirectory(runs / "tiny"))
+        assert [t.state.name for t in study.get_trials() if t.user_attrs.get("baseline")] == ["COMPLETE"]
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)

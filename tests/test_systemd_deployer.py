@@ -261,13 +261,16 @@ def test_the_dead_man_timer_restores_the_host_when_the_controller_vanishes(
 
     asyncio.run(vanish())
     assert systemd_host.process_environment().get("LLAMA_ARG_BATCH") == "64"
+    _wait_for_dead_man(systemd_host)
+
+
+def _wait_for_dead_man(host: SystemdHost) -> None:
+    """Until the timer's script has run to its last step (the lock removed, after the restart)."""
     deadline = time.monotonic() + 60
-    while systemd_host.read(RUNTIME_DROP_IN) is not None or systemd_host.read(
-        "/run/serve-tuner/llama-server.service.lock/owner.json"
-    ):
+    while host.read(RUNTIME_DROP_IN) is not None or host.read("/run/serve-tuner/llama-server.service.lock/owner.json"):
         assert time.monotonic() < deadline, "the dead-man timer did not restore the host"
         time.sleep(0.5)
-    systemd_host.wait_active()
+    host.wait_active()
 
 
 @pytest.mark.real_server
@@ -641,10 +644,7 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
 
         asyncio.run(long_outage())
         assert HostUnreachable.exit_code == 75
-        deadline = time.monotonic() + 60
-        while systemd_host.read(RUNTIME_DROP_IN) is not None:
-            assert time.monotonic() < deadline, "the dead-man timer did not restore the host"
-            time.sleep(0.5)
+        _wait_for_dead_man(systemd_host)
         proxy.cut(0)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -337,6 +338,48 @@ def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderbo
     return board
 
 
+def _os_error_line(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    fix = ""
+    if exc.errno == errno.ENOSPC:
+        fix = "; free some space there, or pass --runs-dir on another disk: the study so far is kept"
+    return f"{exc.strerror or exc}{where}{fix}"
+
+
+def _workload(args: argparse.Namespace, console: Console) -> int:
+    if args.workload_command == "show":
+        trace = load_trace(args.trace)
+        summary = summarize_trace(
+            trace,
+            long_prompt_tokens=args.long_prompt_tokens,
+            prefill_tok_s=args.prefill_tok_s,
+            decode_tok_s=args.decode_tok_s,
+        )
+        render_trace_summary(summary, console)
+        if args.plot is not None:
+            from tuner.workloads.plot import plot_trace
+
+            if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+                raise ConfigError(f"--plot {args.plot}: use a .png, .svg or .pdf file name")
+            plot_trace(trace, summary, args.plot)
+            console.print(f"wrote {args.plot}")
+        return 0
+    if args.workload_command == "synth":
+        options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
+        trace = synthesize_trace(args.kind, options)
+        write_atomic(args.out, dump_trace(trace).encode())
+        console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+        render_trace_summary(summarize_trace(trace), console)
+        return 0
+    if args.workload_command == "import":
+        trace = import_trace(args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem)
+        write_atomic(args.out, dump_trace(trace).encode())
+        console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+        render_trace_summary(summarize_trace(trace), console)
+        return 0
+    raise ConfigError(f"unknown workload command {args.workload_command!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -356,38 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             _show(args.run_dir, console, csv=args.csv)
             return 0
-        if args.command == "workload" and args.workload_command == "show":
-            trace = load_trace(args.trace)
-            summary = summarize_trace(
-                trace,
-                long_prompt_tokens=args.long_prompt_tokens,
-                prefill_tok_s=args.prefill_tok_s,
-                decode_tok_s=args.decode_tok_s,
-            )
-            render_trace_summary(summary, console)
-            if args.plot is not None:
-                from tuner.workloads.plot import plot_trace
-
-                if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
-                    raise ConfigError(f"--plot {args.plot}: use a .png, .svg or .pdf file name")
-                plot_trace(trace, summary, args.plot)
-                console.print(f"wrote {args.plot}")
-            return 0
-        if args.command == "workload" and args.workload_command == "synth":
-            options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
-            trace = synthesize_trace(args.kind, options)
-            write_atomic(args.out, dump_trace(trace).encode())
-            console.print(f"wrote {len(trace.requests)} requests to {args.out}")
-            render_trace_summary(summarize_trace(trace), console)
-            return 0
-        if args.command == "workload" and args.workload_command == "import":
-            trace = import_trace(
-                args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem
-            )
-            write_atomic(args.out, dump_trace(trace).encode())
-            console.print(f"wrote {len(trace.requests)} requests to {args.out}")
-            render_trace_summary(summarize_trace(trace), console)
-            return 0
+        if args.command == "workload":
+            return _workload(args, console)
         if args.command == "record":
             return _record(args, console)
         if args.command == "trust-host":
@@ -405,6 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TunerError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
+    except OSError as exc:
+        # Raised by this machine's own files (a full disk under the run directory, say), after the
+        # study's `finally` blocks put the host back.
+        err.print(f"error: {_os_error_line(exc)}", markup=False, highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         err.print("interrupted: the baseline was restored")
         return EXIT_INTERRUPTED
