@@ -322,7 +322,6 @@ class SystemdDeployer:
                 "environment": parse_show_environment(state["Environment"]),
                 "main_pid": state.main_pid,
             }
-            await self._transport.write_file(self._state_path, json.dumps(self._baseline).encode(), mode=0o600)
         except BaseException:
             await self._unlock()
             raise
@@ -468,6 +467,10 @@ class SystemdDeployer:
                 launch=launch, pid=before.main_pid, started_in_s=took, log_path=log_path, base_url=base_url
             )
         self._launch = launch
+        if self._written is None:
+            # Kept on the host until a restore finishes: a run that finds it knows the host is not on its
+            # baseline, even where the drop-in is already gone (a controller killed mid-restore).
+            await self._transport.write_file(self._state_path, json.dumps(self._baseline).encode(), mode=0o600)
         await self._arm_dead_man()
         self._written = text
         if secrets:
@@ -475,10 +478,9 @@ class SystemdDeployer:
         await self._transport.write_file(self._runtime_drop_in, text.encode(), mode=0o644)
         crash_point("after-write")
         await self._systemctl("daemon-reload")
-        await self._systemctl("reset-failed", self._unit, check=False)
-        await self._systemctl("restart", "--no-block", self._unit)
-        crash_point("after-restart")
         started = time.monotonic()
+        await self._restart(before, timeout_s=self._options.start_timeout_s)
+        crash_point("after-restart")
         self._deployed = None
         watcher = _StartWatcher(self, before)
         try:
@@ -530,8 +532,7 @@ class SystemdDeployer:
         await self._transport.remove_file(path)
         await self._transport.remove_file(f"{PERSISTENT_SECRETS_DIR}/{self._unit}.secret.env")
         await self._systemctl("daemon-reload")
-        await self._systemctl("reset-failed", self._unit, check=False)
-        await self._systemctl("restart", "--no-block", self._unit)
+        await self._restart(await self._state(), timeout_s=self._options.restore_timeout_s)
         self._launch = launch
         await self._wait_restored()
         return path
@@ -629,9 +630,12 @@ class SystemdDeployer:
                 await self._transport.remove_file(self._secrets_path)
                 crash_point("mid-restore")
                 await self._systemctl("daemon-reload")
-                await self._systemctl("reset-failed", self._unit, check=False)
                 active = bool(self._baseline is None or self._baseline.get("active", True))
-                await self._systemctl("restart" if active else "stop", "--no-block", self._unit)
+                if active:
+                    await self._restart(await self._state(), timeout_s=self._options.restore_timeout_s)
+                else:
+                    await self._systemctl("reset-failed", self._unit, check=False)
+                    await self._systemctl("stop", self._unit, timeout_s=self._options.restore_timeout_s)
                 self._written, self._deployed = None, None
                 if active:
                     await self._wait_restored()
@@ -650,6 +654,21 @@ class SystemdDeployer:
             await self._transport.remove_file(self._state_path)
         finally:
             await self._unlock()
+
+    async def _restart(self, before: UnitState, *, timeout_s: float) -> None:
+        """reset-failed (a start limit would refuse the start), restart without waiting for the start
+        job, then wait until a new invocation exists: until then the old process may still answer the
+        health check, and a trial would be taken for started while the old settings still run."""
+        await self._systemctl("reset-failed", self._unit, check=False)
+        await self._systemctl("restart", "--no-block", self._unit)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = await self._state()
+            if state["InvocationID"] != before["InvocationID"] or state["ActiveState"] == "failed":
+                return
+            if time.monotonic() > deadline:
+                raise ServerNotReady(f"{self._unit} did not restart within {timeout_s:g} s ({state['ActiveState']})")
+            await asyncio.sleep(0.1)
 
     async def _wait_restored(self) -> None:
         deadline = time.monotonic() + self._options.restore_timeout_s
