@@ -7,9 +7,11 @@ cleanup would empty /tmp for everyone, so everything it writes lands in the over
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -21,6 +23,7 @@ from pathlib import Path
 __all__ = ["SystemdHost", "boot_systemd_host", "systemd_host_unavailable"]
 
 _BOOT_SCRIPT = Path(__file__).parent / "data" / "boot-systemd-host.sh"
+_PR_SET_PDEATHSIG = 1
 UNIT = "llama-server.service"
 OPERATOR_OVERRIDE = (
     '[Service]\n# the operator\'s own setting, which the tuner must leave alone\nEnvironment="LLAMA_ARG_THREADS=1"\n'
@@ -178,6 +181,17 @@ def _namespace_init(unshare_pid: int, timeout: float = 10) -> int:
     raise RuntimeError("the namespace's init did not appear")
 
 
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _remove_stale_cgroups() -> None:
+    """Cgroups of earlier test hosts whose run was killed before its teardown: empty ones only."""
+    for top in Path("/sys/fs/cgroup/systemd").glob("serve-tuner-test-*"):
+        if not any(procs.read_text().strip() for procs in top.rglob("cgroup.procs")):
+            _remove_cgroup(top.name)
+
+
 def _remove_cgroup(name: str) -> None:
     """Deepest first: a cgroup directory can be removed once its children are."""
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
@@ -200,12 +214,17 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
     base.mkdir()
     cgroup = f"serve-tuner-test-{uuid.uuid4().hex[:8]}"
     log = (workdir / "boot.log").open("w")
+    _remove_stale_cgroups()
+    # If the test run dies without its teardown (SIGTERM, SIGKILL), the host must die with it: unshare
+    # gets SIGKILL when this process ends, and --kill-child passes that on to the namespace's PID 1.
     unshare = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", str(_BOOT_SCRIPT), str(base), str(payload), cgroup],
+        ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount", "--uts", "--ipc", str(_BOOT_SCRIPT),
+         str(base), str(payload), cgroup],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-    )
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, safe between fork and exec
+    )  # fmt: skip
     init_pid = 0
     try:
         init_pid = _namespace_init(unshare.pid)
