@@ -111,9 +111,7 @@ def quote_unit_word(text: str, *, in_exec: bool, what: str) -> str:
     Inside quotes systemd undoes C escapes (so backslash and quote are escaped), expands `%` specifiers
     everywhere (`%%`), and in ExecStart= also `$VAR` (`$$`). Control characters cannot be carried in a
     unit file line at all and are refused."""
-    bad = next((char for char in text if ord(char) < 0x20 or ord(char) == 0x7F), None)
-    if bad is not None:
-        raise ConfigError(f"{what} contains the control character {bad!r}, which a unit file cannot carry; remove it")
+    _check_no_control_characters(text, what=what)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -124,15 +122,24 @@ def quote_unit_word(text: str, *, in_exec: bool, what: str) -> str:
     return f'"{escaped}"'
 
 
+def _check_env_name(name: str) -> None:
+    if not _ENV_NAME.match(name):
+        raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
+
+
+def _check_no_control_characters(text: str, *, what: str) -> None:
+    bad = next((char for char in text if ord(char) < 0x20 or ord(char) == 0x7F), None)
+    if bad is not None:
+        raise ConfigError(f"{what} contains the control character {bad!r}, which a unit file cannot carry; remove it")
+
+
 def render_secrets_file(launch: LaunchSpec) -> str:
     """An EnvironmentFile= for the launch's secrets: `systemctl show` and D-Bus show Environment= values
     to anyone, the contents of a 0600 file to no one."""
     lines = []
     for name, value in launch.secret_values().items():
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
-        if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
-            raise ConfigError(f"the value of {name} contains a control character, which a unit cannot carry")
+        _check_env_name(name)
+        _check_no_control_characters(value, what=f"the value of {name}")
         escaped = "".join("\\" + char if char in '"\\`$' else char for char in value)
         lines.append(f'{name}="{escaped}"\n')
     return "".join(lines)
@@ -146,8 +153,7 @@ def render_drop_in(
     its ExecStart already passes them)."""
     lines = [f"# {note}", "[Service]"]
     for name, value in launch.env.items():
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"environment variable name {name!r} is not valid; use letters, digits and _")
+        _check_env_name(name)
         lines.append("Environment=" + quote_unit_word(f"{name}={value}", in_exec=False, what=f"the value of {name}"))
     if launch.secret_env:
         assert secrets_file is not None
@@ -320,7 +326,6 @@ class SystemdDeployer:
                 "active": state["ActiveState"] in ("active", "activating", "reloading"),
                 "files": await self._unit_files(state),
                 "environment": parse_show_environment(state["Environment"]),
-                "main_pid": state.main_pid,
             }
         except BaseException:
             await self._unlock()
@@ -348,10 +353,15 @@ class SystemdDeployer:
                     f"{self._unit} on this host; wait for it to finish, or stop it (a holder silent for "
                     f"{self._options.lock_stale_s:g} s is taken over; removing {self._lock_dir} forces it now)"
                 )
-        self._owner["beat"] = time.time()
-        await self._transport.write_file(owner_path, json.dumps(self._owner).encode(), mode=0o600)
+        await self._write_owner()
         self._locked = True
+
+    async def _write_owner(self) -> None:
+        """Who holds the lock, and when it was last heard from (what `_stale` reads on another run)."""
+        self._owner["beat"] = time.time()
         self._last_beat = time.monotonic()
+        path = f"{self._lock_dir}/owner.json"
+        await self._transport.write_file(path, json.dumps(self._owner).encode(), mode=0o600)
 
     def _stale(self, holder: Mapping[str, object]) -> bool:
         if not holder:
@@ -372,9 +382,7 @@ class SystemdDeployer:
         """Re-arm the dead-man timer and refresh the lock, at most every few minutes."""
         if time.monotonic() - self._last_beat < min(120.0, self._options.dead_man_s / 4):
             return
-        self._last_beat = time.monotonic()
-        self._owner["beat"] = time.time()
-        await self._transport.write_file(f"{self._lock_dir}/owner.json", json.dumps(self._owner).encode(), mode=0o600)
+        await self._write_owner()
         if self._written is not None:
             await self._arm_dead_man()
 
@@ -640,20 +648,31 @@ class SystemdDeployer:
                 if active:
                     await self._wait_restored()
                 if self._baseline is not None and "files" in self._baseline:
-                    files = await self._unit_files(await self._state())
-                    snapshot = self._baseline["files"]
-                    assert isinstance(snapshot, dict)
-                    changed = sorted(path for path in {*files, *snapshot} if files.get(path) != snapshot.get(path))
-                    if changed:
-                        raise DeployError(
-                            f"{changed[0]} differs from the snapshot taken before the study (someone changed "
-                            f"{self._unit}'s files meanwhile); check the unit by hand"
-                        )
+                    await self._check_against_snapshot(await self._state())
             await self._disarm_dead_man()
             await self._transport.remove_file(self._restore_script)
             await self._transport.remove_file(self._state_path)
         finally:
             await self._unlock()
+
+    async def _check_against_snapshot(self, state: UnitState) -> None:
+        """After a restore: every file of the unit byte-identical, and its effective environment (what
+        `systemctl show` reports from all its files) the one found before the study."""
+        assert self._baseline is not None
+        files, snapshot = await self._unit_files(state), self._baseline["files"]
+        assert isinstance(snapshot, dict)
+        changed = sorted(path for path in {*files, *snapshot} if files.get(path) != snapshot.get(path))
+        if changed:
+            raise DeployError(
+                f"{changed[0]} differs from the snapshot taken before the study (someone changed "
+                f"{self._unit}'s files meanwhile); check the unit by hand"
+            )
+        environment = parse_show_environment(state["Environment"])
+        if environment != self._baseline["environment"]:
+            raise DeployError(
+                f"{self._unit}'s environment differs from the one before the study after restoring; check "
+                f"`systemctl show -p Environment {self._unit}` by hand"
+            )
 
     async def _restart(self, before: UnitState, *, timeout_s: float) -> None:
         """reset-failed (a start limit would refuse the start), restart without waiting for the start
