@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.real_parts import FIXTURE_PARTS, OPT_IN_PARTS, REQUIRED_PARTS, need_real_part, on_ci
 from tuner import assets
 
 if TYPE_CHECKING:
@@ -19,11 +20,11 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
-    """The real llama-server; a test needing it skips only when it could not be built here."""
+    """The real llama-server and its model (`tuner setup`)."""
     binary, model = assets.find_llama_server(), assets.find_model()
     if binary is None or model is None:
         why = os.environ.get("SERVE_TUNER_SETUP_ERROR") or "run `tuner setup` (scripts/test.sh does it)"
-        pytest.skip(f"the real llama-server or model is missing: {why}")
+        need_real_part("llama-server", why)
     return binary
 
 
@@ -67,9 +68,11 @@ def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
 
     sshd = Path("/usr/sbin/sshd")
     if not sshd.exists():
-        pytest.skip("openssh-server is not installed (scripts/test.sh installs it where apt-get and root allow)")
+        need_real_part(
+            "sshd", "/usr/sbin/sshd is not installed (scripts/test.sh installs it where apt-get and root allow)"
+        )
     if os.geteuid() != 0:
-        pytest.skip("the test sshd logs in as root and needs to run as root")
+        need_real_part("root", "the test sshd logs in as root and needs to run as root")
     workdir = tmp_path_factory.mktemp("sshd")
     host_key, client_key = workdir / "host_key", workdir / "client_key"
     asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(host_key))
@@ -113,21 +116,72 @@ def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
 @pytest.fixture(scope="session")
 def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHost]:
     """A real systemd as PID 1 of a PID namespace on an overlay root, with the operator's llama-server
-    unit and an sshd to reach it by; skips only where such a host cannot be booted here, saying why."""
-    from tests.systemd_host import boot_systemd_host, systemd_host_unavailable
+    unit and an sshd to reach it by. Missing only where this machine refuses the namespaces, mounts or
+    cgroups it needs (then it says which); a boot that times out or a failing systemctl is a failure."""
+    from tests.systemd_host import HostRefused, boot_systemd_host, systemd_host_unavailable
 
     why = systemd_host_unavailable()
     if why is not None:
-        pytest.skip(f"no systemd host for the systemd deployer's tests: {why}")
+        need_real_part("systemd host", why)
     model = assets.find_model()
     assert model is not None
     booting = boot_systemd_host(tmp_path_factory.mktemp("systemd-host"), binary=llama_server_binary, model=model)
     try:
         host = booting.__enter__()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        # Namespaces, mounts or cgroups refused by this machine (a container without CAP_SYS_ADMIN, say).
-        pytest.skip(f"the systemd host did not boot here: {exc}")
+    except HostRefused as exc:
+        need_real_part("systemd host", f"this machine refused it: {exc}")
     try:
         yield host
     finally:
         booting.__exit__(None, None, None)
+
+
+# ---- which real parts ran ------------------------------------------------------------------------
+
+_PART_OUTCOMES: dict[str, dict[str, str]] = {}  # part -> test id -> passed | failed | skipped
+_REPORT_PARTS: dict[str, list[str]] = {}  # test id -> the parts it needs
+
+
+def _parts_of(item: pytest.Item) -> list[str]:
+    fixtures = getattr(item, "fixturenames", ())
+    return sorted({part for fixture, part in FIXTURE_PARTS.items() if fixture in fixtures})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that needs a real part is marked `real`: `pytest -m "not real"` is the fast tier."""
+    for item in items:
+        if _parts_of(item) or item.get_closest_marker("real_server"):
+            item.add_marker(pytest.mark.real)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for part in _REPORT_PARTS.get(report.nodeid, []):
+        seen = _PART_OUTCOMES.setdefault(part, {})
+        if report.skipped:
+            seen[report.nodeid] = "skipped"
+        elif report.failed:
+            seen[report.nodeid] = "failed"
+        elif report.when == "call":
+            seen.setdefault(report.nodeid, "passed")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _REPORT_PARTS[item.nodeid] = _parts_of(item)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many tests ran against each real part: a run that exercised none of them says so."""
+    if not _REPORT_PARTS:
+        return
+    terminalreporter.section("real parts")
+    for part in (*REQUIRED_PARTS, *OPT_IN_PARTS):
+        if part == "root":
+            continue
+        outcomes = list(_PART_OUTCOMES.get(part, {}).values())
+        counts = {word: outcomes.count(word) for word in ("passed", "failed", "skipped")}
+        line = f"{part}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        if part in OPT_IN_PARTS:
+            line += f" (opt-in: {OPT_IN_PARTS[part]})"
+        terminalreporter.write_line(line)
+    if on_ci():
+        terminalreporter.write_line("CI=true: a missing required part fails its tests instead of skipping")

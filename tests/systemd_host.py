@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SystemdHost", "boot_systemd_host", "systemd_host_unavailable"]
+__all__ = ["HostRefused", "SystemdHost", "boot_systemd_host", "systemd_host_unavailable"]
 
 _BOOT_SCRIPT = Path(__file__).parent / "data" / "boot-systemd-host.sh"
 _PR_SET_PDEATHSIG = 1
@@ -28,6 +28,21 @@ UNIT = "llama-server.service"
 OPERATOR_OVERRIDE = (
     '[Service]\n# the operator\'s own setting, which the tuner must leave alone\nEnvironment="LLAMA_ARG_THREADS=1"\n'
 )
+
+
+class HostRefused(RuntimeError):
+    """This machine refused a namespace, mount or cgroup the host needs (not a failure of systemd)."""
+
+
+_REFUSED_EXIT = 3  # boot-systemd-host.sh's status when the machine refused it something
+
+
+def _cgroup_roots() -> list[Path]:
+    """The hierarchies a test host's cgroup lives in: each v1 hierarchy, or the unified one (v2)."""
+    top = Path("/sys/fs/cgroup")
+    if (top / "cgroup.controllers").exists():
+        return [top]
+    return [hierarchy for hierarchy in top.iterdir() if (hierarchy / "cgroup.procs").exists()]
 
 
 def systemd_host_unavailable() -> str | None:
@@ -187,14 +202,15 @@ def _die_with_parent() -> None:
 
 def _remove_stale_cgroups() -> None:
     """Cgroups of earlier test hosts whose run was killed before its teardown: empty ones only."""
-    for top in Path("/sys/fs/cgroup/systemd").glob("serve-tuner-test-*"):
-        if not any(procs.read_text().strip() for procs in top.rglob("cgroup.procs")):
-            _remove_cgroup(top.name)
+    for root in _cgroup_roots():
+        for top in root.glob("serve-tuner-test-*"):
+            if not any(procs.read_text().strip() for procs in top.rglob("cgroup.procs")):
+                _remove_cgroup(top.name)
 
 
 def _remove_cgroup(name: str) -> None:
     """Deepest first: a cgroup directory can be removed once its children are."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+    for hierarchy in _cgroup_roots():
         top = hierarchy / name
         if not top.is_dir():
             continue
@@ -239,10 +255,13 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
                 with socket.socket() as probe:
                     if probe.connect_ex(("127.0.0.1", ssh_port)) == 0:
                         break
-            if unshare.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the systemd host did not come up (state {state!r}): {(workdir / 'boot.log').read_text()[-500:]}"
-                )
+            exited = unshare.poll()
+            boot_log = (workdir / "boot.log").read_text()
+            if exited == _REFUSED_EXIT or (exited is not None and "unshare failed" in boot_log):
+                raise HostRefused(boot_log.strip().splitlines()[-1] if boot_log.strip() else f"exit {exited}")
+            if exited is not None or time.monotonic() > deadline:
+                why = f"exited {exited}" if exited is not None else "not up within 90 s"
+                raise RuntimeError(f"the systemd host did not come up ({why}, state {state!r}): {boot_log[-500:]}")
             time.sleep(0.2)
         yield host
     finally:
@@ -253,6 +272,6 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
         log.close()
         for _ in range(50):
             _remove_cgroup(cgroup)
-            if not any((hierarchy / cgroup).exists() for hierarchy in Path("/sys/fs/cgroup").iterdir()):
+            if not any((hierarchy / cgroup).exists() for hierarchy in _cgroup_roots()):
                 break
             time.sleep(0.1)

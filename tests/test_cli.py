@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from tests.conftest import llama_server_processes
+from tests.real_parts import need_real_part
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
@@ -233,7 +234,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
     import os
 
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs for the run directory needs root")
+        need_real_part("root", "mounting a small tmpfs for the run directory needs root")
     runs = tmp_path / "runs"
     runs.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)

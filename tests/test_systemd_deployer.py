@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.real_parts import need_real_part
 from tests.systemd_host import SystemdHost
 from tuner.deployers.systemd import (
     SystemdDeployer,
@@ -575,7 +576,7 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
 
     adapter = assets.find_test_lora()
     if adapter is None:
-        pytest.skip("the test LoRA adapter is missing: run `tuner setup`")
+        need_real_part("llama-server", "the test LoRA adapter is missing: run `tuner setup`")
     launch = _launch(systemd_host, LLAMA_ARG_BATCH="64").model_copy(
         update={
             "args": (
@@ -656,7 +657,7 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
 def tuner_user(systemd_host: SystemdHost) -> str:
     """An unprivileged login on the host, allowed exactly the commands the deployer runs as root."""
     if systemd_host.run("test", "-x", "/usr/bin/sudo", check=False).returncode != 0:
-        pytest.skip("sudo is not installed (scripts/test.sh installs it where apt-get and root allow)")
+        need_real_part("sudo", "/usr/bin/sudo is not installed (scripts/test.sh installs it where apt-get allows)")
     if systemd_host.run("id", "tuner", check=False).returncode != 0:
         systemd_host.run("useradd", "--create-home", "--shell", "/bin/sh", "tuner")
         systemd_host.run("usermod", "-p", "*", "tuner")  # no password, but not locked: keys only

