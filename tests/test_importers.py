@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,100 @@ def test_azure_rows_keep_their_timing_to_the_tenth_of_a_microsecond_format() -> 
     assert [(r.prompt.new_tokens, r.output_tokens) for r in requests] == [(374, 44), (396, 109), (879, 3)]
 
 
-def test_an_azure_file_without_its_columns_names_them(tmp_path: Path) -> None:
+def test_an_azure_file_without_its_columns_names_the_missing_ones_and_lists_those_it_has(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
-    path.write_text("time,tokens\n1,2\n")
-    with pytest.raises(WorkloadError, match=r"missing column.*TIMESTAMP, ContextTokens, GeneratedTokens"):
+    path.write_text("time,ContextTokens,tokens\n1,2,3\n")
+    with pytest.raises(WorkloadError) as caught:
         import_trace("azure", path, {}, name="x")
+    assert "missing column(s) TIMESTAMP, GeneratedTokens; the header has time, ContextTokens, tokens" in str(
+        caught.value
+    )
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "problem"),
+    [
+        (
+            "2023-11-16 18:15:50.0000000,many,44\n",
+            "unreadable timestamp or token count: 2023-11-16 18:15:50.0000000,many,44",
+        ),
+        ("2023-11-16 18:15:50.0000000,374,0\n", "GeneratedTokens must be a whole number of at least 1, got 0"),
+        ("2023-11-16 18:15:50.0000000,-3,44\n", "ContextTokens must be a whole number of at least 1, got -3"),
+    ],
+)
+def test_a_bad_azure_row_after_blank_lines_is_named_at_its_own_line_with_its_value(
+    tmp_path: Path, bad_row: str, problem: str
+) -> None:
+    # pandas skips blank lines and numbers the rows it kept: the bad row (line 7 here) was called line 4.
+    path = tmp_path / "trace.csv"
+    path.write_text("\n" + AZURE_HEADER + AZURE_ROW + "\n\n" + AZURE_ROW + bad_row + AZURE_ROW)
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("azure", path, {}, name="x")
+    assert str(caught.value).startswith(f"{path}:7: {problem}")
+
+
+def test_blank_lines_in_an_azure_file_are_skipped_and_the_limit_counts_requests(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(AZURE_HEADER + "\n" + AZURE_ROW + "\n\n" + AZURE_ROW + AZURE_ROW)
+    assert len(import_trace("azure", path, {}, name="x").requests) == 3
+    assert len(import_trace("azure", path, {"limit": 2}, name="x").requests) == 2
+
+
+def test_jsonl_given_to_the_azure_importer_is_named_at_its_line_with_the_importer_that_fits(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n" + (DATA / "mooncake.jsonl").read_text())
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("azure", path, {}, name="x")
+    message = str(caught.value)
+    assert message.startswith(f"{path}:2: a JSON line, not the CSV header")
+    assert f"looks like mooncake input: `tuner workload import mooncake {path} --out TRACE`" in message
+
+
+def test_a_csv_given_to_a_jsonl_importer_names_the_azure_importer(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match=r"azure.csv:1: not valid JSON.*looks like azure input"):
+        import_trace("mooncake", DATA / "azure.csv", {}, name="x")
+
+
+def test_a_file_no_importer_reads_names_the_importers_not_a_flag_that_does_not_exist(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("mooncake", path, {}, name="x")
+    message = str(caught.value)
+    assert "--kind" not in message
+    assert message == (
+        f"{path}: no requests found for the mooncake importer; the importer is the first argument of "
+        "`tuner workload import` (azure, llama-server-log, mooncake, openai-log)"
+    )
+
+
+GOOD_MOONCAKE = {"timestamp": 9, "input_length": 300, "output_length": 9, "hash_ids": [7]}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"hash_ids": None}, "missing field(s) hash_ids"),
+        ({"input_length": -5}, "input_length must be a whole number of at least 1, got -5"),
+        ({"output_length": 0}, "output_length must be a whole number of at least 1, got 0"),
+        ({"hash_ids": 7}, "hash_ids must be a list of block ids, got 7"),
+        ({"timestamp": "soon"}, "timestamp must be a number of milliseconds, got 'soon'"),
+    ],
+)
+def test_a_mooncake_row_with_a_missing_or_invalid_value_is_reported_not_changed(
+    tmp_path: Path, change: dict[str, object], problem: str
+) -> None:
+    row = json.dumps({k: v for k, v in {**GOOD_MOONCAKE, **change}.items() if v is not None})
+    path = tmp_path / "trace.jsonl"
+    good = (DATA / "mooncake.jsonl").read_text().splitlines()[0]
+    path.write_text(f"{good}\n\n{row}\n{good}\n")
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("mooncake", path, {}, name="x")
+    assert str(caught.value).startswith(f"{path}:3: {problem}")
 
 
 @pytest.mark.parametrize("name", ["llama-server.log", "llama-server.journal"])

@@ -6,6 +6,7 @@ all new tokens.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -32,33 +33,82 @@ class AzureImporter:
     options_model = AzureOptions
 
     def read(self, path: Path, options: AzureOptions, *, name: str) -> Trace:
-        try:
-            frame = pd.read_csv(path, nrows=options.limit)
-        except FileNotFoundError:
-            raise WorkloadError(f"{path}: file not found") from None
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise WorkloadError(f"{path}: not a CSV file: {exc}") from None
+        header_line, blank_lines = _scan(path)
+        if header_line is not None and header_line[1].lstrip().startswith(("{", "[")):
+            raise WorkloadError(f"{path}:{header_line[0]}: a JSON line, not the CSV header {', '.join(_COLUMNS)}")
+        header_at = header_line[0] if header_line is not None else 1
+        frame = _read_frame(path, options.limit, blank_lines, header_at=header_at)
         missing = [c for c in _COLUMNS if c not in frame.columns]
         if missing:
-            raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(_COLUMNS)}")
+            found = ", ".join(str(c) for c in frame.columns) or "none"
+            raise WorkloadError(
+                f"{path}: missing column(s) {', '.join(missing)}; the header has {found}; "
+                f"an Azure trace's header is {','.join(_COLUMNS)}"
+            )
+        # With blank lines kept as rows, row i is line header_at + 1 + i of the file.
+        frame.index = frame.index + header_at + 1
+        frame = frame[~frame.index.isin(blank_lines)]
+        if options.limit is not None:
+            frame = frame.head(options.limit)
         times = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
-        for column in ("ContextTokens", "GeneratedTokens"):
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
-        bad = frame.index[times.isna() | frame["ContextTokens"].isna() | frame["GeneratedTokens"].isna()]
+        counts = {column: pd.to_numeric(frame[column], errors="coerce") for column in _COLUMNS[1:]}
+        bad = frame.index[times.isna() | counts["ContextTokens"].isna() | counts["GeneratedTokens"].isna()]
         if len(bad):
-            raise WorkloadError(f"{path}:{int(bad[0]) + 2}: unreadable timestamp or token count")
+            shown = ",".join(str(frame.loc[bad[0], c]) for c in _COLUMNS)
+            raise WorkloadError(f"{path}:{int(bad[0])}: unreadable timestamp or token count: {shown}")
+        for column, values in counts.items():
+            # Reported, not clamped: a request of 0 or -3 tokens is a broken row, and replaying it as 1
+            # token would measure traffic that never happened.
+            invalid = frame.index[(values < 1) | (values % 1 != 0)]
+            if len(invalid):
+                raise WorkloadError(
+                    f"{path}:{int(invalid[0])}: {column} must be a whole number of at least 1, "
+                    f"got {frame.loc[invalid[0], column]}"
+                )
         offsets = (times - times.min()).dt.total_seconds()
         requests = [
             TraceRequest(
                 id=f"r{index}",
                 offset_s=round(float(offset), 6),
                 session=f"r{index}",
-                prompt=PromptShape(new_tokens=max(1, int(context))),
-                output_tokens=max(1, int(generated)),
+                prompt=PromptShape(new_tokens=int(context)),
+                output_tokens=int(generated),
                 tag=options.tag,
             )
             for index, (offset, context, generated) in enumerate(
-                zip(offsets, frame["ContextTokens"], frame["GeneratedTokens"], strict=True)
+                zip(offsets, counts["ContextTokens"], counts["GeneratedTokens"], strict=True)
             )
         ]
         return imported_trace(path, name, requests)
+
+
+def _scan(path: Path) -> tuple[tuple[int, str] | None, set[int]]:
+    """The first non-blank line (number, text) and the numbers of blank lines, read as a stream."""
+    first: tuple[int, str] | None = None
+    blank: set[int] = set()
+    try:
+        with path.open(errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    blank.add(number)
+                elif first is None:
+                    first = (number, line)
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
+    return first, blank
+
+
+def _read_frame(path: Path, limit: int | None, blank_lines: set[int], *, header_at: int) -> pd.DataFrame:
+    """The CSV with blank lines kept as empty rows, so that a row's index gives its line in the file
+    (pandas' default skips them and every later line would be reported too early). Reads enough rows
+    for `limit` data rows past the blank lines among them; blank lines above the header are skipped."""
+    rows = None if limit is None else limit + len(blank_lines)
+    try:
+        return pd.read_csv(path, nrows=rows, skip_blank_lines=False, skiprows=header_at - 1)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        # The tokenizer's own words name the line ("Expected 3 fields in line 7, saw 5"): lead with it.
+        where = re.search(r"line (\d+)", str(exc))
+        at = f"{path}:{int(where.group(1)) + header_at - 1}" if where else str(path)
+        raise WorkloadError(f"{at}: not an Azure trace CSV ({str(exc).strip()})") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,7 +15,7 @@ from tuner.errors import WorkloadError
 from tuner.registry import Registry
 from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, Trace, TraceHeader, TraceRequest
 
-__all__ = ["IMPORTERS", "Importer", "import_trace", "imported_trace", "read_lines"]
+__all__ = ["IMPORTERS", "Importer", "guess_importer", "import_trace", "imported_trace", "read_lines"]
 
 
 class Importer(Protocol):
@@ -34,10 +36,49 @@ IMPORTERS: Registry[type[Importer]] = Registry("importer")
 def import_trace(kind: str, path: Path, options: Mapping[str, Any], *, name: str) -> Trace:
     importer = IMPORTERS.get(kind)()
     validated = validate_options(importer.options_model, options, where=f"{kind} importer")
-    trace = importer.read(path, validated, name=name)
-    if not trace.requests:
-        raise WorkloadError(f"{path}: no requests found for the {kind} importer; is this the right --kind?")
+    try:
+        trace = importer.read(path, validated, name=name)
+        if not trace.requests:
+            raise WorkloadError(f"{path}: no requests found for the {kind} importer")
+    except WorkloadError as exc:
+        raise WorkloadError(f"{exc}{_format_hint(path, kind)}") from None
     return trace
+
+
+def guess_importer(path: Path) -> str | None:
+    """The importer whose format the file's first non-blank line has, or None when none clearly fits.
+    Only used to word an error: a file that an importer could not read is named with the one that fits."""
+    try:
+        with path.open(errors="replace") as handle:
+            first = next((line.strip() for line in itertools.islice(handle, 200) if line.strip()), "")
+    except OSError:
+        return None
+    if first.startswith("{"):
+        try:
+            row = json.loads(first)
+        except json.JSONDecodeError:
+            return None
+        if isinstance(row, dict) and {"input_length", "output_length"} <= row.keys():
+            return "mooncake"
+        if isinstance(row, dict) and ("request" in row or "body" in row) and "response" in row:
+            return "openai-log"
+        return None
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= {c.strip() for c in first.split(",")}:
+        return "azure"
+    # llama-server's own log lines ("srv  llama_server: ...", "slot launch_slot_: ..."), plain or journalctl's.
+    if " srv " in f" {first} " or " slot " in f" {first} " or "llama-server" in first or "llama_server" in first:
+        return "llama-server-log"
+    return None
+
+
+def _format_hint(path: Path, kind: str) -> str:
+    """What to run instead when the file is in another importer's format; else the formats there are."""
+    fits = guess_importer(path)
+    if fits is not None and fits != kind:
+        return f"; the file looks like {fits} input: `tuner workload import {fits} {path} --out TRACE`"
+    if fits == kind:
+        return ""
+    return f"; the importer is the first argument of `tuner workload import` ({', '.join(IMPORTERS.kinds())})"
 
 
 def imported_trace(path: Path, name: str, requests: list[TraceRequest]) -> Trace:
