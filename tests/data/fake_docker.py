@@ -1,9 +1,18 @@
 """A stand-in `docker` CLI for the container deployer's tests (no container engine runs here).
 
-It keeps containers in a JSON state file (FAKE_DOCKER_STATE), records every invocation, answers
-`inspect` in docker's documented shape (a JSON array; `-f '{{.State.Status}} {{.State.ExitCode}}'`),
-and for a running container runs tests/data/health_server.py on the published host port, so that
-health checks are real. `run ... --fail-to-start` makes the container exit at once, as a bad flag would.
+It keeps containers in a JSON state file (FAKE_DOCKER_STATE), records every invocation (its real
+argv, as `ps` would show it), answers `inspect` in docker's documented shape (a JSON array;
+`-f '{{.State.Status}} {{.State.ExitCode}}'`), and for a running container runs
+tests/data/health_server.py on the published host port with the container's environment, so that
+health checks are real and the environment a container got can be read from /proc.
+
+`run --env-file PATH` reads PATH as docker does (one `KEY=VALUE` a line, `#` comments, a missing file
+is an error) and records, under "env_files", the file's path, mode and content at that moment: the
+tests check what the deployer left there while `run` ran, and that it is gone afterwards.
+
+Failures on demand: `run ... --fail-to-start` makes the container exit at once, as a bad flag would;
+`"run_fails": "MESSAGE"` in the state makes `run` itself fail as a daemon error does (exit 125). A
+container whose stand-in server was killed is reported exited with 137, as docker reports SIGKILL.
 """
 
 from __future__ import annotations
@@ -35,6 +44,38 @@ def host_port(inspect: dict[str, Any]) -> int:
     return int(next(iter(bindings.values()))[0]["HostPort"])
 
 
+def alive(pid: int) -> bool:
+    """The process runs and is not a zombie waiting for its parent (this CLI exited long ago)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def refresh(state: dict[str, Any]) -> None:
+    """What docker's daemon notices by itself: a container whose process died has exited."""
+    for container in state["containers"].values():
+        if container.get("pid") and not alive(container["pid"]):
+            container["pid"] = None
+            container["State"] = {"Status": "exited", "ExitCode": 137}
+
+
+def read_env_file(path: str) -> list[str]:
+    """docker's env-file parser: leading whitespace dropped, blank lines and `#` comments skipped,
+    a name with whitespace refused; the value is everything after the first `=`, as written."""
+    entries = []
+    for raw in Path(path).read_text().split("\n"):
+        line = raw.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("=", 1)[0]
+        if any(c.isspace() for c in name):
+            raise ValueError(f"variable '{name}' contains whitespaces")
+        entries.append(line)
+    return entries
+
+
 def start(state: dict[str, Any], name: str, *, fail: bool = False) -> None:
     container = state["containers"][name]
     log = STATE.parent / f"{name}.log"
@@ -46,7 +87,12 @@ def start(state: dict[str, Any], name: str, *, fail: bool = False) -> None:
     with log.open("a") as out:
         process = subprocess.Popen(
             [sys.executable, str(STAND_IN)],
-            env={**os.environ, "PORT": str(host_port(container)), "LOADING_S": "0.3"},
+            env={
+                **os.environ,
+                **dict(entry.split("=", 1) for entry in container["Config"]["Env"] if "=" in entry),
+                "PORT": str(host_port(container)),
+                "LOADING_S": "0.3",
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -64,18 +110,40 @@ def stop(state: dict[str, Any], name: str) -> None:
     container["State"] = {"Status": "exited", "ExitCode": 0}
 
 
-def create(state: dict[str, Any], args: list[str]) -> None:
-    """`run -d --name NAME -p ADDR:HOST:CONTAINER -e K=V ... IMAGE ARGS`: a container, started."""
+def create(state: dict[str, Any], args: list[str]) -> int:
+    """`run -d --name NAME -p ADDR:HOST:CONTAINER [-e K=V] [--env-file PATH] ... IMAGE ARGS`: a
+    container, started; docker's exit status."""
     name = args[args.index("--name") + 1]
     ports = [args[i + 1] for i, a in enumerate(args) if a == "-p"]
     published, _, container_port = ports[0].rpartition(":")
     address, _, port = published.rpartition(":")
-    env = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
+    env = []
+    for i, a in enumerate(args):
+        if a == "--env-file":
+            path = args[i + 1]
+            try:
+                mode = Path(path).stat().st_mode & 0o777
+                content = Path(path).read_text()
+                entries = read_env_file(path)
+            except FileNotFoundError:
+                print(f"docker: open {path}: no such file or directory.", file=sys.stderr)
+                return 125
+            except ValueError as exc:
+                print(f"docker: poorly formatted environment: {exc}.", file=sys.stderr)
+                return 125
+            state.setdefault("env_files", []).append({"path": path, "mode": mode, "content": content})
+            env += entries
+        elif a == "-e":
+            env.append(args[i + 1])
+    if state.get("run_fails"):
+        print(f"docker: Error response from daemon: {state['run_fails']}.", file=sys.stderr)
+        return 125
     with_values = {
         "--name",
         "-p",
         "-v",
         "-e",
+        "--env-file",
         "--network",
         "--ipc",
         "--shm-size",
@@ -98,11 +166,13 @@ def create(state: dict[str, Any], args: list[str]) -> None:
         "HostConfig": {"PortBindings": {container_port: [{"HostIp": address, "HostPort": port}]}},
     }
     start(state, name, fail="--fail-to-start" in rest)
+    return 0
 
 
 def main(argv: list[str]) -> int:
     state = load()
     state["calls"].append(argv)
+    refresh(state)
     containers = state["containers"]
     command, args = argv[0], argv[1:]
     code = 0
@@ -132,8 +202,9 @@ def main(argv: list[str]) -> int:
         log = STATE.parent / f"{args[-1]}.log"
         print(log.read_text() if log.exists() else "", end="")
     elif command == "run":
-        create(state, args)
-        print("0123456789ab")
+        code = create(state, args)
+        if code == 0:
+            print("0123456789ab")
     else:
         print(f"fake docker: unsupported command {command}", file=sys.stderr)
         code = 125

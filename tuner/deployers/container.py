@@ -4,8 +4,15 @@ with new arguments; the original container itself is never changed, only stopped
     apply:   inspect NAME (the baseline, kept in memory and beside the log)
              stop NAME; rename NAME -> NAME-tuner-baseline          (first trial only)
              rm -f NAME-tuner-trial; run -d --name NAME-tuner-trial <NAME's ports, mounts, devices,
-             network, IPC, env> [--entrypoint X] IMAGE <args>
+             network, IPC> --env-file LOG.env [--entrypoint X] IMAGE <args>
     restore: rm -f NAME-tuner-trial; rename NAME-tuner-baseline -> NAME; start NAME
+
+No environment value is ever on a command line, where `ps` shows it to every user of the host: the
+original's environment (an `HF_TOKEN`, say), the launch's and its secrets all go through one env file,
+mode 0600, written just before `run` and removed as soon as `run` returns, whether it succeeded or not.
+The CLI reads that file itself when it creates the container. An env file holds one `KEY=VALUE` per
+line, so a value with a line break cannot be carried: it is refused, naming the variable, before the
+user's container is touched.
 
 A run that finds NAME-tuner-baseline already there (a controller killed mid-study) restores it first.
 The trial's argv is the engine's launch: where the image's entrypoint already is its start (vLLM's image
@@ -15,20 +22,29 @@ runs `vllm serve`), only the rest is passed, as the image expects; otherwise `--
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
-from tuner.errors import CommandFailed, DeployError, ServerNotReady
+from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
 from tuner.models import LaunchSpec
-from tuner.transports.base import Transport
+from tuner.redact import redact
+from tuner.transports.base import CommandResult, Transport
 
-__all__ = ["ContainerDeployer", "ContainerOptions", "trial_run_argv"]
+__all__ = ["ContainerDeployer", "ContainerOptions", "trial_env_file", "trial_run_argv"]
 
 _BASELINE_SUFFIX = "-tuner-baseline"
 _TRIAL_SUFFIX = "-tuner-trial"
+_ENV_FILE_SUFFIX = ".env"  # beside the trial's log, on the host where the CLI runs
+
+# What docker's and podman's env-file parsers take as a name: no whitespace or `=`, and a leading `#`
+# would make the line a comment, silently dropping the variable.
+_ENV_FILE_NAME = re.compile(r"[^\s=#][^\s=]*")
+# A line break ends the line (the rest would become a variable of its own); NUL ends the string.
+_ENV_FILE_BREAKS = ("\n", "\r", "\0")
 
 
 class ContainerOptions(StrictModel):
@@ -38,9 +54,9 @@ class ContainerOptions(StrictModel):
     stop_timeout_s: int = Field(default=30, ge=1, description="Seconds `stop` waits before killing.")
 
 
-def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchSpec) -> list[str]:
-    """`<cli> run -d` for a trial: the original's ports, mounts, devices, network, IPC and environment,
-    the launch's environment on top, and the launch's argv fitted to the image's entrypoint."""
+def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchSpec, *, env_file: str) -> list[str]:
+    """`<cli> run -d` for a trial: the original's ports, mounts, devices, network and IPC, the environment
+    from `env_file` (see `trial_env_file`), and the launch's argv fitted to the image's entrypoint."""
     config, host = inspect.get("Config") or {}, inspect.get("HostConfig") or {}
     argv = [cli, "run", "-d", "--name", name]
     for container_port, bindings in sorted((host.get("PortBindings") or {}).items()):
@@ -63,10 +79,8 @@ def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchS
             argv += ["--gpus", "device=" + ",".join(request["DeviceIDs"])]
     if host.get("Runtime") and host["Runtime"] != "runc":
         argv += ["--runtime", host["Runtime"]]
-    environment = dict(entry.split("=", 1) for entry in config.get("Env") or [] if "=" in entry)
-    environment.update(launch.env)
-    for key, value in environment.items():
-        argv += ["-e", f"{key}={value}"]
+    # Every environment value, inherited, tuned or secret, is in this file; none is on the command line.
+    argv += ["--env-file", env_file]
     entrypoint = list(config.get("Entrypoint") or [])
     command = [launch.executable, *launch.args]
     if entrypoint and command[: len(entrypoint)] == entrypoint:
@@ -75,6 +89,41 @@ def trial_run_argv(cli: str, name: str, inspect: dict[str, Any], launch: LaunchS
         argv += ["--entrypoint", command[0]]
         rest = command[1:]
     return [*argv, str(config.get("Image") or inspect.get("Image")), *rest]
+
+
+def trial_env_file(cli: str, container: str, inspect: dict[str, Any], launch: LaunchSpec) -> str:
+    """The trial's whole environment as env-file text: the original container's, the launch's on top,
+    its secrets last. `ConfigError` naming the variable and its fix for one that no env file can carry."""
+    config = inspect.get("Config") or {}
+    inherited = dict(entry.split("=", 1) for entry in config.get("Env") or [] if "=" in entry)
+    # name -> (value, what it is, how to fix it)
+    sources: dict[str, tuple[str, str, str]] = {}
+    for key, value in inherited.items():
+        sources[key] = (
+            value,
+            f"the environment variable {key} of container {container!r}",
+            f"recreate {container} with {key} on one line (`{cli} inspect {container}` shows its Env)",
+        )
+    for key, value in launch.env.items():
+        sources[key] = (value, f"the server's environment variable {key}", "fix it in the study file's engine section")
+    for key, value in launch.secret_values().items():
+        sources[key] = (
+            value,
+            f"the secret {key}",
+            "fix the variable that engine.api_key_env names in the controller's environment",
+        )
+    lines = []
+    for key, (value, what, fix) in sources.items():
+        if not _ENV_FILE_NAME.fullmatch(key):
+            raise ConfigError(f"{what} has a name an env file cannot carry (spaces, '=' or a leading '#'); {fix}")
+        if any(mark in value for mark in _ENV_FILE_BREAKS):
+            # Never the value itself in the message: it may be the secret.
+            raise ConfigError(
+                f"{what} has a line break or NUL in its value, which an env file cannot carry "
+                f"(and no value goes on the command line); {fix}"
+            )
+        lines.append(f"{key}={value}\n")
+    return "".join(lines)
 
 
 def _without_env_values(inspect: dict[str, Any]) -> dict[str, Any]:
@@ -109,17 +158,22 @@ class ContainerDeployer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.restore()
 
+    async def _run_cli(self, *args: str, timeout_s: float, check: bool) -> CommandResult:
+        # Privileged (`sudo -n` where the host says `sudo = true`): the env file is written as the
+        # transport's privileged user with mode 0600, and `run` must read it as that same user; every
+        # other command goes the same way so that all of them see the same containers (rootful podman
+        # and rootless podman keep separate ones).
+        return await self._transport.run([self._options.cli, *args], timeout_s=timeout_s, check=check, privileged=True)
+
     async def _cli(self, *args: str, check: bool = True, timeout_s: float = 120) -> str:
         try:
-            result = await self._transport.run([self._options.cli, *args], timeout_s=timeout_s, check=check)
+            result = await self._run_cli(*args, timeout_s=timeout_s, check=check)
         except CommandFailed as exc:
             raise DeployError(f"{self._options.cli} {args[0]} failed: {exc.stderr_tail.strip()[-300:]}") from None
         return result.stdout
 
     async def _exists(self, name: str) -> bool:
-        result = await self._transport.run(
-            [self._options.cli, "inspect", "--type", "container", name], timeout_s=60, check=False
-        )
+        result = await self._run_cli("inspect", "--type", "container", name, timeout_s=60, check=False)
         return result.exit_status == 0
 
     async def _inspect(self, name: str) -> dict[str, Any]:
@@ -138,29 +192,21 @@ class ContainerDeployer:
             await self._transport.write_file(
                 log_path + ".baseline.json", json.dumps(_without_env_values(self._baseline)).encode()
             )
+        # Refused here, before the user's container is stopped, if a value cannot be carried.
+        env_text = trial_env_file(self._options.cli, self._name, self._baseline, launch)
         if not self._moved_aside:
             await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
             await self._cli("rename", self._name, self._name + _BASELINE_SUFFIX)
             self._moved_aside = True
         trial = self._name + _TRIAL_SUFFIX
         await self._cli("rm", "-f", trial, check=False)
-        run_argv = trial_run_argv(self._options.cli, trial, self._baseline, launch)[1:]
-        if launch.secret_env:
-            # Secrets go in a file only root can read, read by the CLI at `run`, never on its command line.
-            secrets_path = log_path + ".secret.env"
-            lines = []
-            for name, value in launch.secret_values().items():
-                if "\n" in value or "\r" in value or "\0" in value:
-                    raise DeployError(f"the value of {name} contains a line break, which an env file cannot carry")
-                lines.append(f"{name}={value}\n")
-            await self._transport.write_file(secrets_path, "".join(lines).encode(), mode=0o600)
-            run_argv = [run_argv[0], run_argv[1], "--env-file", secrets_path, *run_argv[2:]]
-            try:
-                await self._cli(*run_argv)
-            finally:
-                await self._transport.remove_file(secrets_path)
-        else:
-            await self._cli(*run_argv)
+        env_path = log_path + _ENV_FILE_SUFFIX
+        await self._transport.write_file(env_path, env_text.encode(), mode=0o600)
+        try:
+            await self._cli(*trial_run_argv(self._options.cli, trial, self._baseline, launch, env_file=env_path)[1:])
+        finally:
+            # The CLI has read the file by the time `run` returns; a failed `run` must not leave it either.
+            await self._transport.remove_file(env_path)
         base_url = await self._transport.reach(launch.host, launch.port)
         try:
             took = await wait_until_healthy(
@@ -168,13 +214,12 @@ class ContainerDeployer:
             )
         except ServerNotReady as exc:
             tail = (await self.read_log(0))[0].strip().splitlines()[-1:] or ["(no output)"]
-            raise ServerNotReady(f"{exc}; container log ends: {tail[0][:200]}") from None
+            raise ServerNotReady(f"{exc}; container log ends: {redact(tail[0])[:200]}") from None
         return Deployment(launch=launch, pid=None, started_in_s=took, log_path=log_path, base_url=base_url)
 
     async def check_alive(self) -> str | None:
-        result = await self._transport.run(
-            [self._options.cli, "inspect", "--type", "container", "-f", "{{.State.Status}} {{.State.ExitCode}}",
-             self._name + _TRIAL_SUFFIX],
+        result = await self._run_cli(
+            "inspect", "--type", "container", "-f", "{{.State.Status}} {{.State.ExitCode}}", self._name + _TRIAL_SUFFIX,
             timeout_s=60,
             check=False,
         )  # fmt: skip
@@ -184,9 +229,7 @@ class ContainerDeployer:
         return None if status == "running" else f"the trial container is {status} (exit code {code})"
 
     async def read_log(self, since: int) -> tuple[str, int]:
-        result = await self._transport.run(
-            [self._options.cli, "logs", self._name + _TRIAL_SUFFIX], timeout_s=120, check=False
-        )
+        result = await self._run_cli("logs", self._name + _TRIAL_SUFFIX, timeout_s=120, check=False)
         text = result.stdout + result.stderr
         return text[since:], len(text)
 
