@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from tuner.config import PluginSpec, load_search_space
+from tests.real_parts import need_real_part
+from tests.stand_in import free_port, run_stand_in
+from tuner.config import ParamValue, PluginSpec, load_search_space
 from tuner.engines import ENGINES, Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text
 from tuner.engines.text_prompts import WORDS
@@ -59,25 +61,76 @@ def test_every_engine_is_registered_and_has_a_search_space() -> None:
         assert set(space.params) <= set(engine_of(kind).knobs), kind
 
 
+# How each engine's documentation says a setting is passed, written from the serving-engines reference
+# (not from the engines' knob tables, which is what is being checked): ("env", variable) or ("flag", flag).
+DOCUMENTED: dict[str, dict[str, tuple[str, str]]] = {
+    "llama-server": {
+        "n_batch": ("env", "LLAMA_ARG_BATCH"),
+        "n_ubatch": ("env", "LLAMA_ARG_UBATCH"),
+        "n_parallel": ("env", "LLAMA_ARG_N_PARALLEL"),
+        "kv_unified": ("env", "LLAMA_ARG_KV_UNIFIED"),
+        "cache_ram": ("env", "LLAMA_ARG_CACHE_RAM"),
+    },
+    "ollama": {
+        "num_parallel": ("env", "OLLAMA_NUM_PARALLEL"),
+        "context_length": ("env", "OLLAMA_CONTEXT_LENGTH"),
+        "max_queue": ("env", "OLLAMA_MAX_QUEUE"),
+        "flash_attention": ("env", "OLLAMA_FLASH_ATTENTION"),
+        "kv_cache_type": ("env", "OLLAMA_KV_CACHE_TYPE"),
+        "max_loaded_models": ("env", "OLLAMA_MAX_LOADED_MODELS"),
+        "keep_alive": ("env", "OLLAMA_KEEP_ALIVE"),
+    },
+    "vllm": {
+        "max_num_seqs": ("flag", "--max-num-seqs"),
+        "max_num_batched_tokens": ("flag", "--max-num-batched-tokens"),
+        "enable_chunked_prefill": ("flag", "--enable-chunked-prefill"),
+        "enable_prefix_caching": ("flag", "--enable-prefix-caching"),
+        "gpu_memory_utilization": ("flag", "--gpu-memory-utilization"),
+        "max_model_len": ("flag", "--max-model-len"),
+        "kv_cache_dtype": ("flag", "--kv-cache-dtype"),
+    },
+}
+REQUEST_SCOPED = {"llama-server": {"lora_policy"}, "ollama": set(), "vllm": set()}
+
+
+def documented_form(how: str, where: str, value: ParamValue) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(environment, arguments) that pass `value` as documented: numbers in decimal, booleans as 1 / 0 in
+    a variable (both engines read those) and as --flag / --no-flag on vLLM's command line."""
+    if how == "env":
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return {where: text}, ()
+    if isinstance(value, bool):
+        return {}, (where if value else "--no-" + where.removeprefix("--"),)
+    return {}, (where, str(value))
+
+
+def test_each_search_space_names_exactly_the_documented_settings() -> None:
+    for kind in OPTIONS:
+        space = load_search_space(REPO / "search_spaces" / f"{kind}.toml")
+        assert set(space.params) == set(DOCUMENTED[kind]) | REQUEST_SCOPED[kind], kind
+
+
 @pytest.mark.parametrize("kind", sorted(OPTIONS))
-def test_every_value_of_the_search_space_launches_and_reaches_the_server(kind: str) -> None:
-    engine = engine_of(kind)
-    space = load_search_space(REPO / "search_spaces" / f"{kind}.toml")
+def test_each_search_space_value_reaches_the_server_as_its_documented_variable_or_flag(kind: str) -> None:
+    """For every value of the search space: the launch differs from the baseline by exactly the documented
+    variable or flag with exactly that text, and the server, started with that launch's argv and
+    environment, reads back the value chosen (the stand-in parses them as the real server does)."""
+    engine = engine_of(kind, port=free_port())
     baseline = engine.launch_spec({})
+    space = load_search_space(REPO / "search_spaces" / f"{kind}.toml")
     for name, param in space.params.items():
-        knob = engine.knobs[name]
         for value in param.choices or []:
             launch = engine.launch_spec({name: value})
-            if knob.scope == "request":
-                assert launch.env == baseline.env and launch.args == baseline.args
-            elif knob.env is not None:
-                assert knob.env in launch.env, (name, value)
-            else:
-                assert knob.flag is not None
-                assert any(
-                    arg.startswith(knob.flag) or arg == knob.flag.replace("--", "--no-", 1) for arg in launch.args
-                )
-    assert baseline.port > 0 and baseline.health_path.startswith("/")
+            if name in REQUEST_SCOPED[kind]:  # changes what requests carry, not the launch
+                assert (launch.env, launch.args) == (baseline.env, baseline.args), (name, value)
+                continue
+            env, args = documented_form(*DOCUMENTED[kind][name], value)
+            changed = {k: v for k, v in launch.env.items() if baseline.env.get(k) != v}
+            assert (changed, set(baseline.env) - set(launch.env)) == (env, set()), (name, value)
+            assert launch.args == baseline.args + args, (name, value)
+            with run_stand_in(launch, engine=kind) as server:
+                assert server.launch["settings"] == {name: value}, (name, value)
+                assert server.launch["port"] == launch.port
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIONS))
@@ -90,22 +143,38 @@ def test_every_engine_refuses_an_unknown_knob_and_a_bad_value_with_the_valid_nam
         engine.launch_spec({name: "many"})
 
 
-@pytest.mark.parametrize("kind", sorted(OPTIONS))
-def test_every_engine_sends_the_whole_prompt_and_asks_for_the_output_length(kind: str) -> None:
-    engine = engine_of(kind)
+# Where each engine's API takes the prompt and the output length, and what else a replay must send.
+REQUEST_FORMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("llama-server", "native"): {"path": "/completion", "ids": True, "length": ("n_predict",), "fixed": {
+        "stream": True, "ignore_eos": True, "cache_prompt": True}},
+    ("ollama", "native"): {"path": "/api/generate", "ids": False, "length": ("options", "num_predict"), "fixed": {
+        "model": "llama3.2:3b", "stream": True, "raw": True, "keep_alive": "30m"}},
+    ("ollama", "openai"): {"path": "/v1/completions", "ids": False, "length": ("max_tokens",), "fixed": {
+        "model": "llama3.2:3b", "stream": True, "stream_options": {"include_usage": True}}},
+    ("vllm", "native"): {"path": "/v1/completions", "ids": True, "length": ("max_tokens",), "fixed": {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct", "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "api"), sorted(REQUEST_FORMS))
+def test_every_engine_sends_the_whole_prompt_and_asks_for_the_output_length(kind: str, api: str) -> None:
+    engine = engine_of(kind, **({} if api == "native" else {"api": api}))
+    form = REQUEST_FORMS[(kind, api)]
     low, high = engine.prompt_token_range()
     ids = tuple(range(low, min(high, low + 50)))
     call = engine.build_request(
         ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=ids, output_tokens=9)
     )
     body = json.loads(json.dumps(call.json))  # what goes on the wire
-    prompt = body["prompt"]
-    if isinstance(prompt, list):
-        assert tuple(prompt) == ids
-    else:
-        assert len(prompt.split()) == len(ids) and set(prompt.split()) <= set(WORDS)
-    assert 9 in (body.get("n_predict"), body.get("max_tokens"), (body.get("options") or {}).get("num_predict"))
-    assert body["stream"] is True
+    assert (call.method, call.path) == ("POST", form["path"])
+    # Token ids as they are, or one common word per id (the same id always the same word).
+    assert body["prompt"] == (list(ids) if form["ids"] else " ".join(WORDS[i % len(WORDS)] for i in ids))
+    length = body
+    for key in form["length"]:
+        length = length[key]
+    assert length == 9
+    assert {key: body[key] for key in form["fixed"]} == form["fixed"]
     assert engine.apply_request_settings([], {}) == []
 
 
@@ -239,7 +308,9 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
 
     model = assets.find_model()
     if model is None:
-        pytest.skip("the SmolLM2 model is not fetched (`tuner setup`); its GGUF header is the test input")
+        need_real_part(
+            "llama-server", "the SmolLM2 model is not fetched (`tuner setup`); its GGUF header is the test input"
+        )
     # SmolLM2-135M: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 2 bytes per token at f16.
     assert kv_bytes_per_token(gguf_kv_shape(model)) == 23040
     llama = create_engine(
