@@ -9,6 +9,7 @@ vLLM's labelled Prometheus series). llama-server's transcripts were recorded fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,137 @@ def test_peak_gpu_memory_is_read_on_the_host_and_missing_where_it_has_no_nvidia_
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert asyncio.run(peak()) == 40512 + 81003
+
+
+# ---- replays through the stand-in, which checks each body against the engine's documented API ----------
+
+# (engine, engine options, tokens asked for): Ollama is asked for fewer than the transcript's model writes
+# before its end of text (7), vLLM for more, which only `ignore_eos` gets.
+REPLAYS = [("ollama", {}, 5), ("ollama", {"api": "openai"}, 5), ("vllm", {}, 12)]
+
+
+async def _replay(engine: Engine, base_url: str, requests: list[ReplayRequest]) -> list[Any]:
+    from tuner.loadgen import replay
+
+    return list(await replay(requests, engine=engine, base_url=base_url, request_timeout_s=30))
+
+
+@pytest.mark.parametrize(("kind", "extra", "asked"), REPLAYS)
+def test_a_replay_through_the_stand_in_gets_every_token_asked_for_and_the_servers_prompt_count(
+    *, kind: str, extra: dict[str, Any], asked: int
+) -> None:
+    """The stand-in answers 400 with the reason to a body its engine's API would not take, stops at the
+    model's end of text unless told otherwise, and sends the usage chunk only when asked for it."""
+    engine = engine_of(kind, port=free_port(), **extra)
+    low, _ = engine.prompt_token_range()
+    shared = tuple(range(low, low + 40))
+    first = ReplayRequest(request_id="a", session="a", offset_s=0, prompt_token_ids=shared, output_tokens=asked)
+    second = first.model_copy(update={"request_id": "b", "session": "b", "offset_s": 0.3,
+                                      "prompt_token_ids": (*shared, *range(low + 100, low + 110))})  # fmt: skip
+    with run_stand_in(engine.launch_spec({}), engine=kind) as server:
+        records = asyncio.run(_replay(engine, server.base_url, [first, second]))
+        received = server.received()
+    assert [(r.status, r.error) for r in records] == [(RequestStatus.OK, None)] * 2
+    assert [len(r.token_s) for r in records] == [asked, asked]
+    timings = [r.timings for r in records]
+    assert None not in timings, "no usage / final chunk: the server's prompt count was not read"
+    assert [t.prompt_n + t.cache_n for t in timings if t is not None] == [40, 50]
+    if kind == "vllm":  # its prefix cache, in 16-token blocks: 32 of the second prompt's 50 tokens
+        assert [t.cache_n for t in timings if t is not None] == [0, 32]
+    assert [entry["body"]["model"] for entry in received] == [OPTIONS[kind]["model"]] * 2
+
+
+@pytest.mark.parametrize(("kind", "extra"), [("ollama", {}), ("vllm", {})])
+def test_the_correctness_probe_is_a_whole_answer_the_stand_in_accepts(kind: str, extra: dict[str, Any]) -> None:
+    import httpx
+
+    engine = engine_of(kind, port=free_port(), **extra)
+    call = engine.probe_request("The capital of France is", tokens=4)
+    with run_stand_in(engine.launch_spec({}), engine=kind) as server:
+        answer = httpx.post(f"{server.base_url}{call.path}", json=call.json, timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"  # not a stream: the gate reads one body
+    assert "".join(map(chr, engine.parse_probe_answer(answer.json()))) == " Paris is the capital"
+
+
+def _vllm_body(**change: Any) -> dict[str, Any]:
+    request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(101, 102), output_tokens=4)
+    return {**engine_of("vllm").build_request(request).json, **change}
+
+
+def _ollama_body(api: str = "native", **change: Any) -> dict[str, Any]:
+    request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
+    return {**engine_of("ollama", api=api).build_request(request).json, **change}
+
+
+# (engine, path, body, status, the reason's words): each starts from what the engine really sends.
+REFUSED = [
+    ("ollama", "/api/generate", _ollama_body(prompt=[1, 2]), 400, "field 'prompt' must be str"),
+    ("ollama", "/api/generate", _ollama_body(options={"max_tokens": 4}), 400, "unknown field 'max_tokens'"),
+    ("ollama", "/api/generate", _ollama_body(options={"num_predict": "4"}), 400, "'num_predict' must be int"),
+    ("ollama", "/api/generate", _ollama_body(options={"num_predict": 4, "num_ctx": 8192}), 400, "load option"),
+    ("ollama", "/api/generate", _ollama_body(ignore_eos=True), 400, "unknown field 'ignore_eos'"),
+    ("ollama", "/api/generate", {k: v for k, v in _ollama_body().items() if k != "model"}, 400, "missing required"),
+    ("ollama", "/api/generate", _ollama_body(model="mistral"), 404, 'model "mistral" not found'),
+    ("ollama", "/api/generate", _ollama_body(model="llama3.2"), 404, "not found"),  # that is llama3.2:latest
+    ("ollama", "/api/chat", {"model": "llama3.2:3b", "messages": [{"content": "hi"}]}, 400, "'role'"),
+    ("ollama", "/v1/completions", _ollama_body("openai", num_predict=4), 400, "unknown field 'num_predict'"),
+    ("ollama", "/v1/completions", _ollama_body("openai", stream=False), 400, "only be defined when `stream=True`"),
+    ("vllm", "/v1/completions", _vllm_body(model="Qwen2.5"), 404, "The model `Qwen2.5` does not exist"),
+    ("vllm", "/v1/completions", _vllm_body(max_tokens="4"), 400, "'max_tokens' must be int"),
+    ("vllm", "/v1/completions", _vllm_body(n_predict=4), 400, "unknown field 'n_predict'"),
+    ("vllm", "/v1/completions", _vllm_body(stream=False), 400, "only be defined when `stream=True`"),
+    ("vllm", "/v1/completions", _vllm_body(stream_options={"usage": True}), 400, "unknown field 'usage'"),
+    ("vllm", "/v1/completions", _vllm_body(min_tokens=9), 400, "min_tokens must be less than or equal"),
+    ("vllm", "/v1/completions", _vllm_body(prompt=[101, -1]), 400, "token ids must be >= 0"),
+    ("vllm", "/v1/completions", _vllm_body(prompt=list(range(100, 4200))), 400, "maximum context length is 4096"),
+    ("vllm", "/v1/chat/completions", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": "hi"}, 400, "'messages'"),
+]
+
+
+@pytest.fixture(scope="module")
+def stand_ins() -> Any:
+    """One stand-in per engine for the refusal cases; vLLM's with --max-model-len 4096 and a LoRA module."""
+    with contextlib.ExitStack() as stack:
+        ollama = engine_of("ollama", port=free_port()).launch_spec({})
+        vllm = engine_of(
+            "vllm", port=free_port(), extra_args=["--enable-lora", "--lora-modules", "support=/m/support"]
+        ).launch_spec({"max_model_len": 4096})
+        yield {
+            "ollama": stack.enter_context(run_stand_in(ollama, engine="ollama")),
+            "vllm": stack.enter_context(run_stand_in(vllm, engine="vllm")),
+        }
+
+
+@pytest.mark.parametrize(("kind", "path", "body", "status", "reason"), REFUSED)
+def test_the_stand_in_refuses_what_the_engines_documented_api_does_not_take(
+    *, stand_ins: dict[str, Any], kind: str, path: str, body: dict[str, Any], status: int, reason: str
+) -> None:
+    import httpx
+
+    answer = httpx.post(f"{stand_ins[kind].base_url}{path}", json=body, timeout=10)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert reason in (error["message"] if isinstance(error, dict) else error)
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "body"),
+    [
+        ("ollama", "/api/generate", _ollama_body()),
+        ("ollama", "/api/chat", {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}),
+        ("ollama", "/v1/completions", _ollama_body("openai")),
+        ("ollama", "/v1/chat/completions", {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}),
+        ("vllm", "/v1/completions", _vllm_body()),
+        ("vllm", "/v1/completions", _vllm_body(model="support")),  # a LoRA module is a model name
+        ("vllm", "/v1/chat/completions", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "messages": [
+            {"role": "user", "content": "hi"}], "max_completion_tokens": 3, "min_tokens": 3, "stream": False}),
+    ],
+)  # fmt: skip
+def test_the_stand_in_answers_what_the_documented_api_takes(
+    *, stand_ins: dict[str, Any], kind: str, path: str, body: dict[str, Any]
+) -> None:
+    import httpx
+
+    answer = httpx.post(f"{stand_ins[kind].base_url}{path}", json=body, timeout=10)
+    assert answer.status_code == 200, answer.text
