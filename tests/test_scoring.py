@@ -121,3 +121,145 @@ def test_two_lucky_pairs_of_a_config_against_itself_are_not_a_certain_win() -> N
     low, _ = difference_ci([1.6, 1.9, 1.7])
     assert low > 1.0
     assert difference_ci([0.5]) == (float("-inf"), float("inf"))
+
+
+# ---- pinned by mutation testing (scripts/mutmut.sh): each rule on its own ----------------------
+
+
+def test_the_median_of_rounds_skips_missing_values_and_a_metric_with_none_is_none() -> None:
+    from tuner.scoring import median_metrics
+
+    rounds = [
+        {"stall_tok_s": 1.0, "ttft_p95_s": None},
+        {"stall_tok_s": 3.0, "ttft_p95_s": None, "failures": 0.0},
+        {"stall_tok_s": 2.0, "ttft_p95_s": None},
+    ]
+    medians = median_metrics(rounds)
+    assert medians == {"failures": 0.0, "stall_tok_s": 2.0, "ttft_p95_s": None}
+    assert list(medians) == ["failures", "stall_tok_s", "ttft_p95_s"]  # sorted, so the report's columns are stable
+
+
+def test_a_metric_at_zero_in_both_trials_is_no_change_and_from_zero_up_is_the_clamped_gain() -> None:
+    from tuner.scoring import RATIO_CLAMP, objective_terms
+
+    stall = [ObjectiveSpec(metric="stall_tok_s", direction="maximize")]
+    assert objective_terms({"stall_tok_s": 0.0}, {"stall_tok_s": 0.0}, stall) == [0.0]
+    assert objective_terms({"stall_tok_s": 0.5}, {"stall_tok_s": 0.0}, stall) == [math.log(RATIO_CLAMP)]
+    assert objective_terms({"stall_tok_s": 0.0}, {"stall_tok_s": 0.5}, stall) == [-math.log(RATIO_CLAMP)]
+    assert objective_terms({"stall_tok_s": 1e6}, {"stall_tok_s": 1.0}, stall) == [math.log(RATIO_CLAMP)]
+    assert objective_terms({"stall_tok_s": 1e-6}, {"stall_tok_s": 1.0}, stall) == [-math.log(RATIO_CLAMP)]
+
+
+def test_the_missing_metric_error_says_what_the_workload_may_lack() -> None:
+    with pytest.raises(MeasurementError) as missing:
+        score_round({"stall_tok_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES)
+    assert str(missing.value) == (
+        "metric ttft_p95_s had no data in this round; the workload may lack what it measures (long prompts for "
+        "stall_tok_s and prefill_tok_s)"
+    )
+
+
+def test_noise_flags_a_twenty_percent_spread_exactly_not_less_and_not_a_flat_zero() -> None:
+    rounds = [
+        {"ttft_p95_s": 2.5, "stall_tok_s": 0.0, "decode_tok_s": 0.8, "itl_max_s": 5.0},
+        {"ttft_p95_s": 3.0, "stall_tok_s": 0.0, "decode_tok_s": 0.88, "itl_max_s": None},
+    ]
+    names = ["itl_max_s", "ttft_p95_s", "stall_tok_s", "decode_tok_s"]
+    # itl_max_s has one value (nothing to compare) and must not stop the others being looked at.
+    assert noisy_metrics(rounds, names) == ["ttft_p95_s"]
+    # From 0 to anything is noise however small the step.
+    assert noisy_metrics([{"stall_tok_s": 0.0}, {"stall_tok_s": 0.01}], ["stall_tok_s"]) == ["stall_tok_s"]
+
+
+def test_the_bootstrap_interval_is_reproducible_and_the_95_percent_one_by_default() -> None:
+    import numpy as np
+
+    from tuner.scoring import bootstrap_ci
+
+    rng = np.random.default_rng(7)
+    values = list(rng.normal(10.0, 2.0, size=200))
+    low, high = bootstrap_ci(values)
+    assert (low, high) == bootstrap_ci(values, confidence=0.95, resamples=4000, seed=0)  # the defaults
+    assert (low, high) == bootstrap_ci(values)  # seeded: a resumed study shows the same interval
+    assert bootstrap_ci(values, seed=1) != (low, high)
+    # The interval of a mean of 200 normal values: the mean plus or minus 1.96 standard errors.
+    mean, error = float(np.mean(values)), float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    assert low == pytest.approx(mean - 1.96 * error, abs=0.06 * error)
+    assert high == pytest.approx(mean + 1.96 * error, abs=0.06 * error)
+    # A narrower confidence gives a narrower interval inside it.
+    low_50, high_50 = bootstrap_ci(values, confidence=0.5)
+    assert low < low_50 < high_50 < high
+    assert high_50 - low_50 == pytest.approx(2 * 0.674 * error, rel=0.08)
+
+
+def test_the_bootstrap_interval_is_pinned_to_its_percentiles() -> None:
+    # The exact figures of the seeded resampling of 200 values, so that any change to the interval's
+    # percentiles (even 95% to 94.95%) shows here first; the test above says why they are right.
+    import numpy as np
+
+    from tuner.scoring import bootstrap_ci
+
+    values = list(np.random.default_rng(7).normal(10.0, 2.0, size=200))
+    assert bootstrap_ci(values) == (
+        pytest.approx(9.497958972457297, rel=1e-12),
+        pytest.approx(9.972832733615961, rel=1e-12),
+    )
+
+
+def test_the_difference_interval_is_the_t_interval_when_that_is_wider() -> None:
+    import numpy as np
+
+    from tuner.scoring import difference_ci
+
+    values = [1.6, 1.9, 1.7]
+    mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
+    half = 4.303 * sd / math.sqrt(3)  # t for 2 degrees of freedom
+    assert difference_ci(values) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    low, high = difference_ci([0.14, 0.22])
+    assert math.isfinite(low) and math.isfinite(high)
+    assert (low, high) == (pytest.approx(0.18 - 12.706 * 0.04 / 1.0), pytest.approx(0.18 + 12.706 * 0.04 / 1.0))
+
+
+def test_the_difference_interval_uses_the_next_larger_table_entry_and_the_normal_value_beyond() -> None:
+    import numpy as np
+
+    from tuner.scoring import difference_ci
+
+    twelve = [0.1 * (i % 4) for i in range(12)]  # 11 degrees of freedom: not in the table, 12's value
+    mean, sd = float(np.mean(twelve)), float(np.std(twelve, ddof=1))
+    low, high = difference_ci(twelve)
+    assert high - low == pytest.approx(2 * 2.179 * sd / math.sqrt(12))
+    forty = [0.1 * (i % 5) for i in range(40)]  # beyond the table: 1.96
+    mean, sd = float(np.mean(forty)), float(np.std(forty, ddof=1))
+    low, high = difference_ci(forty)
+    assert low <= mean - 1.96 * sd / math.sqrt(40) + 1e-12
+    assert high - low == pytest.approx(2 * 1.96 * sd / math.sqrt(40), rel=0.03)
+
+
+def test_no_rounds_on_either_side_is_not_a_win_and_says_why() -> None:
+    from tuner.scoring import Verdict
+
+    expected = Verdict(better=False, reason="not enough rounds to compare")
+    assert verdict([], [0.1, 0.2], min_effect=0.05) == expected
+    assert verdict([0.1, 0.2], [], min_effect=0.05) == expected
+
+
+def test_the_verdict_says_by_how_much_and_what_was_needed() -> None:
+    from tuner.scoring import Verdict
+
+    # margin 0.9 - 0.3 = 0.6; spread max(1.0 - 0.9, 0.3 - 0.25) = 0.1; needed max(0.05, 0.1) = 0.1
+    assert verdict([0.9, 1.0], [0.25, 0.3], min_effect=0.05) == Verdict(
+        better=True,
+        reason="its worst round beat the baseline's best by 0.60, more than the 0.10 that noise and the minimum "
+        "effect ask",
+    )
+    # margin 0.4 - 0.5 = -0.1; spread max(0.2, 0.5 - (-0.5)) = 1.0
+    assert verdict([0.4, 0.6], [-0.5, 0.5], min_effect=0.05) == Verdict(
+        better=False,
+        reason="its gap to the baseline (-0.10) is within the 1.00 that noise and the minimum effect ask",
+    )
+
+
+def test_a_gap_exactly_at_the_minimum_effect_is_not_a_win() -> None:
+    assert not verdict([1.0, 1.0], [0.5, 0.5], min_effect=0.5).better
+    assert verdict([1.0, 1.0], [0.5, 0.5], min_effect=0.49).better
