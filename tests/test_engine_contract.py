@@ -303,9 +303,49 @@ def test_a_full_queue_503_is_a_rejected_request_with_the_servers_reason() -> Non
     assert record.error is not None and "maximum pending requests exceeded" in record.error
 
 
+def write_gguf_header(path: Path, *, size: int, **numbers: int) -> Path:
+    """A GGUF file of `size` bytes whose header holds `general.architecture = llama` and `llama.<key>`
+    unsigned integers, which is all the memory check reads (the weights' size is the file's)."""
+    import struct
+
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value)) + value.encode()
+
+    entries = text("general.architecture") + struct.pack("<I", 8) + text("llama")
+    for key, value in numbers.items():
+        entries += text(f"llama.{key.replace('__', '.')}") + struct.pack("<II", 4, value)
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1 + len(numbers)) + entries
+    path.write_bytes(header + b"\0" * (size - len(header)))
+    return path
+
+
 def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Path) -> None:
+    """llama-server and Ollama: the weights (the file) plus the KV cache their context needs, against the
+    budget; 30 layers x 3 KV heads x 64 head dim x 2 (K and V) x 2 bytes at f16 = 23040 bytes per token."""
+    model = write_gguf_header(
+        tmp_path / "m.gguf", size=2**20, block_count=30, attention__head_count=9, attention__head_count_kv=3,
+        embedding_length=576,
+    )  # fmt: skip
+    llama = engine_of("llama-server", model=str(model), memory_budget_gib=0.25)
+    assert llama.memory_need({"ctx_size": 1000}) == 2**20 + 1000 * 23040
+    assert llama.memory_check({"ctx_size": 8192}) is None  # 0.18 GiB
+    assert (
+        llama.memory_check({"ctx_size": 16384})
+        == "needs 0.35 GiB (weights plus 16384 KV tokens), over the 0.25 GiB budget"
+    )
+    assert llama.memory_check({"ctx_size": 16384, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}) is None
+    assert engine_of("llama-server", model=str(model)).memory_check({"ctx_size": 10**7}) is None  # no budget
+    ollama = engine_of("ollama", model_file=str(model), memory_budget_gib=0.25)
+    # Ollama's child gets num_ctx x num_parallel tokens: 4096 x 2 fits, 4096 x 4 does not.
+    assert ollama.memory_check({"context_length": 4096, "num_parallel": 2}) is None
+    reason = ollama.memory_check({"context_length": 4096, "num_parallel": 4})
+    assert reason == "needs 0.4 GiB (weights plus num_ctx x num_parallel KV tokens), over 0.25 GiB"
+    assert ollama.memory_check({"context_length": 4096, "num_parallel": 4, "kv_cache_type": "q4_0"}) is None
+
+
+def test_the_memory_check_reads_the_real_models_header(tmp_path: Path) -> None:
     from tuner import assets
-    from tuner.engines.memory import gguf_kv_shape, hf_config_kv_shape, kv_bytes_per_token, parse_nvidia_smi
+    from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 
     model = assets.find_model()
     if model is None:
@@ -314,14 +354,15 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
         )
     # SmolLM2-135M: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 2 bytes per token at f16.
     assert kv_bytes_per_token(gguf_kv_shape(model)) == 23040
-    llama = create_engine(
-        PluginSpec.model_validate({"kind": "llama-server", "model": str(model), "memory_budget_gib": 0.5})
-    )
+    llama = engine_of("llama-server", model=str(model), memory_budget_gib=0.5)
+    assert llama.memory_need({"ctx_size": 1000}) == model.stat().st_size + 1000 * 23040
     assert llama.memory_check({"ctx_size": 8192}) is None
     reason = llama.memory_check({"ctx_size": 32768})
     assert reason is not None and "over the 0.5 GiB budget" in reason
-    assert llama.memory_need({"ctx_size": 1000}) == model.stat().st_size + 1000 * 23040
-    assert llama.memory_check({"ctx_size": 32768, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}) is None
+
+
+def test_the_vllm_memory_check_refuses_a_sequence_or_weights_that_leave_no_room(tmp_path: Path) -> None:
+    from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token, parse_nvidia_smi
 
     config = tmp_path / "config.json"
     config.write_text(
@@ -330,8 +371,14 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
     assert kv_bytes_per_token(hf_config_kv_shape(config)) == 2 * 24 * 2 * 64 * 2
     vllm = engine_of("vllm", config_json=str(config), gpu_memory_gib=8, weights_gib=1.0)
     assert vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.9}) is None
-    reason = vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.14})
-    assert reason is not None and "32768-token sequence" in reason
+    # 0.14 x 8 GiB - 1 GiB of weights = 0.12 GiB, under the 0.38 GiB one 32768-token sequence needs.
+    assert vllm.memory_check({"max_model_len": 32768, "gpu_memory_utilization": 0.14}) == (
+        "one 32768-token sequence needs 0.38 GiB of KV cache, only 0.12 GiB fit at gpu_memory_utilization=0.14"
+    )
+    assert vllm.memory_check({"gpu_memory_utilization": 0.1}) == (
+        "the weights (1 GiB) leave no KV cache at gpu_memory_utilization=0.1"
+    )
+    assert engine_of("vllm", config_json=str(config)).memory_check({"gpu_memory_utilization": 0.1}) is None
     assert parse_nvidia_smi((TRANSCRIPTS / "nvidia-smi-memory.csv").read_text()) == [40512.0, 81003.0]
 
 
