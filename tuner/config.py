@@ -7,8 +7,9 @@ plugin registered under that kind validates the rest of its table with its own s
 
 from __future__ import annotations
 
+import datetime
 import itertools
-import math
+import json
 import operator
 import re
 import tomllib
@@ -19,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
+from tuner.redact import SECRET_REFUSED
 
 __all__ = [
     "BudgetSpec",
@@ -41,16 +43,26 @@ __all__ = [
     "load_search_space",
     "load_study",
     "validate_options",
+    "validate_strictly",
 ]
 
 ParamValue = int | float | bool | str
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+# Optuna's samplers seed numpy, which takes 0 .. 2**32 - 1.
+_MAX_SEED = 2**32 - 1
+
 
 class StrictModel(BaseModel):
-    """Base of every model a user writes: unknown keys are refused, values are not coerced."""
+    """Base of every model a user writes: unknown keys are refused, NaN and infinities too.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    What a user wrote is validated with `validate_strictly`, which does not coerce (`rounds = "3"` and
+    `trials = true` are refused); code that builds these models from its own values may pass a Path
+    where the file has a string."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PluginSpec(BaseModel):
@@ -65,21 +77,35 @@ class PluginSpec(BaseModel):
 
 
 class BudgetSpec(StrictModel):
-    trials: int = Field(default=10, ge=0, description="Trials to run after the baseline, across resumes.")
-    hours: float | None = Field(default=None, gt=0, description="Stop starting trials after this long.")
+    trials: int = Field(
+        default=10,
+        ge=0,
+        le=10_000,
+        description="Trials to run after the baseline, across resumes (at most 10,000: each restarts the server).",
+    )
+    hours: float | None = Field(
+        default=None, gt=0, le=8760, description="Stop starting trials after this long (at most a year)."
+    )
 
 
 class WorkloadSpec(StrictModel):
     path: Path = Field(description="Trace file (JSONL), relative to the study file.")
-    time_scale: float = Field(default=1.0, gt=0, description="Arrival offsets are multiplied by this.")
+    time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Arrival offsets are multiplied by this (at most 1000: a minute becomes 17 hours).",
+    )
     keep_concurrency: bool = Field(
         default=False,
         description="With time_scale below 1, replay about time_scale of the sessions (chosen by seed), so "
         "that a day compressed into 20 minutes keeps its in-flight concurrency over time instead of "
         "multiplying it by the compression.",
     )
-    request_timeout_s: float = Field(default=120.0, gt=0, description="A request taking longer fails.")
-    seed: int = Field(default=0, description="Seed for the synthesized prompt tokens.")
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, le=86_400, description="A request taking longer fails (at most a day)."
+    )
+    seed: int = Field(default=0, ge=0, le=_MAX_SEED, description="Seed for the synthesized prompt tokens.")
 
 
 class SloSpec(StrictModel):
@@ -87,13 +113,16 @@ class SloSpec(StrictModel):
 
     ttft_p95_s: float = Field(default=2.0, gt=0, description="Time to first token, p95, at most this.")
     decode_tok_s: float = Field(default=10.0, ge=0, description="Per-user decode speed, median, at least this.")
-    min_requests: int = Field(default=20, ge=1, description="Fewer requests in a round cannot show the line.")
+    min_requests: int = Field(
+        default=20, ge=1, le=1_000_000, description="Fewer requests in a round cannot show the line."
+    )
 
 
 class MetricsSpec(StrictModel):
     long_prompt_tokens: int = Field(
         default=1000,
         gt=0,
+        le=10_000_000,
         description="A prompt with at least this many new tokens counts as a long prefill (L).",
     )
     min_overlap_s: float = Field(
@@ -137,7 +166,9 @@ class MetricConstraint(StrictModel):
 
 class GateSpec(StrictModel):
     enabled: bool = Field(default=True, description="Check each trial's answers against the baseline's.")
-    tokens: int = Field(default=24, gt=0, description="Tokens generated per probe prompt.")
+    tokens: int = Field(
+        default=24, gt=0, le=4096, description="Tokens generated per probe prompt (at most 4096, per probe)."
+    )
     min_agreement: float = Field(
         default=0.5,
         ge=0,
@@ -152,16 +183,28 @@ class GateSpec(StrictModel):
 
 
 class ConfirmSpec(StrictModel):
-    top: int = Field(default=1, ge=0, description="Re-measure this many of the best trials against the baseline.")
+    top: int = Field(
+        default=1,
+        ge=0,
+        le=20,
+        description="Re-measure this many of the best trials against the baseline (at most 20: each takes pairs "
+        "x 2 rounds).",
+    )
     pairs: int = Field(
-        default=3, ge=2, description="Baseline/candidate pairs per re-measurement, in alternating order."
+        default=3,
+        ge=2,
+        le=50,
+        description="Baseline/candidate pairs per re-measurement, in alternating order (at most 50: each pair "
+        "is two rounds).",
     )
 
 
 class ObjectiveSpec(StrictModel):
     metric: str = Field(description="A metric name, e.g. stall_tok_s, prefill_tok_s, ttft_p95_s.")
     direction: Literal["maximize", "minimize"]
-    weight: float = Field(default=1.0, gt=0, description="Weight of this metric's log-ratio in the score.")
+    weight: float = Field(
+        default=1.0, gt=0, le=1000, description="Weight of this metric's log-ratio in the score (at most 1000)."
+    )
 
 
 class SearchSpec(StrictModel):
@@ -175,22 +218,49 @@ class SearchSpec(StrictModel):
         description="After round 1, stop a trial scoring below the median of earlier trials (Optuna's MedianPruner).",
     )
 
+    @field_validator("params")
+    @classmethod
+    def _params_name_knobs_once(cls, params: list[str] | None) -> list[str] | None:
+        if params is None:
+            return None
+        if not params:
+            raise ValueError("names no knob; name at least one, or leave search.params out to tune every knob")
+        repeated = sorted({name for name in params if params.count(name) > 1})
+        if repeated:
+            raise ValueError(f"names {repeated[0]!r} twice; name each knob once")
+        return params
+
 
 class StudySpec(StrictModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Names the run directory.")
+    name: str = Field(
+        pattern=_NAME_PATTERN,
+        max_length=200,
+        description="Names the run directory: letters, digits, _ . - (starting with a letter or digit).",
+    )
     description: str = ""
-    rounds: int = Field(default=2, ge=2, description="Measurement rounds per trial (at least 2).")
+    rounds: int = Field(
+        default=2,
+        ge=2,
+        le=50,
+        description="Measurement rounds per trial (at least 2 for a spread; at most 50: each round replays the "
+        "whole workload).",
+    )
     interleave: int = Field(
         default=3,
         ge=1,
-        description="Trials measured together: round 1 of each, then round 2 of each, with a restart per round.",
+        le=64,
+        description="Trials measured together: round 1 of each, then round 2 of each, with a restart per round "
+        "(at most 64).",
     )
     extra_rounds_if_noisy: int = Field(
         default=1,
         ge=0,
-        description="Rounds added to a trial whose rounds differ by 20% or more on an objective metric.",
+        le=20,
+        description="Rounds added to a trial whose rounds differ by 20% or more on an objective metric (at most 20).",
     )
-    seed: int = Field(default=0, description="Sampler seed.")
+    seed: int = Field(
+        default=0, ge=0, le=_MAX_SEED, description="Sampler seed (0 to 2**32 - 1, what Optuna's samplers take)."
+    )
     budget: BudgetSpec = BudgetSpec()
     host: PluginSpec = PluginSpec(kind="local")
     deploy: PluginSpec = PluginSpec(kind="process")
@@ -346,7 +416,27 @@ class SearchSpace(StrictModel):
         return self.model_copy(update={"params": {n: self.params[n] for n in names}, "constraints": kept})
 
 
-def _format_validation_error(source: str, error: ValidationError) -> str:
+_BOUND_ERRORS = ("less_than", "less_than_equal", "greater_than", "greater_than_equal")
+
+
+def _field_description(model: type[BaseModel], loc: Sequence[int | str]) -> str | None:
+    """The description of the field at `loc`, following nested models; None where there is none."""
+    current: Any = model
+    description = None
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            continue  # a list index, a dict key, a union branch
+        info = fields[part]
+        description = info.description
+        current = info.annotation
+        for arg in getattr(current, "__args__", ()):  # `X | None`, `list[X]`: follow the model in it
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                current = arg
+    return description
+
+
+def _format_validation_error(source: str, error: ValidationError, model: type[BaseModel] | None = None) -> str:
     first = error.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
@@ -354,23 +444,87 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
     if first["type"] == "missing":
         return f"{source}: missing required key {where!r}"
     message = first["msg"].removeprefix("Value error, ")
-    return f"{source}: {where}: {message} (got {first.get('input')!r})"
+    if first["type"] == SECRET_REFUSED:  # the input may be a key: never echoed
+        return f"{source}: {where}: {message}"
+    line = f"{source}: {where}: {message} (got {first.get('input')!r})"
+    description = _field_description(model, first["loc"]) if model is not None else None
+    if first["type"] in _BOUND_ERRORS and description:
+        line += f"; {where} is: {description}"
+    return line
+
+
+def _first_non_json(value: Any, where: str) -> str | None:
+    """Where a value TOML has and a study cannot use (a date or time) sits; None if there is none."""
+    if isinstance(value, datetime.date | datetime.time):
+        return where or "(top level)"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_non_json(item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _first_non_json(item, f"{where}.{index}")
+            if found:
+                return found
+    return None
+
+
+def validate_strictly(model: type[OptionsT], data: Mapping[str, Any], *, source: str) -> OptionsT:
+    """Validates what a user wrote without coercing it: a string is not a number, a boolean or a float is
+    not an integer, NaN and infinities are refused. Errors are one line naming `source` and the key.
+
+    The data goes through pydantic's strict JSON mode, in which a file path may be written as a string and
+    a list stands for a tuple, as the user writes them; only dates and times (TOML has them) have no JSON
+    form, and no setting takes one."""
+    found = _first_non_json(dict(data), "")
+    if found:
+        raise ConfigError(f"{source}: {found}: a date or time is not a valid value here; quote it if it is text")
+
+    def as_text(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        raise TypeError(f"{type(value).__name__} is not a value a study file can hold")
+
+    try:
+        text = json.dumps(dict(data), default=as_text, allow_nan=True)
+        return model.model_validate_json(text, strict=True)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc, model)) from None
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def validate_options(model: type[OptionsT], options: Mapping[str, Any], *, where: str) -> OptionsT:
-    """Validates a plugin's table with its strict model; errors name `where.key`."""
-    try:
-        return model.model_validate(dict(options))
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(where, exc)) from None
+    """Validates a plugin's table with its strict model, without coercion; errors name `where.key`."""
+    return validate_strictly(model, options, source=where)
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file's tables; every way it can be unreadable is one line saying what to do."""
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory; pass the TOML file in it, e.g. {path / 'study.toml'}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}; check the path and its permissions") from None
+    if raw.startswith(_BOM):
+        raise ConfigError(f"{path}: starts with a byte-order mark (BOM); save it as UTF-8 without a BOM")
+    if b"\x00" in raw:
+        raise ConfigError(f"{path}: is a binary file, not TOML text; pass the study's .toml file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
@@ -379,14 +533,14 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     """Applies `--set a.b=value` overrides; `value` is read as TOML, or as a string if it is not TOML."""
     for override in overrides:
         key, sep, raw = override.partition("=")
-        if not sep or not key.strip():
+        parts = [part.strip() for part in key.split(".")]
+        if not sep or not all(parts):
             raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. budget.trials=3")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
         node = data
-        parts = key.strip().split(".")
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -399,21 +553,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Path]:
     """Loads a study file; returns the spec and the directory its relative paths are resolved from."""
     data = apply_overrides(_read_toml(path), overrides)
-    data.setdefault("name", path.stem)
-    try:
-        spec = StudySpec.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(str(path), exc)) from None
-    base = path.resolve().parent
-    for objective in spec.objectives:
-        if not math.isfinite(objective.weight):
-            raise ConfigError(f"{path}: objective {objective.metric!r} has a non-finite weight")
-    return spec, base
+    if "name" not in data:
+        data["name"] = path.stem
+        if not re.fullmatch(_NAME_PATTERN, path.stem):
+            raise ConfigError(
+                f"{path}: the study has no name = ..., and its file name {path.stem!r} cannot name a run "
+                f'directory (letters, digits, _ . - only); add a line such as name = "{_suggest_name(path.stem)}"'
+            )
+    spec = validate_strictly(StudySpec, data, source=str(path))
+    return spec, path.resolve().parent
+
+
+def _suggest_name(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")
+    return name or "my-study"
 
 
 def load_search_space(path: Path) -> SearchSpace:
-    data = _read_toml(path)
-    try:
-        return SearchSpace.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(str(path), exc)) from None
+    return validate_strictly(SearchSpace, _read_toml(path), source=str(path))
