@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.stand_in import free_port, run_stand_in
 from tuner.config import PluginSpec
 from tuner.engines import Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text
@@ -74,6 +75,7 @@ def test_requests_send_token_ids_and_ask_for_exact_output_length() -> None:
     [
         ("n_batch", 0, ">= 1"),
         ("n_batch", "512", "takes a int"),
+        ("n_batch", True, "takes a int"),  # a bool is an int to Python, not to llama-server
         ("kv_unified", 1, "takes a bool"),
         ("flash_attn", "maybe", "one of on, off, auto"),
         ("batch", 512, "unknown llama-server knob 'batch'"),
@@ -107,6 +109,8 @@ def test_named_adapters_load_at_launch_at_scale_0_and_requests_pick_them_by_id(t
     launch = engine.launch_spec({"lora_policy": "all_on"})
     assert launch.args[:4] == ("--lora-scaled", f"{support}:0", "--lora-scaled", f"{legal}:0")
     assert not any("LORA" in name for name in launch.env)
+    with run_stand_in(launch, engine="llama-server") as server:  # as llama-server reads its flags
+        assert server.launch["lora_adapters"] == [f"{support}:0", f"{legal}:0"]
     call = engine.build_request(
         ReplayRequest(
             request_id="a", session="s", offset_s=0, prompt_token_ids=(101,), output_tokens=1, lora=(("legal", 0.5),)
@@ -177,3 +181,23 @@ def test_a_tuned_setting_overridden_by_the_units_own_flag_is_named_with_the_fix(
     log += "warn: LLAMA_ARG_BATCH environment variable is set, but will be overwritten by command line argument -b\n"
     message = engine.ignored_settings(log)
     assert message is not None and "n_batch" in message and "-b" in message and 'exec_start = "replace"' in message
+
+
+def test_a_flag_on_the_command_line_wins_over_the_tuned_variable_and_the_startup_log_says_so() -> None:
+    """Started with the unit's own `-b 512` and the trial's LLAMA_ARG_BATCH=128, the server (the stand-in,
+    which applies llama-server's precedence and prints its warning) runs at 512, and the engine reads
+    from that log which tuned setting was lost; the unit's own port flag is harmless."""
+    port = free_port()
+    engine = llama(port=port, extra_args=["--port", str(port), "-b", "512"])
+    with run_stand_in(engine.launch_spec({"n_batch": 128}), engine="llama-server") as server:
+        assert server.launch["settings"] == {"n_batch": 512}
+    log = "\n".join(server.stderr)
+    assert "LLAMA_ARG_PORT environment variable is set, but will be overwritten by command line argument --port" in log
+    assert engine.ignored_settings(log) == (
+        "llama-server ignored n_batch (LLAMA_ARG_BATCH): the command line sets -b, which wins; remove it from the "
+        'unit\'s ExecStart or set deploy.exec_start = "replace"'
+    )
+    with run_stand_in(llama(port=port, extra_args=["--port", str(port)]).launch_spec({"n_batch": 128}),
+                      engine="llama-server") as server:  # fmt: skip
+        assert server.launch["settings"] == {"n_batch": 128}
+    assert engine.ignored_settings("\n".join(server.stderr)) is None

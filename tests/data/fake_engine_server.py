@@ -208,9 +208,9 @@ def parse_llama_server(argv: list[str], env: dict[str, str], log: Callable[[str]
         if variable in env:
             plain[name] = env[variable]
     flags: dict[str, tuple[str, str, Any, bool | None]] = {}  # flag: (name, its variable, kind, value it sets)
-    for name, (variable, sets, clears, kind) in _LLAMA_SETTINGS.items():
-        flags |= {flag: (name, variable, kind, True if kind is bool else None) for flag in sets}
-        flags |= {flag: (name, variable, kind, False) for flag in clears}
+    for name, (variable, setters, clearers, kind) in _LLAMA_SETTINGS.items():
+        flags |= {flag: (name, variable, kind, True if kind is bool else None) for flag in setters}
+        flags |= {flag: (name, variable, kind, False) for flag in clearers}
     for name, (variable, names) in _LLAMA_PLAIN.items():
         flags |= {flag: (name, variable, str, None) for flag in names}
     loras: list[str] = []
@@ -221,13 +221,13 @@ def parse_llama_server(argv: list[str], env: dict[str, str], log: Callable[[str]
             continue
         if flag not in flags and flag not in ("--lora-scaled", "--lora"):
             raise LaunchRefused(f"error: invalid argument: {flag}")
-        name, variable, kind, sets = flags.get(flag, ("lora", "", str, None))
+        name, variable, kind, fixed = flags.get(flag, ("lora", "", str, None))
         if variable and (variable in env or variable.replace("_ARG_", "_ARG_NO_") in env):
             log(
                 f"warn: {variable} environment variable is set, but will be overwritten by command line argument {flag}"
             )
-        if sets is not None:
-            settings[name] = sets
+        if fixed is not None:  # a switch: -kvu, --no-cache-prompt
+            settings[name] = fixed
             continue
         if not rest:
             raise LaunchRefused(f"error: expected value for argument {flag}")
