@@ -17,6 +17,7 @@ import httpx
 
 from tuner.engines.base import Engine
 from tuner.errors import MeasurementError
+from tuner.redact import redact
 
 __all__ = ["PROBE_PROMPTS", "GateResult", "ask_probes", "judge"]
 
@@ -52,7 +53,8 @@ async def ask_probes(
             except httpx.HTTPError as exc:
                 raise MeasurementError(f"correctness probe failed: {type(exc).__name__}: {exc}") from None
             if response.status_code != 200:
-                raise MeasurementError(f"correctness probe got HTTP {response.status_code}: {response.text[:200]}")
+                answer = redact(response.text)[:200]  # a refusal may quote the key it refused
+                raise MeasurementError(f"correctness probe got HTTP {response.status_code}: {answer}")
             answers.append(engine.parse_probe_answer(response.json()))
     return answers
 

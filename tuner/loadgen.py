@@ -20,6 +20,7 @@ import httpx
 from tuner.engines.base import Engine, parse_prometheus_text
 from tuner.faults import crash_point
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
+from tuner.redact import redact
 
 __all__ = ["replay", "scrape_prometheus", "with_answers"]
 
@@ -119,7 +120,7 @@ async def _send(
                 if response.status_code != 200:
                     body = (await response.aread()).decode(errors="replace")
                     status = RequestStatus.REJECTED if response.status_code == 503 else RequestStatus.HTTP_ERROR
-                    error = f"HTTP {response.status_code}: {body.strip()[:300]}"
+                    error = f"HTTP {response.status_code}: {body.strip()}"
                 else:
                     async with contextlib.aclosing(_line_batches(response)) as batches:
                         async for lines in batches:
@@ -151,6 +152,10 @@ async def _send(
         status, error = RequestStatus.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"[:300]
     if status is RequestStatus.OK and not token_s:
         status, error = RequestStatus.NO_OUTPUT, "the answer had no tokens"
+    if error is not None:
+        # The server's own words (an error body, a stream's error) may quote the key it refused; scrubbed
+        # before the cut, so a key straddling it cannot leave its first half behind.
+        error = redact(error)[:300]
     record = RequestRecord(
         request_id=request.request_id,
         session=request.session,

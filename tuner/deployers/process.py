@@ -13,6 +13,7 @@ from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import ServerNotReady, TransportError
 from tuner.faults import crash_point
 from tuner.models import LaunchSpec
+from tuner.redact import redact
 from tuner.transports.base import ProcessHandle, Transport
 
 __all__ = ["ProcessDeployer", "ProcessOptions"]
@@ -84,13 +85,28 @@ class ProcessDeployer:
             lines = (await self._transport.read_file(log_path)).decode(errors="replace").splitlines()
         except TransportError:
             return ""
+        # The server may log the key it was given or a request's Authorization header.
         for line in reversed(lines):
             lowered = line.lower()
             if any(word in lowered for word in ("error", "failed", "invalid", "abort")):
-                return f"; server log: {line.strip()[:200]}"
-        return f"; server log ends: {lines[-1].strip()[:200]}" if lines else ""
+                return f"; server log: {redact(line.strip())[:200]}"
+        return f"; server log ends: {redact(lines[-1].strip())[:200]}" if lines else ""
 
     async def _stop_child(self) -> None:
         if self._child is not None:
             child, self._child = self._child, None
             await child.stop(grace_s=self._options.stop_grace_s)
+            await self._scrub_log()
+
+    async def _scrub_log(self) -> None:
+        """The server's log stays in the run directory as evidence: a key it logged (its own, or a
+        request's Authorization header) is scrubbed once the server has stopped writing to it."""
+        if self._log_path is None:
+            return
+        try:
+            text = (await self._transport.read_file(self._log_path)).decode(errors="replace")
+        except TransportError:
+            return
+        scrubbed = redact(text)
+        if scrubbed != text:
+            await self._transport.write_file(self._log_path, scrubbed.encode())

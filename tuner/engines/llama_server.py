@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
@@ -25,6 +26,7 @@ from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
+from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
 # common/arg.cpp, when a flag and its environment variable are both given.
 _OVERWRITTEN_BY_FLAG = re.compile(
@@ -183,11 +185,24 @@ class LlamaServerOptions(StrictModel):
     )
     api_key_env: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of an environment variable of the controller that holds the server's API key "
         "(not the key itself, which stays out of study files). Requests send it as a Bearer token; the server "
         "gets it as LLAMA_API_KEY through a file only it can read, never a command line or unit file.",
     )
+
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _a_name_not_a_key(cls, value: object) -> object:
+        # Refused before any other check, whose message would quote the value: a pasted key must not
+        # reach the terminal, a log or the run directory.
+        if isinstance(value, str) and looks_like_secret(value):
+            raise PydanticCustomError(
+                SECRET_REFUSED,
+                "must name the environment variable that holds the server's API key (like LLAMA_API_KEY), "
+                "not the key; the value given is no variable name and may be the key itself, so it is not "
+                "shown: export the key as a variable and put the variable's name here",
+            )
+        return value
 
 
 def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str, key: str) -> str:
@@ -224,6 +239,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
                     "server's API key before running"
                 )
             self._api_key = SecretStr(value)
+            remember_secret(value)  # whatever the server says back with it in is scrubbed before it is shown
 
     def request_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
