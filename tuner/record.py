@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import secrets
 import time
@@ -26,8 +27,8 @@ from typing import Any
 import h11
 import httpx
 
-from tuner.errors import ConfigError
-from tuner.files import write_atomic
+from tuner.errors import ConfigError, OutputError
+from tuner.files import check_writable, write_atomic
 from tuner.workloads import LoraUse, dump_trace
 from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, request_shape
 
@@ -100,6 +101,7 @@ class Recorder:
         self._lora_names: dict[int, str] | None = None
         self._done = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._write_failure: OutputError | None = None
         self.on_request: Callable[[ObservedRequest, int], None] | None = None
 
     @property
@@ -108,8 +110,17 @@ class Recorder:
 
     async def run(self, *, ready: Callable[[int], None] | None = None, duration_s: float | None = None) -> int:
         """Serves until cancelled, `duration_s` has passed or `max_requests` were recorded; writes the
-        trace and returns how many requests it holds."""
-        server = await asyncio.start_server(self._serve_connection, self.options.listen_host, self.options.listen_port)
+        trace and returns how many requests it holds. `--out` is checked before anything listens: a
+        recording that cannot be saved is refused before the application is pointed at the proxy."""
+        self._check_out()
+        try:
+            server = await asyncio.start_server(
+                self._serve_connection, self.options.listen_host, self.options.listen_port
+            )
+        except (OSError, OverflowError) as exc:
+            where = f"{self.options.listen_host}:{self.options.listen_port}"
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"cannot listen on {where}: {reason}; pick another --listen") from None
         port = int(server.sockets[0].getsockname()[1])
         checkpoints = asyncio.create_task(self._checkpoint_loop())
         try:
@@ -121,11 +132,28 @@ class Recorder:
         finally:
             checkpoints.cancel()
             await asyncio.shield(self._finish())
+        if self._write_failure is not None:
+            raise self._write_failure
         return len(self._observed)
 
+    def _check_out(self) -> None:
+        out = self.options.out
+        try:
+            check_writable(out)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise ConfigError(
+                    f"--out {out}: no space left on its disk; free some space there or pass --out on another disk"
+                ) from None
+            raise ConfigError(
+                f"--out {out} cannot be written: {exc.strerror or exc}; pass a path in a directory you can write"
+            ) from None
+
     async def _finish(self) -> None:
-        await self.write()
-        await self._client.aclose()
+        try:
+            await self.write()
+        finally:
+            await self._client.aclose()
 
     async def write(self) -> None:
         """Writes the trace of everything recorded so far, atomically; nothing when nothing was recorded."""
@@ -135,13 +163,33 @@ class Recorder:
             count = len(self._observed)
             trace = build_trace(self._observed, name=self.options.name, description="recorded by tuner record")
             text = dump_trace(trace).encode()
-            await asyncio.to_thread(write_atomic, self.options.out, text)
+            try:
+                # Message text is the users' own: a trace that keeps it is readable by its owner only.
+                await asyncio.to_thread(write_atomic, self.options.out, text, private=self.options.keep_content)
+            except OSError as exc:
+                raise self._output_error(exc, count) from None
             self._written = count
+
+    def _output_error(self, exc: OSError, count: int) -> OutputError:
+        out = self.options.out
+        kept = f"{out} holds the last checkpoint ({self._written} requests)" if self._written else "nothing was written"
+        lost = f"; the {count - self._written} requests recorded since are lost"
+        if exc.errno == errno.ENOSPC:
+            return OutputError(
+                f"no space left on the disk of {out}; {kept}{lost}: free some space or record to another disk"
+            )
+        return OutputError(f"cannot write {out}: {exc.strerror or exc}; {kept}{lost}")
 
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.options.checkpoint_s)
-            await self.write()
+            try:
+                await self.write()
+            except OutputError as failure:
+                # Stop rather than go on proxying traffic whose recording can no longer be saved.
+                self._write_failure = failure
+                self._done.set()
+                return
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = h11.Connection(h11.SERVER)
