@@ -20,9 +20,8 @@ from tuner.console import ConsoleObserver, make_console, render_leaderboard, ren
 from tuner.deployers import DEPLOYERS
 from tuner.engines import ENGINES
 from tuner.errors import ConfigError, StudyError, TunerError
-from tuner.files import write_atomic
+from tuner.files import check_output, write_atomic
 from tuner.importers import IMPORTERS, import_trace
-from tuner.redact import RedactingFilter, redact
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
@@ -316,10 +315,8 @@ def _record(args: argparse.Namespace, console: Console) -> int:
         except asyncio.CancelledError:
             return recorder.recorded
 
-    try:
-        count = asyncio.run(main())
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.listen}: {exc.strerror}; pick another --listen") from None
+    # The recorder names its own failures (--out, --listen, a full disk): an OSError here is neither.
+    count = asyncio.run(main())
     if count == 0:
         console.print("no completion requests came through; nothing written")
     else:
@@ -373,8 +370,9 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         render_trace_summary(summarize_trace(trace), console)
         return 0
     if args.workload_command == "import":
+        check_output(args.out, inputs=[args.source])  # before the import's work, which can be long
         trace = import_trace(args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem)
-        write_atomic(args.out, dump_trace(trace).encode())
+        write_atomic(args.out, dump_trace(trace).encode(), inputs=[args.source])
         console.print(f"wrote {len(trace.requests)} requests to {args.out}")
         render_trace_summary(summarize_trace(trace), console)
         return 0
@@ -384,8 +382,6 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
-        handler.addFilter(RedactingFilter())
     console = make_console()
     err = make_console(stderr=True)
     try:
@@ -419,8 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"engine: {', '.join(ENGINES.kinds())}")
             return 0
     except TunerError as exc:
-        # The last line out: server text an error quotes is scrubbed here whatever raised it.
-        err.print(f"error: {redact(str(exc))}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
     except OSError as exc:
         # Raised by this machine's own files (a full disk under the run directory, say), after the

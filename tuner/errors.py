@@ -10,6 +10,7 @@
     │   └── ServerNotReady     the server did not become healthy in time, or exited
     ├── WorkloadError          a workload trace is malformed or unusable
     ├── MeasurementError       a round could not be measured (server died, no requests finished)
+    ├── OutputError            an output file could not be written (a full disk, no permission)
     └── StudyError             the study cannot go on (no baseline, run directory locked, ...)
 
 The CLI prints `str(error)` as one line; messages name the problem and the fix.
@@ -26,6 +27,7 @@ __all__ = [
     "DeployError",
     "HostUnreachable",
     "MeasurementError",
+    "OutputError",
     "ServerNotReady",
     "StudyError",
     "TransportError",
@@ -88,6 +90,10 @@ class WorkloadError(TunerError):
 
 class MeasurementError(TunerError):
     """A measurement round produced no usable result."""
+
+
+class OutputError(TunerError):
+    """A file serve-tuner writes on this machine could not be written; what was there is unchanged."""
 
 
 class StudyError(TunerError):

@@ -22,8 +22,6 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space
@@ -37,7 +35,6 @@ from tuner.loadgen import replay, scrape_prometheus
 from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
-from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import Transport, create_transport
@@ -162,7 +159,7 @@ _PRUNERS: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
 
 
 def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
-    storage = JournalStorage(JournalFileBackend(str(run_dir.journal)))
+    storage = run_dir.storage()
     return optuna.create_study(
         study_name=spec.name,
         storage=storage,
@@ -175,7 +172,7 @@ def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
 
 def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
     """Opens the study a run directory holds, for reading; works while a controller is running it."""
-    storage = JournalStorage(JournalFileBackend(str(run_dir.journal)))
+    storage = run_dir.storage()
     names = optuna.get_all_study_names(storage)
     if not names:
         raise StudyError(f"{run_dir.path} holds no study yet")
@@ -390,9 +387,6 @@ class _StudyRun:
             pending.planned += self.spec.extra_rounds_if_noisy
 
     def fail(self, pending: _Pending, reason: str) -> None:
-        # Stored in the journal and shown: whatever server text the reason quotes is scrubbed here too,
-        # also text from a deployer that did not scrub it (a systemd journal line).
-        reason = redact(reason)
         pending.trial.set_user_attr("fail_reason", reason)
         if pending.rounds:
             pending.trial.set_user_attr("rounds", pending.rounds)
