@@ -22,6 +22,7 @@ from tuner.engines import ENGINES
 from tuner.errors import ConfigError, StudyError, TunerError
 from tuner.files import check_output, write_atomic
 from tuner.importers import IMPORTERS, import_trace
+from tuner.redact import RedactingFilter, redact
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
@@ -382,6 +383,8 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
+        handler.addFilter(RedactingFilter())
     console = make_console()
     err = make_console(stderr=True)
     try:
@@ -415,7 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"engine: {', '.join(ENGINES.kinds())}")
             return 0
     except TunerError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        # The last line out: server text an error quotes is scrubbed here whatever raised it.
+        err.print(f"error: {redact(str(exc))}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
     except OSError as exc:
         # Raised by this machine's own files (a full disk under the run directory, say), after the

@@ -35,6 +35,7 @@ from tuner.loadgen import replay, scrape_prometheus
 from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
+from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import Transport, create_transport
@@ -387,6 +388,9 @@ class _StudyRun:
             pending.planned += self.spec.extra_rounds_if_noisy
 
     def fail(self, pending: _Pending, reason: str) -> None:
+        # Stored in the journal and shown: whatever server text the reason quotes is scrubbed here too,
+        # also text from a deployer that did not scrub it (a systemd journal line).
+        reason = redact(reason)
         pending.trial.set_user_attr("fail_reason", reason)
         if pending.rounds:
             pending.trial.set_user_attr("rounds", pending.rounds)
