@@ -1,18 +1,29 @@
-"""The process deployer against a stand-in server (tests/data/health_server.py), no llama-server needed."""
+"""The process deployer against a stand-in server (tests/data/health_server.py), no llama-server needed.
+
+Time bounds here are deadlines for a condition, generous enough for a busy 2-core machine: a test that
+passes waits only as long as the condition takes, never for the bound itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
 
 import pytest
+from optuna.trial import TrialState
+from pydantic import SecretStr
 
+from tuner.config import StudySpec
 from tuner.deployers import ProcessDeployer
 from tuner.deployers.process import ProcessOptions
 from tuner.errors import ServerNotReady
 from tuner.models import LaunchSpec
+from tuner.study import run_study
 from tuner.transports import LocalTransport
 
 STAND_IN = Path(__file__).resolve().parent / "data" / "health_server.py"
@@ -33,18 +44,29 @@ def stand_in(port: int, loading_s: float = 0.5) -> LaunchSpec:
     )
 
 
+def gone(pid: int) -> bool:
+    """The process no longer exists (stopped and reaped by the deployer, not merely signalled)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
 def test_apply_waits_for_a_200_not_the_503_while_loading_and_restore_stops_the_server(tmp_path: Path) -> None:
     async def scenario() -> int:
-        async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
-            deployment = await deployer.apply(stand_in(free_port(), loading_s=1.0), log_path=str(tmp_path / "a.log"))
-            assert deployment.started_in_s >= 0.9
-            assert await deployer.check_alive() is None
-            assert deployment.pid is not None
+        async with LocalTransport() as transport:
+            async with ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
+                assert await deployer.check_alive() == "no server was started"
+                deployment = await deployer.apply(
+                    stand_in(free_port(), loading_s=1.0), log_path=str(tmp_path / "a.log")
+                )
+                assert await deployer.check_alive() is None
+                assert deployment.pid is not None
+            # The deployer's own restore stopped it, not the transport's last-resort cleanup.
+            assert gone(deployment.pid)
             return deployment.pid
 
-    pid = asyncio.run(scenario())
-    assert not Path(f"/proc/{pid}").exists()
-    assert "503" in (tmp_path / "a.log").read_text()
+    asyncio.run(scenario())
+    answers = [line for line in (tmp_path / "a.log").read_text().splitlines() if '"GET /health' in line]
+    assert " 503 " in answers[0] and " 200 " in answers[-1], answers
+    assert all(" 200 " not in line for line in answers[:-1]), "apply returned at the first 200, not later"
 
 
 def test_a_new_apply_replaces_the_running_server(tmp_path: Path) -> None:
@@ -53,7 +75,7 @@ def test_a_new_apply_replaces_the_running_server(tmp_path: Path) -> None:
             first = await deployer.apply(stand_in(free_port(), 0.1), log_path=str(tmp_path / "1.log"))
             second = await deployer.apply(stand_in(free_port(), 0.1), log_path=str(tmp_path / "2.log"))
             assert first.pid is not None and second.pid is not None
-            assert not Path(f"/proc/{first.pid}").exists()
+            assert gone(first.pid)
             return first.pid, second.pid
 
     first, second = asyncio.run(scenario())
@@ -69,21 +91,25 @@ def test_a_server_that_exits_while_starting_fails_fast_with_its_last_error_line(
         async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
             await deployer.apply(launch, log_path=str(tmp_path / "bad.log"))
 
+    # Fast means long before the 120 s start timeout: noticed at the first poll after the exit.
     with pytest.raises(ServerNotReady, match=r"exited with status 1.*unknown argument --bogus"):
-        asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+        asyncio.run(asyncio.wait_for(scenario(), timeout=60))
 
 
 def test_a_server_that_never_gets_healthy_fails_at_the_start_timeout_and_is_stopped(tmp_path: Path) -> None:
-    options = ProcessOptions(start_timeout_s=1.0)
+    # 8 s: ample for the stand-in to bind its port and answer 503 on a loaded machine, so the last
+    # answer is the server's own, not a refused connection.
+    options = ProcessOptions(start_timeout_s=8.0)
+    log = tmp_path / "slow.log"
 
     async def scenario() -> None:
         async with LocalTransport() as transport, ProcessDeployer(options, transport=transport) as deployer:
-            await deployer.apply(stand_in(free_port(), loading_s=600), log_path=str(tmp_path / "slow.log"))
+            with pytest.raises(ServerNotReady, match=r"within 8 s \(last answer: HTTP 503\)"):
+                await deployer.apply(stand_in(free_port(), loading_s=600), log_path=str(log))
+            # Stopped by the failed apply itself, before the deployer's restore.
+            assert gone(int(log.read_text().split()[3]))
 
-    with pytest.raises(ServerNotReady, match=r"within 1 s \(last answer: HTTP 503\)"):
-        asyncio.run(scenario())
-    pid = int((tmp_path / "slow.log").read_text().split()[3])
-    assert not Path(f"/proc/{pid}").exists()
+    asyncio.run(scenario())
 
 
 def test_the_server_gets_only_the_launch_environment_and_the_inherited_basics(
@@ -91,8 +117,13 @@ def test_the_server_gets_only_the_launch_environment_and_the_inherited_basics(
 ) -> None:
     monkeypatch.setenv("LLAMA_ARG_BATCH", "7")
     monkeypatch.setenv("SECRET_TOKEN", "do-not-pass")
+    canary = "sk-canary-31c7"
     launch = LaunchSpec(
-        executable="sh", args=("-c", 'env > "$OUT"; exit 0'), env={"OUT": str(tmp_path / "env")}, port=free_port()
+        executable="sh",
+        args=("-c", 'env > "$OUT"; tr "\\0" " " < /proc/$$/cmdline > "$OUT.argv"; exit 0'),
+        env={"OUT": str(tmp_path / "env")},
+        secret_env={"LLAMA_API_KEY": SecretStr(canary)},
+        port=free_port(),
     )
 
     async def scenario() -> None:
@@ -103,3 +134,89 @@ def test_the_server_gets_only_the_launch_environment_and_the_inherited_basics(
     asyncio.run(scenario())
     env = (tmp_path / "env").read_text()
     assert "LLAMA_ARG_BATCH" not in env and "SECRET_TOKEN" not in env and "PATH=" in env
+    assert f"LLAMA_API_KEY={canary}\n" in env  # the secret reaches the server ...
+    assert canary not in (tmp_path / "env.argv").read_text()  # ... through its environment, not its argv
+    assert canary not in (tmp_path / "log").read_text()
+
+
+def test_a_server_killed_after_it_started_is_reported_with_the_signal(tmp_path: Path) -> None:
+    async def scenario() -> str:
+        async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
+            deployment = await deployer.apply(stand_in(free_port(), 0.1), log_path=str(tmp_path / "k.log"))
+            assert deployment.pid is not None and await deployer.check_alive() is None
+            os.kill(deployment.pid, signal.SIGKILL)
+            async with asyncio.timeout(60):  # a deadline; the exit is seen as soon as the child is reaped
+                while (reason := await deployer.check_alive()) is None:
+                    await asyncio.sleep(0.05)
+            return reason
+
+    assert asyncio.run(scenario()) == "the process was killed by SIGKILL"
+
+
+def _study(tmp_path: Path, port: int) -> StudySpec:
+    """A vLLM study on the process deployer whose server is the stand-in: the baseline runs
+    --max-num-seqs 64; the only other setting, 16, crashes the server at its third completion request
+    (the warm-up is the first, so mid-replay: one replayed request is answered, then the server dies)."""
+    (tmp_path / "space.toml").write_text('engine = "vllm"\n\n[params.max_num_seqs]\nchoices = [16, 64]\n')
+    header = {"format": "serve-tuner-trace", "version": 1, "name": "four-chats"}
+    requests = [
+        {
+            "id": f"chat-{i}",
+            "offset_s": 0.4 * i,
+            "session": f"chat-{i}",
+            "turn": 0,
+            "prompt": {"new_tokens": 24},
+            "output_tokens": 7,
+            "tag": "chat",
+        }
+        for i in range(4)
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(line) + "\n" for line in (header, *requests)))
+    return StudySpec.model_validate(
+        {
+            "name": "killed-mid-replay",
+            "rounds": 2,
+            "interleave": 1,
+            "extra_rounds_if_noisy": 0,
+            "budget": {"trials": 1},
+            "deploy": {"kind": "process", "start_timeout_s": 60},
+            "engine": {
+                "kind": "vllm",
+                "command": [sys.executable, str(STAND_IN)],
+                "model": "stand-in/model",
+                "port": port,
+                "settings": {"max_num_seqs": 64},
+                "env": {"LOADING_S": "0.2", "CRASH_WITH": "--max-num-seqs 16", "CRASH_AT_COMPLETION": "3"},
+            },
+            "workload": {"path": "trace.jsonl", "request_timeout_s": 60},
+            "search": {"space": "space.toml", "sampler": "random"},
+            "gate": {"enabled": False},
+            "confirm": {"top": 0},
+            "objectives": [{"metric": "ttft_p95_s", "direction": "minimize"}],
+        }
+    )
+
+
+def test_a_server_killed_mid_replay_fails_the_trial_with_the_reason_and_no_partial_score(tmp_path: Path) -> None:
+    spec = _study(tmp_path, free_port())
+    run_path = tmp_path / "runs" / spec.name
+
+    study = asyncio.run(asyncio.wait_for(run_study(spec, tmp_path, run_path), timeout=300))
+
+    trials = study.get_trials(deepcopy=False)
+    (baseline,) = [t for t in trials if t.user_attrs.get("baseline")]
+    (trial,) = [t for t in trials if t.user_attrs.get("deployed") and not t.user_attrs.get("baseline")]
+    assert trial.user_attrs["settings"] == {"max_num_seqs": 16}
+    assert baseline.state == TrialState.COMPLETE and baseline.user_attrs["baseline"]
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fail_reason"] == "the server died during round 1/2: the process was killed by SIGKILL"
+    # No partial score: nothing for Optuna, no score, no rounds to rank it by.
+    assert trial.values is None
+    assert not {"score", "round_scores", "rounds"} & set(trial.user_attrs)
+    # It really died mid-replay: one replayed request was answered before the kill, the rest failed.
+    round_one = [json.loads(line) for line in (run_path / "trials" / f"{trial.number:04d}" / "round-1.jsonl").open()]
+    assert sorted(record["status"] == "ok" for record in round_one) == [False, False, False, True], round_one
+    server_log = (run_path / "trials" / f"{trial.number:04d}" / "server.log").read_text()
+    assert "killed at completion request 3, as configured" in server_log
+    assert "bad completion request" not in server_log  # the stand-in accepted every body the engine sent
+    assert not any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))

@@ -1,10 +1,15 @@
 """The `process` deployer: the server is a child process of the controller, configured through its
 environment and arguments. Its baseline is "nothing of ours running", so restoring stops the child.
+
+A server that dies after it answered its health check (a crash, the OOM killer) is seen by
+`check_alive`, which the study asks after every round: that round, and its trial, fail with the reason
+and no score (docs/reliability.md P8).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 from pydantic import Field
 
@@ -26,6 +31,13 @@ class ProcessOptions(StrictModel):
         default_factory=lambda: ["PATH", "HOME", "LANG", "TMPDIR"],
         description="Variables of the controller's environment the server also gets; nothing else leaks in.",
     )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @DEPLOYERS.register("process")
@@ -66,7 +78,12 @@ class ProcessDeployer:
         if self._child is None:
             return "no server was started"
         status = await self._child.poll()
-        return None if status is None else f"the process exited with status {status}"
+        if status is None:
+            return None
+        if status < 0:
+            # Killed by a signal: SIGKILL from outside is most often the kernel's OOM killer.
+            return f"the process was killed by {_signal_name(-status)}"
+        return f"the process exited with status {status}"
 
     async def read_log(self, since: int) -> tuple[str, int]:
         if self._log_path is None:
