@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.test_container_deployer import docker, vllm_launch  # noqa: F401 (docker: the fake docker fixture)
+from tuner.config import StrictModel
 from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
-from tuner.models import ReplayRequest, RequestRecord, RequestStatus
+from tuner.models import LaunchSpec, ReplayRequest, RequestRecord, RequestStatus
 from tuner.redact import REDACTED, RedactingFilter, forget_secrets, looks_like_secret, redact, remember_secret
 
 CANARY = f"sk-canary-{uuid.uuid4().hex}"
@@ -27,21 +29,26 @@ def no_remembered_secrets() -> Iterator[None]:
     forget_secrets()
 
 
+OPAQUE_TOKEN = f"tok.{uuid.uuid4().hex}"  # no known key shape: only its place after Bearer gives it away
+
+
 @pytest.mark.parametrize(
-    "text",
+    ("text", "secret"),
     [
-        f"invalid api key Bearer {CANARY}",
-        f'{{"error": {{"message": "Authorization: Bearer {CANARY}"}}}}',
-        f"request refused: authorization={CANARY}",
-        f"401 {CANARY}",
-        "token hf_" + "Ab3" * 8 + " refused",
-        "ghp_" + "x1" * 18 + " expired",
+        (f"invalid api key Bearer {OPAQUE_TOKEN}", OPAQUE_TOKEN),
+        (f'{{"error": {{"message": "Authorization: Basic {OPAQUE_TOKEN}"}}}}', OPAQUE_TOKEN),
+        (f"request refused: authorization={OPAQUE_TOKEN}", OPAQUE_TOKEN),
+        (f"invalid api key Bearer {CANARY}", CANARY),
+        (f"401 {CANARY}", CANARY),
+        ("token hf_" + "Ab3" * 8 + " refused", "Ab3" * 8),
+        ("ghp_" + "x1" * 18 + " expired", "x1" * 18),
     ],
 )
-def test_bearer_tokens_authorization_values_and_key_shapes_are_removed_whatever_key_they_hold(text: str) -> None:
+def test_bearer_tokens_authorization_values_and_key_shapes_are_removed_whatever_key_they_hold(
+    text: str, secret: str
+) -> None:
     scrubbed = redact(text)
-    assert REDACTED in scrubbed
-    assert CANARY not in scrubbed and "Ab3Ab3" not in scrubbed and "x1x1" not in scrubbed
+    assert REDACTED in scrubbed and secret not in scrubbed
 
 
 def test_a_remembered_key_is_removed_in_any_shape_and_where_json_escaped_it() -> None:
@@ -128,19 +135,23 @@ def test_a_refused_probe_quotes_the_server_without_the_key(monkeypatch: pytest.M
     assert "7f3a" not in str(caught.value)
 
 
-def test_the_process_deployers_failed_start_quotes_the_servers_log_without_the_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("logged", "quoted"),
+    [
+        ("error: key opaque-key-without-a-known-shape-7f3a refused", "server log: error: key <redacted> refused"),
+        ("loaded key opaque-key-without-a-known-shape-7f3a", "server log ends: loaded key <redacted>"),
+    ],
+)
+def test_the_process_deployers_failed_start_quotes_the_servers_log_without_the_key(
+    tmp_path: Path, logged: str, quoted: str
+) -> None:
     from tuner.deployers import ProcessDeployer
     from tuner.deployers.process import ProcessOptions
     from tuner.errors import ServerNotReady
-    from tuner.models import LaunchSpec
     from tuner.transports import LocalTransport
 
     remember_secret("opaque-key-without-a-known-shape-7f3a")
-    launch = LaunchSpec(
-        executable="sh",
-        args=("-c", "echo 'error: key opaque-key-without-a-known-shape-7f3a refused' >&2; exit 1"),
-        port=1,
-    )
+    launch = LaunchSpec(executable="sh", args=("-c", f"echo '{logged}' >&2; exit 1"), port=1)
 
     async def scenario() -> None:
         async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
@@ -148,9 +159,9 @@ def test_the_process_deployers_failed_start_quotes_the_servers_log_without_the_k
 
     with pytest.raises(ServerNotReady) as caught:
         asyncio.run(asyncio.wait_for(scenario(), timeout=10))
-    assert "server log: error: key <redacted> refused" in str(caught.value)
-    assert "7f3a" not in str(caught.value)
-    assert (tmp_path / "server.log").read_text() == "error: key <redacted> refused\n"  # the evidence kept
+    assert quoted in str(caught.value) and "7f3a" not in str(caught.value)
+    kept = (tmp_path / "server.log").read_text()  # the evidence the run directory keeps
+    assert "7f3a" not in kept and "<redacted>" in kept
 
 
 def leaky_engine(monkeypatch: pytest.MonkeyPatch) -> LlamaServerEngine:
@@ -182,3 +193,87 @@ def test_a_refused_request_is_recorded_without_the_key_the_server_quoted(monkeyp
     assert record.status is RequestStatus.HTTP_ERROR
     assert record.error == f"HTTP 401: {padding} invalid api key <redacted>"
     assert "opaque" not in record.model_dump_json()
+
+
+OPAQUE = "opaque-key-without-a-known-shape-7f3a"  # no pattern knows it: only the remembered value does
+
+
+class _NoOptions(StrictModel):
+    pass
+
+
+class JournalQuotingDeployer:
+    """A deployer that quotes, unscrubbed, a journal line holding the key (as the systemd deployer's
+    last-error-line does): the study's fail_reason is the guard left."""
+
+    options_model = _NoOptions
+
+    def __init__(self, options: _NoOptions, *, transport: object) -> None:
+        pass
+
+    async def __aenter__(self) -> JournalQuotingDeployer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        pass
+
+    async def apply(self, launch: object, *, log_path: str) -> object:
+        from tuner.errors import ServerNotReady
+
+        raise ServerNotReady(f"the unit failed; journal ends: license check refused key {OPAQUE}")
+
+    async def check_alive(self) -> str | None:
+        return None
+
+    async def read_log(self, since: int) -> tuple[str, int]:
+        return "", since
+
+    async def restore(self) -> None:
+        pass
+
+
+def test_a_failed_trials_reason_is_stored_and_shown_without_the_key_whoever_quoted_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+    from tuner.deployers.base import DEPLOYERS
+
+    monkeypatch.setitem(DEPLOYERS._entries, "journal-quoting", JournalQuotingDeployer)  # this test only
+    remember_secret(OPAQUE)
+    for name in ("server", "model.gguf"):
+        (tmp_path / name).write_text("")
+    study = Path(__file__).resolve().parent / "data" / "tiny-study.toml"
+    overrides = ['deploy.kind="journal-quoting"', f'engine.binary="{tmp_path / "server"}"']
+    overrides += [f'engine.model="{tmp_path / "model.gguf"}"', "budget.trials=0", "confirm.top=0"]
+    argv = ["run", str(study), "--runs-dir", str(tmp_path / "runs")]
+    assert main([*argv, *(arg for o in overrides for arg in ("--set", o))]) == 1
+    printed = capsys.readouterr()
+    assert "trial 0 FAIL the unit failed; journal ends: license check refused key <redacted>" in printed.out
+    journal = (tmp_path / "runs" / "tiny" / "optuna.journal").read_text()
+    assert "license check refused key <redacted>" in journal and OPAQUE not in journal
+    assert OPAQUE not in printed.out + printed.err
+
+
+def test_a_containers_log_line_quoted_by_a_failed_start_is_scrubbed(
+    docker: tuple[Path, int],  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """fake_docker's failing container logs `error: unrecognized arguments: --fail-to-start`; with that
+    argument remembered as a secret, the quoted log line must not show it."""
+    from tuner.deployers.container import ContainerDeployer, ContainerOptions
+    from tuner.errors import ServerNotReady
+    from tuner.transports import LocalTransport
+
+    _, port = docker
+    launch = vllm_launch(port)
+    broken = launch.model_copy(update={"args": (*launch.args, "--fail-to-start")})
+    remember_secret("--fail-to-start")
+
+    async def scenario() -> None:
+        options = ContainerOptions(container="llm", start_timeout_s=10)
+        async with LocalTransport() as transport, ContainerDeployer(options, transport=transport) as deployer:
+            await deployer.apply(broken, log_path=str(tmp_path / "t.log"))
+
+    with pytest.raises(ServerNotReady) as caught:
+        asyncio.run(scenario())
+    assert "container log ends: error: unrecognized arguments: <redacted>" in str(caught.value)
