@@ -223,6 +223,11 @@ def test_prefill_speed_from_ollama_counts_only_the_new_tokens_not_the_cached_one
     assert compute_metrics([record], long_prompt_tokens=1000, min_overlap_s=0.5)["prefill_tok_s"] == 2000.0
 
 
+def test_ollama_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:
+    event = engine_of("ollama").parse_stream_line('{"error": "an error was encountered while running the model"}')
+    assert event is not None and event.done and event.error == "an error was encountered while running the model"
+
+
 def test_vllm_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:
     (event,) = read(engine_of("vllm"), TRANSCRIPTS / "vllm-error.sse")
     assert event.done and event.error is not None and "maximum context length" in event.error
@@ -431,7 +436,12 @@ def test_peak_gpu_memory_is_read_on_the_host_and_missing_where_it_has_no_nvidia_
 
 # (engine, engine options, tokens asked for): Ollama is asked for fewer than the transcript's model writes
 # before its end of text (7), vLLM for more, which only `ignore_eos` gets.
-REPLAYS = [("ollama", {}, 5), ("ollama", {"api": "openai"}, 5), ("vllm", {}, 12)]
+REPLAYS = [
+    ("ollama", {}, 5),
+    ("ollama", {"api": "openai"}, 5),
+    ("vllm", {}, 12),
+    ("vllm", {"served_model_name": "qwen-small"}, 12),  # requests then name the served name, not the model
+]
 
 
 async def _replay(engine: Engine, base_url: str, requests: list[ReplayRequest]) -> list[Any]:
@@ -462,7 +472,9 @@ def test_a_replay_through_the_stand_in_gets_every_token_asked_for_and_the_server
     assert [t.prompt_n + t.cache_n for t in timings if t is not None] == [40, 50]
     if kind == "vllm":  # its prefix cache, in 16-token blocks: 32 of the second prompt's 50 tokens
         assert [t.cache_n for t in timings if t is not None] == [0, 32]
-    assert [entry["body"]["model"] for entry in received] == [OPTIONS[kind]["model"]] * 2
+    assert [entry["body"]["model"] for entry in received] == [
+        extra.get("served_model_name", OPTIONS[kind]["model"])
+    ] * 2
 
 
 @pytest.mark.parametrize(("kind", "extra"), [("ollama", {}), ("vllm", {})])
