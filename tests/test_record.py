@@ -8,7 +8,13 @@ real traffic to the real llama-server and stops with Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import socket
+import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tuner.errors import OutputError
 from tuner.record import Recorder, RecorderOptions
 from tuner.workloads import load_trace
 
@@ -276,3 +283,84 @@ def test_content_is_written_only_when_the_user_asks_to_keep_it(tmp_path: Path) -
     (request,) = load_trace(tmp_path / "rec.jsonl").requests
     assert request.content == {"messages": [{"role": "user", "content": "canary question"}]}
     assert API_KEY not in (tmp_path / "rec.jsonl").read_text()
+
+
+def test_a_trace_that_keeps_message_text_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    async def client_side(client: httpx.AsyncClient) -> None:
+        await chat(client, [{"role": "user", "content": "canary question"}])
+
+    old = os.umask(0o022)  # the usual umask, under which a shape-only trace is 0644
+    try:
+        run_recorder(tmp_path / "text", Upstream(), client_side, keep_content=True)
+        run_recorder(tmp_path / "shape", Upstream(), client_side)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "text" / "rec.jsonl").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "shape" / "rec.jsonl").stat().st_mode) == 0o644
+
+
+def record_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "tuner", "record", "--upstream", "http://127.0.0.1:9", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("where", ["under a file", "a directory"])
+def test_an_out_that_cannot_be_written_is_refused_before_anything_listens(where: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    if where == "a directory":
+        blocker.mkdir()
+        out, expected = blocker, "is a directory, not a regular file"
+    else:
+        blocker.write_text("a file, not a directory")
+        out, expected = blocker / "rec.jsonl", "cannot be written: Not a directory; pass a path in a directory you"
+    with socket.socket() as probe:  # a free port: were it opened, the error would not be --out's
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = record_cli("--listen", f"127.0.0.1:{port}", "--out", str(out), "--duration", "30")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert expected in line and "listen" not in line, line
+    assert "recording:" not in result.stdout  # it never listened
+
+
+def test_a_busy_listen_address_is_still_named_as_such(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = record_cli("--listen", f"127.0.0.1:{busy.getsockname()[1]}", "--out", str(tmp_path / "r.jsonl"))
+    assert result.returncode == 2
+    assert "cannot listen on 127.0.0.1:" in result.stderr and "pick another --listen" in result.stderr
+
+
+def test_a_full_disk_while_recording_is_its_own_line_not_a_listen_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills after the proxy started: the first checkpoint's write fails with ENOSPC. The
+    recording stops (what it holds can no longer be saved) and says so, and what was lost."""
+
+    def full_disk(path: Path, data: bytes, **_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr("tuner.record.write_atomic", full_disk)
+    options = RecorderOptions(
+        upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0, checkpoint_s=0.05
+    )
+    recorder = Recorder(options, transport=httpx.MockTransport(Upstream().handler))
+
+    async def scenario() -> None:
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(recorder.run(ready=ready.set_result))
+        port = await ready
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for n in range(2):
+                await chat(client, [{"role": "user", "content": f"question {n}"}])
+        await asyncio.wait_for(task, timeout=30)  # ends by itself at the failed checkpoint
+
+    with pytest.raises(OutputError) as failed:
+        asyncio.run(scenario())
+    message = str(failed.value)
+    assert message.startswith(f"no space left on the disk of {tmp_path / 'rec.jsonl'}; nothing was written")
+    assert "the 2 requests recorded since are lost" in message and "listen" not in message
+    assert failed.value.exit_code == 1
+    assert not (tmp_path / "rec.jsonl").exists()
