@@ -8,6 +8,7 @@ and no score (docs/reliability.md P8).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -102,12 +103,12 @@ class ProcessDeployer:
             lines = (await self._transport.read_file(log_path)).decode(errors="replace").splitlines()
         except TransportError:
             return ""
-        # The server may log the key it was given or a request's Authorization header.
+        # Read after `_stop_child`, which scrubbed the file of any key the server logged.
         for line in reversed(lines):
             lowered = line.lower()
             if any(word in lowered for word in ("error", "failed", "invalid", "abort")):
-                return f"; server log: {redact(line.strip())[:200]}"
-        return f"; server log ends: {redact(lines[-1].strip())[:200]}" if lines else ""
+                return f"; server log: {line.strip()[:200]}"
+        return f"; server log ends: {lines[-1].strip()[:200]}" if lines else ""
 
     async def _stop_child(self) -> None:
         if self._child is not None:
@@ -126,4 +127,6 @@ class ProcessDeployer:
             return
         scrubbed = redact(text)
         if scrubbed != text:
-            await self._transport.write_file(self._log_path, scrubbed.encode())
+            # Not fatal: a failed trial's reason and the CLI's error line are scrubbed on their own.
+            with contextlib.suppress(TransportError):
+                await self._transport.write_file(self._log_path, scrubbed.encode())
