@@ -125,7 +125,7 @@ def test_a_malformed_workload_names_its_file_and_line(tmp_path: Path) -> None:
     trace = tmp_path / "broken.jsonl"
     trace.write_text((DATA / "stall-small.jsonl").read_text() + '{"id": "x", "offset_s": -1}\n')
     result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f'workload.path="{trace}"')
-    assert result.returncode == 1
+    assert result.returncode == 2  # a file the study names: the user's to fix
     assert "broken.jsonl:5" in one_error_line(result)
 
 
@@ -210,7 +210,7 @@ def test_workload_show_summarizes_a_trace_and_names_a_bad_line(tmp_path: Path) -
     broken = tmp_path / "broken.jsonl"
     broken.write_text((DATA / "stall-small.jsonl").read_text() + "not json\n")
     result = tuner_cli("workload", "show", str(broken))
-    assert result.returncode == 1
+    assert result.returncode == 2  # the user's file
     assert "broken.jsonl:5: not valid JSON" in one_error_line(result)
 
 

@@ -173,5 +173,5 @@ def test_an_import_is_written_whole_and_reads_back(tmp_path: Path) -> None:
     out = tmp_path / "imported.jsonl"
     assert main(["workload", "import", "mooncake", str(DATA / "mooncake.jsonl"), "--out", str(out)]) == 0
     assert len(load_trace(out).requests) == 3
-    assert main(["workload", "import", "mooncake", str(DATA / "azure.csv"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert main(["workload", "import", "mooncake", str(DATA / "azure.csv"), "--out", str(tmp_path / "x.jsonl")]) == 2
     assert not (tmp_path / "x.jsonl").exists()

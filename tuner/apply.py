@@ -51,6 +51,8 @@ def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
     row = next((r for r in board.rows if r.number == trial), None)
     if row is None or row.state != "COMPLETE":
         done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
+        if not done:
+            raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
         raise ConfigError(f"trial {trial} did not complete in {run_path}; choose one of: {done}")
     return row
 

@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import errno
 import logging
+import math
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -26,7 +28,15 @@ from tuner.redact import RedactingFilter, redact
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
-from tuner.workloads import GENERATORS, SynthOptions, dump_trace, load_trace, summarize_trace, synthesize_trace
+from tuner.workloads import (
+    GENERATORS,
+    SynthOptions,
+    check_synthesis_fits,
+    dump_trace,
+    load_trace,
+    summarize_trace,
+    synthesize_trace,
+)
 
 __all__ = ["main"]
 
@@ -34,16 +44,59 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
 
+# The README's exit codes, shown by `tuner --help`.
+EXIT_CODES = """exit codes:
+  0    done
+  1    the run failed (the host is back on its baseline)
+  2    a bad study file, workload file, flag or value: the message names it and the fix
+  75   the host stayed unreachable past the reconnect window (its dead-man timer restores it)
+  130  Ctrl-C; 143 SIGTERM (run, apply and restore put the host's baseline back first)"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake on the command line is one line (with where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
+def _positive_float(text: str) -> float:
+    """A positive, finite number of seconds or tokens per second: NaN, infinities, 0 and below are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tuner", description="Tune a self-hosted LLM server against recorded traffic."
+    parser = _Parser(
+        prog="tuner",
+        description="Tune a self-hosted LLM server against recorded traffic.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--log-level",
@@ -75,16 +128,19 @@ def _parser() -> argparse.ArgumentParser:
     workload_commands = workload.add_subparsers(dest="workload_command", required=True)
     show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
     show.add_argument("trace", type=Path, help="trace file (JSONL)")
-    show.add_argument("--long-prompt-tokens", type=int, default=1000, help="new tokens that make a prompt long")
+    show.add_argument("--long-prompt-tokens", type=_positive, default=1000, help="new tokens that make a prompt long")
     show.add_argument("--plot", type=Path, help="also draw the trace into this image (.png, .svg or .pdf)")
     show.add_argument(
         "--prefill-tok-s",
-        type=float,
+        type=_positive_float,
         default=1000.0,
         help="prefill speed for estimating durations when the trace has none (default 1000)",
     )
     show.add_argument(
-        "--decode-tok-s", type=float, default=30.0, help="per-request decode speed for that estimate (default 30)"
+        "--decode-tok-s",
+        type=_positive_float,
+        default=30.0,
+        help="per-request decode speed for that estimate (default 30)",
     )
     synth = workload_commands.add_parser("synth", help="write a synthetic trace of a known traffic shape")
     synth.add_argument("kind", choices=GENERATORS.kinds(), help="the traffic shape")
@@ -107,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL), rewritten atomically")
     record.add_argument("--name", help="trace name (default: the file name)")
     record.add_argument("--tag-header", default="X-Tuner-Tag", help="request header whose value tags a request")
-    record.add_argument("--duration", type=float, help="stop after this many seconds (default: at Ctrl-C)")
+    record.add_argument("--duration", type=_positive_float, help="stop after this many seconds (default: at Ctrl-C)")
     record.add_argument("--max-requests", type=_positive, help="stop after recording this many requests")
     record.add_argument(
         "--keep-content",
@@ -130,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
 
     trust = commands.add_parser("trust-host", help="show a host's SSH key fingerprint and pin it for the ssh host kind")
     trust.add_argument("host", help="host name or address")
-    trust.add_argument("--port", type=int, default=22, help="SSH port (default 22)")
+    trust.add_argument("--port", type=_port, default=22, help="SSH port (default 22)")
     trust.add_argument("--known-hosts", type=Path, help="pinned keys file (default ~/.config/serve-tuner/known_hosts)")
     trust.add_argument("--yes", action="store_true", help="pin without asking (after checking the fingerprint)")
 
@@ -139,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_apply_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     apply = commands.add_parser(
         "apply", help="make a study's recommended settings the host's own, after a verification run (systemd)"
     )
@@ -285,6 +341,8 @@ def _record(args: argparse.Namespace, console: Console) -> int:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"--listen {args.listen!r} is not HOST:PORT; pass e.g. 127.0.0.1:8081")
+    if int(port) > 65535:
+        raise ConfigError(f"--listen {args.listen!r}: port {port} is out of range (0-65535); pass e.g. 127.0.0.1:8081")
     options = RecorderOptions(
         upstream=args.upstream,
         out=args.out,
@@ -328,13 +386,23 @@ def _record(args: argparse.Namespace, console: Console) -> int:
 def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
     from tuner.study import open_optuna_study_readonly
 
+    if csv is not None:
+        _check_csv_path(csv)
     study = open_optuna_study_readonly(RunDirectory(run_path))
     board = build_leaderboard(study)
     render_leaderboard(board, console)
     if csv is not None:
-        leaderboard_frame(board).to_csv(csv, index=False)
+        write_atomic(csv, leaderboard_frame(board).to_csv(index=False).encode())
         console.print(f"wrote {csv}")
     return board
+
+
+def _check_csv_path(csv: Path) -> None:
+    """`--csv` names a file in a directory that exists: checked before the study is read."""
+    if csv.is_dir():
+        raise ConfigError(f"--csv {csv} is a directory; name a file in it, e.g. {csv / 'leaderboard.csv'}")
+    if not csv.parent.is_dir():
+        raise ConfigError(f"--csv {csv}: directory {csv.parent} does not exist; create it or pick another path")
 
 
 def _os_error_line(exc: OSError) -> str:
@@ -365,6 +433,7 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         return 0
     if args.workload_command == "synth":
         options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
+        check_synthesis_fits(args.kind, options)
         trace = synthesize_trace(args.kind, options)
         write_atomic(args.out, dump_trace(trace).encode())
         console.print(f"wrote {len(trace.requests)} requests to {args.out}")
@@ -378,6 +447,16 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         render_trace_summary(summarize_trace(trace), console)
         return 0
     raise ConfigError(f"unknown workload command {args.workload_command!r}")
+
+
+# Commands that change a host, and so restore it when stopped; the others only read or write files.
+_HOST_COMMANDS = ("run", "apply", "restore")
+
+
+def _after_stop(args: argparse.Namespace) -> str:
+    """What a stopped command left: a host command restored the baseline; the others touched no host
+    (their output is written atomically, whole or not at all), so they claim nothing."""
+    return ": the baseline was restored" if args.command in _HOST_COMMANDS else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -427,10 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"error: {_os_error_line(exc)}", markup=False, highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
-        err.print("interrupted: the baseline was restored")
+        err.print(f"interrupted{_after_stop(args)}", markup=False, highlight=False)
         return EXIT_INTERRUPTED
     except asyncio.CancelledError:
-        err.print("terminated: the baseline was restored")
+        err.print(f"terminated{_after_stop(args)}", markup=False, highlight=False)
         return EXIT_TERMINATED
     return 2
 

@@ -8,7 +8,7 @@
     │   └── HostUnreachable    the link to the host stayed down past the reconnect window (exit code 75)
     ├── DeployError            a config could not be applied or restored
     │   └── ServerNotReady     the server did not become healthy in time, or exited
-    ├── WorkloadError          a workload trace is malformed or unusable
+    ├── WorkloadError          a workload trace is malformed or unusable (exit code 2: a file the user gave)
     ├── MeasurementError       a round could not be measured (server died, no requests finished)
     ├── OutputError            an output file could not be written (a full disk, no permission)
     └── StudyError             the study cannot go on (no baseline, run directory locked, ...)
@@ -86,6 +86,8 @@ class ServerNotReady(DeployError):
 
 class WorkloadError(TunerError):
     """A workload trace is malformed, of an unknown version, or cannot be replayed."""
+
+    exit_code = 2  # a file the user named (the study's workload, an import's input): theirs to fix
 
 
 class MeasurementError(TunerError):

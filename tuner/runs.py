@@ -27,23 +27,47 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._storage import JournalOperation
 
-from tuner.errors import StudyError
+from tuner.errors import ConfigError, StudyError
 from tuner.files import write_atomic
 from tuner.models import RequestRecord, TaskTimeline
 
-__all__ = ["RunDirectory"]
+__all__ = ["RunDirectory", "spec_differences"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
-# they decide what is tried next, not what a trial measured.
-_RESUMABLE_KEYS = ("budget", "confirm", "description", "interleave", "seed")
-_RESUMABLE_SEARCH_KEYS = ("sampler", "pruner")
+# they decide what is tried next or how long we wait, not what a trial measured.
+_RESUMABLE_KEYS = ("budget", "confirm", "description", "interleave", "seed", "search.sampler", "search.pruner")
+# In [host] and [deploy], every duration (start_timeout_s, dead_man_s, reconnect_window_s, ...) and the
+# keepalive count: how long we wait for the host or the server, never what the server runs.
+_RESUMABLE_PLUGIN_TABLES = ("host", "deploy")
+_RESUMABLE_PLUGIN_KEYS = ("keepalive_count_max",)
 
 
-def _measured_part(spec: dict[str, Any]) -> dict[str, Any]:
-    part = {k: v for k, v in spec.items() if k not in _RESUMABLE_KEYS}
-    if isinstance(part.get("search"), dict):
-        part["search"] = {k: v for k, v in part["search"].items() if k not in _RESUMABLE_SEARCH_KEYS}
-    return part
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A spec as dotted keys to leaf values (`engine.settings.n_parallel`), so a difference can be named."""
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _resumable(key: str) -> bool:
+    if any(key == k or key.startswith(k + ".") for k in _RESUMABLE_KEYS):
+        return True
+    table, _, option = key.partition(".")
+    return table in _RESUMABLE_PLUGIN_TABLES and (option.endswith("_s") or option in _RESUMABLE_PLUGIN_KEYS)
+
+
+def spec_differences(stored: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """Each key whose change could alter what a measured trial measured: `key (was X, now Y)`."""
+    before, after = _flatten(stored), _flatten(spec)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and not _resumable(k))
+    missing = "(not set)"
+    return [
+        f"{key} (was {json.dumps(before.get(key, missing))}, now {json.dumps(after.get(key, missing))})"
+        for key in changed
+    ]
 
 
 # What Optuna's journal replay can raise on a record it does not expect (it asserts on unknown ops).
@@ -182,21 +206,40 @@ class RunDirectory:
         except OSError:  # no lock file: no controller ever ran here
             return False
 
-    def check_spec(self, spec: dict[str, Any]) -> None:
-        """Records the spec on the first run; refuses a resume whose spec changed what trials measure."""
+    def check_spec(self, spec: dict[str, Any], *, measured: bool) -> None:
+        """Records the spec; refuses a resume whose spec changed what measured trials measured.
+
+        While no trial has been measured (a baseline that failed to start, say), every change is accepted:
+        the fix a failed start asks for must not be refused. Afterwards only what decides the next trial or
+        how long we wait may change (budget, sampler, confirm, timeouts)."""
         stored_path = self.path / "spec.json"
-        comparable = _measured_part(spec)
-        if stored_path.exists():
-            stored_comparable = _measured_part(json.loads(stored_path.read_text()))
-            if stored_comparable != comparable:
-                changed = sorted(
-                    k for k in set(stored_comparable) | set(comparable) if stored_comparable.get(k) != comparable.get(k)
+        if stored_path.exists() and measured:
+            differences = spec_differences(self._stored_spec(stored_path), spec)
+            if differences:
+                shown = "; ".join(differences[:3]) + (
+                    f"; and {len(differences) - 3} more" if len(differences) > 3 else ""
                 )
-                raise StudyError(
-                    f"{self.path} holds a study with a different {', '.join(changed)}; "
-                    "rename the study (name = ...) or remove that run directory"
+                raise ConfigError(
+                    f"{self.path} holds a study measured with a different {shown}; undo the change, rename the "
+                    "study (name = ...) to start a new one, or remove that run directory"
                 )
         write_atomic(stored_path, (json.dumps(spec, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+    def _stored_spec(self, stored_path: Path) -> dict[str, Any]:
+        try:
+            stored = json.loads(stored_path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not the JSON this tool wrote"
+            raise StudyError(
+                f"{stored_path} is unreadable ({reason}); if the study file is the one this run directory was "
+                f"made with, delete {stored_path.name} and run again (it is written anew), otherwise remove {self.path}"
+            ) from None
+        if not isinstance(stored, dict):
+            raise StudyError(
+                f"{stored_path} is not the JSON object this tool wrote; delete it and run again with the study file "
+                f"this run directory was made with, or remove {self.path}"
+            )
+        return stored
 
     def save_records(self, number: int, name: str, records: Iterable[RequestRecord]) -> Path:
         """Saves one round's records as trials/<number>/<name>.jsonl (round-1, confirm-7-1, ...)."""

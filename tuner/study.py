@@ -24,8 +24,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space
-from tuner.deployers.base import Deployer, create_deployer
+from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
+from tuner.deployers.base import DEPLOYERS, Deployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
@@ -38,10 +38,17 @@ from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
-from tuner.transports.base import Transport, create_transport
+from tuner.transports.base import TRANSPORTS, Transport, create_transport
 from tuner.workloads import Trace, load_trace, synthesize_requests, thin_sessions
 
-__all__ = ["PreparedStudy", "open_optuna_study", "open_optuna_study_readonly", "prepare_study", "run_study"]
+__all__ = [
+    "PreparedStudy",
+    "has_measured_trials",
+    "open_optuna_study",
+    "open_optuna_study_readonly",
+    "prepare_study",
+    "run_study",
+]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -96,19 +103,60 @@ def _check_sampler(name: str) -> None:
         )
 
 
-def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
-    _check_sampler(spec.search.sampler)
-    engine = create_engine(spec.engine)
-    space = load_search_space(base_dir / spec.search.space).restricted_to(spec.search.params)
-    if space.engine != engine.kind:
-        raise ConfigError(
-            f"search space {spec.search.space} is for {space.engine!r}, the study's engine is {engine.kind!r}"
-        )
-    for name in space.params:
+def _check_plugin_options(spec: StudySpec) -> None:
+    """The `[host]` and `[deploy]` tables are validated by their plugins' own models here, with the rest
+    of the study, not when the host is reached: a mistake in them must not leave a run directory."""
+    validate_options(TRANSPORTS.get(spec.host.kind).options_model, spec.host.options(), where="host")
+    validate_options(DEPLOYERS.get(spec.deploy.kind).options_model, spec.deploy.options(), where="deploy")
+
+
+def _check_space_against_knobs(space: SearchSpace, engine: Engine, space_path: Path) -> None:
+    """Every value a search space can propose is one its knob takes: found here, not at the first trial."""
+    for name, param in space.params.items():
         if name not in engine.knobs:
             raise ConfigError(
                 f"search space knob {name!r} is not a {engine.kind} knob; valid: {', '.join(sorted(engine.knobs))}"
             )
+        bounds = [("choices", c) for c in param.choices or []] + [("low", param.low), ("high", param.high)]
+        for key, value in bounds:
+            if value is None:
+                continue
+            try:
+                engine.knobs[name].check(value)
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"{space_path}: params.{name}.{key}: {exc}; fix the range in the search space"
+                ) from None
+
+
+def _check_settings_consistency(full_space: SearchSpace, base_settings: Mapping[str, ParamValue]) -> None:
+    """engine.settings must satisfy the space's constraints (n_ubatch <= n_batch) where it sets a knob;
+    the knobs it leaves out count at the space's defaults."""
+    values = {n: p.default for n, p in full_space.params.items() if p.default is not None} | dict(base_settings)
+    for constraint in full_space.constraints:
+        names = constraint.names()
+        if not any(n in base_settings for n in names) or not all(n in values for n in names):
+            continue
+        if not constraint.holds(values):
+            shown = ", ".join(f"{n} = {values[n]!r}" + ("" if n in base_settings else " (the default)") for n in names)
+            raise ConfigError(
+                f"engine.settings breaks the search space's constraint {constraint.text!r} ({shown}); "
+                "change engine.settings so that it holds"
+            )
+
+
+def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
+    _check_sampler(spec.search.sampler)
+    _check_plugin_options(spec)
+    engine = create_engine(spec.engine)
+    full_space = load_search_space(base_dir / spec.search.space)
+    space = full_space.restricted_to(spec.search.params)
+    if space.engine != engine.kind:
+        raise ConfigError(
+            f"search space {spec.search.space} is for {space.engine!r}, the study's engine is {engine.kind!r}"
+        )
+    _check_space_against_knobs(space, engine, base_dir / spec.search.space)
+    _check_settings_consistency(full_space, getattr(engine, "base_settings", {}))
     for objective in spec.objectives:
         if objective.metric not in METRICS:
             raise ConfigError(f"objective metric {objective.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}")
@@ -169,6 +217,20 @@ def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
     )
+
+
+def has_measured_trials(run_dir: RunDirectory) -> bool:
+    """Whether a trial of the run directory's study has measurements the leaderboard uses (complete or
+    pruned after its first round); a failed start measured nothing, so its fix may change the spec."""
+    if not run_dir.journal.exists():
+        return False
+    storage = run_dir.storage()
+    names = optuna.get_all_study_names(storage)
+    if not names:
+        return False
+    study = optuna.load_study(study_name=names[0], storage=storage)
+    measured = (TrialState.COMPLETE, TrialState.PRUNED)
+    return any(t.user_attrs.get("deployed") for t in study.get_trials(deepcopy=False, states=measured))
 
 
 def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
@@ -719,7 +781,7 @@ async def run_study(
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
     with RunDirectory(run_path) as run_dir:
-        run_dir.check_spec(spec.model_dump(mode="json"))
+        run_dir.check_spec(spec.model_dump(mode="json"), measured=has_measured_trials(run_dir))
         study = open_optuna_study(run_dir, spec)
         loop = _StudyRun(prepared, run_dir, study, observer)
         study.set_user_attr("min_effect", min_effect(spec.objectives))

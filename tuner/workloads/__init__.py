@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from tuner.workloads.summary import Concurrency, TraceSummary, concurrency_profile, summarize_trace
 from tuner.workloads.synthesis import synthesize_requests, thin_sessions
-from tuner.workloads.synthetic import GENERATORS, SynthOptions, synthesize_trace
+from tuner.workloads.synthetic import (
+    GENERATORS,
+    SynthOptions,
+    check_synthesis_fits,
+    synthesis_requests,
+    synthesize_trace,
+)
 from tuner.workloads.trace import (
     TRACE_FORMAT,
     TRACE_VERSION,
@@ -31,10 +37,12 @@ __all__ = [
     "TraceHeader",
     "TraceRequest",
     "TraceSummary",
+    "check_synthesis_fits",
     "concurrency_profile",
     "dump_trace",
     "load_trace",
     "summarize_trace",
+    "synthesis_requests",
     "synthesize_requests",
     "synthesize_trace",
     "thin_sessions",

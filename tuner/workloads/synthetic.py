@@ -6,10 +6,13 @@ user who sends the next request as soon as the previous answer ends.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from tuner.errors import ConfigError
 from tuner.registry import Registry
 from tuner.workloads.trace import (
     TRACE_FORMAT,
@@ -21,7 +24,7 @@ from tuner.workloads.trace import (
     TraceRequest,
 )
 
-__all__ = ["GENERATORS", "SynthOptions", "synthesize_trace"]
+__all__ = ["GENERATORS", "SynthOptions", "check_synthesis_fits", "synthesis_requests", "synthesize_trace"]
 
 # 004_*.txt: document summaries are about 640 prompt tokens behind a shared 67-token system prompt.
 _SYSTEM = PrefixBlock(block="system", tokens=67)
@@ -175,3 +178,45 @@ def synthesize_trace(kind: str, options: SynthOptions) -> Trace:
         description=f"{description}; {options.users} users, {options.turns} turns each, seed {options.seed}",
     )
     return Trace(header=header, requests=sorted(requests, key=lambda r: (r.offset_s, r.id)))
+
+
+# Measured peak per request while a trace is generated, written and summarized: about 2.7 KB (the model,
+# its JSON line, the summary's arrays); 4 KiB leaves room for the interpreter's own growth.
+_BYTES_PER_REQUEST = 4096
+
+
+def synthesis_requests(kind: str, options: SynthOptions) -> int:
+    """How many requests `synthesize_trace` writes for these options, without generating them."""
+    GENERATORS.get(kind)  # an unknown kind is named here too
+    extra = max(1, options.users // 2) if kind == "stall" else 0  # the long prompts among the chats
+    return options.users * options.turns + extra
+
+
+def _available_memory() -> int | None:
+    """Bytes this machine can give without swapping (MemAvailable), or None where it cannot tell."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.1f} GiB" if size >= 2**30 else f"{size / 2**20:,.0f} MiB"
+
+
+def check_synthesis_fits(kind: str, options: SynthOptions, *, available: int | None = None) -> None:
+    """Refuses, before anything is generated, a trace that would not fit in this machine's free memory."""
+    requests = synthesis_requests(kind, options)
+    need = requests * _BYTES_PER_REQUEST
+    free = available if available is not None else _available_memory()
+    if free is not None and need > free:
+        raise ConfigError(
+            f"workload synth {kind}: {options.users:,} users x {options.turns:,} turns is {requests:,} requests, "
+            f"which need about {_gib(need)} of memory and {_gib(free)} is free; pass fewer --users or --turns"
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -35,6 +35,12 @@ __all__ = [
 TRACE_FORMAT: Literal["serve-tuner-trace"] = "serve-tuner-trace"
 TRACE_VERSION = 1
 
+# No model's context holds ten million tokens: a count above it is a unit mistake, and replaying it would
+# synthesize a prompt that size.
+_MAX_TOKENS = 10_000_000
+# A trace spans at most a year of arrivals.
+_MAX_OFFSET_S = 366 * 86_400.0
+
 
 class TraceHeader(StrictModel):
     format: Literal["serve-tuner-trace"]
@@ -47,7 +53,7 @@ class PrefixBlock(StrictModel):
     """A run of tokens shared by every request that names the same block id (a system prompt)."""
 
     block: str
-    tokens: int = Field(gt=0)
+    tokens: int = Field(gt=0, le=_MAX_TOKENS)
 
 
 class PromptShape(StrictModel):
@@ -57,10 +63,13 @@ class PromptShape(StrictModel):
     history_tokens: int = Field(
         default=0,
         ge=0,
+        le=_MAX_TOKENS,
         description="The session's earlier turns (their prompts and answers) repeated in this prompt: what the "
         "server can reuse from the cache of the slot that served the previous turn.",
     )
-    new_tokens: int = Field(ge=0, description="Tokens no other request has: the part that must be prefilled.")
+    new_tokens: int = Field(
+        ge=0, le=_MAX_TOKENS, description="Tokens no other request has: the part that must be prefilled."
+    )
 
     @property
     def prefix_tokens(self) -> int:
@@ -80,12 +89,14 @@ class LoraUse(StrictModel):
 
 class TraceRequest(StrictModel):
     id: str
-    offset_s: float = Field(ge=0, description="Arrival time from the start of the trace.")
+    offset_s: float = Field(ge=0, le=_MAX_OFFSET_S, description="Arrival time from the start of the trace.")
     session: str
     turn: int = Field(default=0, ge=0)
-    think_s: float = Field(default=0.0, ge=0, description="Pause after the session's previous turn ended.")
+    think_s: float = Field(
+        default=0.0, ge=0, le=_MAX_OFFSET_S, description="Pause after the session's previous turn ended."
+    )
     prompt: PromptShape
-    output_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0, le=_MAX_TOKENS)
     lora: list[LoraUse] = Field(default_factory=list, description="Adapters applied; empty: none.")
     tag: str = "chat"
     duration_s: float | None = Field(
@@ -110,24 +121,34 @@ class Trace(StrictModel):
 
 
 def load_trace(path: Path) -> Trace:
-    """Reads a trace; every problem is reported with the file and line number."""
+    """Reads a trace; every problem is reported with the file and line number. Values are not coerced
+    (`"new_tokens": "90"` is refused), and NaN or infinite numbers are refused."""
     try:
-        lines = path.read_text().splitlines()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise WorkloadError(f"{path}: workload file not found; check workload.path") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{path} is a directory; name the trace file (JSONL) in it") from None
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
-    numbered = [(i, line) for i, line in enumerate(lines, start=1) if line.strip()]
+    if b"\x00" in raw:
+        raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check workload.path")
+    try:
+        text = raw.decode("utf-8-sig")  # a BOM before the header is harmless here
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise WorkloadError(f"{path}:{line}: not UTF-8 text; a trace is JSONL written by serve-tuner") from None
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not numbered:
         raise WorkloadError(f"{path}: empty; expected a header line and requests")
     header_no, header_line = numbered[0]
-    header = TraceHeader.model_validate(_parse_json(path, header_no, header_line, TraceHeader))
+    header = _parse_line(path, header_no, header_line, TraceHeader)
     if header.version != TRACE_VERSION:
         raise WorkloadError(
             f"{path}:{header_no}: trace version {header.version} is not supported (this tool reads version "
             f"{TRACE_VERSION}); convert the file or upgrade serve-tuner"
         )
-    requests = [TraceRequest.model_validate(_parse_json(path, no, line, TraceRequest)) for no, line in numbered[1:]]
+    requests = [_parse_line(path, no, line, TraceRequest) for no, line in numbered[1:]]
     if not requests:
         raise WorkloadError(f"{path}: has a header but no requests")
     seen: set[str] = set()
@@ -138,21 +159,26 @@ def load_trace(path: Path) -> Trace:
     return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
 
 
-def _parse_json(path: Path, number: int, line: str, model: type[StrictModel]) -> dict[str, object]:
+ModelT = TypeVar("ModelT", bound=StrictModel)
+
+
+def _parse_line(path: Path, number: int, line: str, model: type[ModelT]) -> ModelT:
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise WorkloadError(f"{path}:{number}: nested too deeply to be a trace line") from None
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}:{number}: expected a JSON object")
     try:
-        model.model_validate(data)
+        return model.model_validate_json(line, strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(line)"
         problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        raise WorkloadError(f"{path}:{number}: {where}: {problem}") from None
-    return data
+        shown = "" if first["type"] in ("extra_forbidden", "missing") else f" (got {first.get('input')!r:.60})"
+        raise WorkloadError(f"{path}:{number}: {where}: {problem}{shown}") from None
 
 
 def dump_trace(trace: Trace) -> str:
