@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,65 @@ def test_the_summary_counts_what_the_stall_workload_will_replay() -> None:
     summary = summarize_trace(load_trace(REPO / "workloads" / "stall.jsonl"))
     assert (summary.requests, summary.sessions, summary.long_prompts) == (7, 5, 2)
     assert summary.new_tokens.max == 2000 and summary.output_tokens.total == 1088
-    assert summary.prefix_reuse == pytest.approx(7 * 48 / 4036)
+    # Seven requests share the 48-token system prompt; the first one computes it, six reuse it.
+    assert summary.prefix_reuse == pytest.approx(6 * 48 / 4036)
     assert summary.tags == {"chat": 5, "resume": 1, "summary": 1}
+    assert summary.output_tokens.mean == pytest.approx(1088 / 7)
+
+
+def reuse_trace(tmp_path: Path, *lines: str) -> Path:
+    return write(tmp_path, HEADER + "".join(line + "\n" for line in lines))
+
+
+def request_line(
+    rid: str,
+    at: float,
+    *,
+    blocks: tuple[str, ...] = (),
+    session: str = "",
+    turn: int = 0,
+    history: int = 0,
+    new: int = 100,
+    output: int = 10,
+) -> str:
+    prefix = [{"block": b, "tokens": 50} for b in blocks]
+    prompt = {"shared_prefix": prefix, "history_tokens": history, "new_tokens": new}
+    fields = {"id": rid, "offset_s": at, "session": session or rid, "turn": turn, "prompt": prompt}
+    return json.dumps({**fields, "output_tokens": output, "duration_s": 1.0})
+
+
+def test_a_prefix_block_is_reusable_only_once_an_earlier_request_computed_it(tmp_path: Path) -> None:
+    from tuner.workloads import summarize_trace
+
+    trace = load_trace(
+        reuse_trace(
+            tmp_path,
+            request_line("first", 0.0, blocks=("a", "b")),  # computes a and b
+            request_line("beside", 0.0, blocks=("a",)),  # sent at the same instant: computes a too
+            request_line("later", 5.0, blocks=("a", "c")),  # a is cached, c is new
+            request_line("reordered", 6.0, blocks=("c", "b")),  # c cached; b is cached but not behind c's start
+            request_line("elsewhere", 7.0, blocks=("d", "a")),  # d is new, so nothing behind it matches
+        )
+    )
+    summary = summarize_trace(trace)
+    reused = 50 + 50 + 50  # later's a, reordered's c and b (both blocks seen before it)
+    assert summary.prefix_reuse == pytest.approx(reused / summary.prompt_tokens.total)
+
+
+def test_history_is_reusable_only_as_far_as_the_sessions_previous_turn_computed_it(tmp_path: Path) -> None:
+    from tuner.workloads import summarize_trace
+
+    trace = load_trace(
+        reuse_trace(
+            tmp_path,
+            # Recorded mid-way: 400 tokens of history that no request in the trace computed.
+            request_line("s.3", 0.0, session="s", turn=3, history=400, new=100, output=20),
+            # Held by turn 3: its history, its new tokens and its answer, 520 tokens; 600 claimed.
+            request_line("s.4", 10.0, session="s", turn=4, history=600, new=30, output=20),
+        )
+    )
+    summary = summarize_trace(trace)
+    assert summary.history_reuse == pytest.approx(520 / summary.prompt_tokens.total)
 
 
 @pytest.mark.parametrize("kind", ["summarize", "chat", "stall", "agent"])
@@ -190,6 +248,20 @@ def test_without_durations_a_sessions_next_turn_is_placed_after_the_estimated_en
     # Each request takes 1 s of prefill and 1 s of decode; turn 1 of `a` starts at 2 s, not at 0.
     assert sorted(profile.intervals) == [(0, 2), (0.5, 2.5), (2, 4)]
     assert profile.peak == 2 and "estimated" in profile.basis
+
+
+def test_workload_show_prints_means_beside_the_percentiles_and_says_what_reuse_assumes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tuner.cli import main
+
+    assert main(["workload", "show", str(REPO / "workloads" / "stall.jsonl")]) == 0
+    # The table's box-drawing characters aside, the words and numbers as a user reads them.
+    printed = " ".join(re.sub(r"[^\w%.,:;()'-]", " ", capsys.readouterr().out).split())
+    assert "mean p50 p95 max total" in printed
+    assert "output 155 " in printed  # 1,088 output tokens over 7 requests
+    assert "7% in shared prefixes" in printed and "only what an earlier request computed" in printed
+    assert "assumes a cache that never evicts" in printed
 
 
 def test_workload_show_draws_a_plot_and_refuses_an_image_type_it_cannot_write(tmp_path: Path) -> None:

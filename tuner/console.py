@@ -176,7 +176,8 @@ def render_trace_summary(summary: TraceSummary, console: Console | None = None) 
     )
     console.print(
         f"prompt tokens the server can reuse: {summary.prefix_reuse:.0%} in shared prefixes, "
-        f"{summary.history_reuse:.0%} in session history"
+        f"{summary.history_reuse:.0%} in session history (only what an earlier request computed; "
+        "assumes a cache that never evicts, so a real server may reuse less)"
     )
     concurrency = summary.concurrency
     console.print(
@@ -189,14 +190,16 @@ def render_trace_summary(summary: TraceSummary, console: Console | None = None) 
         highlight=False,
     )
     table = Table(title="tokens per request", title_justify="left")
-    for column in ("", "p50", "p95", "max", "total"):
+    for column in ("", "mean", "p50", "p95", "max", "total"):
         table.add_column(column, justify="right" if column else "left")
     for label, dist in (
         ("prompt", summary.prompt_tokens),
         ("new prompt", summary.new_tokens),
         ("output", summary.output_tokens),
     ):
-        table.add_row(label, f"{dist.p50:.0f}", f"{dist.p95:.0f}", f"{dist.max:.0f}", f"{dist.total}")
+        table.add_row(
+            label, f"{dist.mean:.0f}", f"{dist.p50:.0f}", f"{dist.p95:.0f}", f"{dist.max:.0f}", f"{dist.total}"
+        )
     console.print(table)
     console.print("tags: " + ", ".join(f"{tag} {count}" for tag, count in summary.tags.items()))
     console.print("LoRA: " + ", ".join(f"{label} {count}" for label, count in summary.lora.items()))

@@ -5,6 +5,12 @@ A trace stores when requests arrive, not how long the server took (that is what 
 concurrency uses the recorded durations when every request has one, and otherwise estimates each
 request's time as if it were served alone at the given prefill and decode speeds, sessions kept in
 order. The estimate is the concurrency the traffic offers, before any server slows it down.
+
+Reuse counts only tokens an earlier request computed: a shared-prefix block the first time it is named
+is prefilled like any other token, and so is a session's history that no earlier turn in the trace
+produced (a session recorded mid-way). "Earlier" is by the time a request is sent (as for concurrency),
+and the count assumes a cache that keeps everything it ever computed; a real server's cache is bounded
+(slots, `cache_ram`), so what it reuses can be less, never more.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = ["Concurrency", "Distribution", "TraceSummary", "concurrency_profile",
 
 @dataclass(frozen=True, kw_only=True)
 class Distribution:
+    mean: float
     p50: float
     p95: float
     max: float
@@ -50,8 +57,8 @@ class TraceSummary:
     prompt_tokens: Distribution
     new_tokens: Distribution
     output_tokens: Distribution
-    prefix_reuse: float  # shared-prefix tokens / all prompt tokens
-    history_reuse: float  # session-history tokens / all prompt tokens
+    prefix_reuse: float  # shared-prefix tokens an earlier request computed / all prompt tokens
+    history_reuse: float  # history tokens an earlier turn of the session computed / all prompt tokens
     long_prompts: int
     tags: dict[str, int]
     lora: dict[str, int]  # adapter set ("none" for none) -> requests
@@ -61,6 +68,7 @@ class TraceSummary:
 def _distribution(values: list[int]) -> Distribution:
     data = np.asarray(values, dtype=float)
     return Distribution(
+        mean=float(data.mean()),
         p50=float(np.percentile(data, 50)),
         p95=float(np.percentile(data, 95)),
         max=float(data.max()),
@@ -68,26 +76,30 @@ def _distribution(values: list[int]) -> Distribution:
     )
 
 
+def _send_intervals(
+    trace: Trace, *, prefill_tok_s: float, decode_tok_s: float
+) -> tuple[list[tuple[float, float, TraceRequest]], str]:
+    """Each request's [start, end) as the replay would send it, and how the durations were obtained."""
+    requests = trace.requests
+    if all(r.duration_s is not None for r in requests):
+        return [(r.offset_s, r.offset_s + (r.duration_s or 0.0), r) for r in requests], "recorded durations"
+    timed: list[tuple[float, float, TraceRequest]] = []
+    session_end: dict[str, float] = {}
+    for request in sorted(requests, key=lambda r: (r.session, r.turn, r.offset_s)):
+        start = request.offset_s
+        if request.session in session_end:
+            start = max(start, session_end[request.session] + request.think_s)
+        took = request.prompt.new_tokens / prefill_tok_s + request.output_tokens / decode_tok_s
+        timed.append((start, start + took, request))
+        session_end[request.session] = start + took
+    return timed, f"estimated: each request alone at {prefill_tok_s:g} prefill and {decode_tok_s:g} decode tok/s"
+
+
 def concurrency_profile(
     trace: Trace, *, prefill_tok_s: float = 1000.0, decode_tok_s: float = 30.0, buckets: int = 60
 ) -> Concurrency:
-    requests = trace.requests
-    recorded = all(r.duration_s is not None for r in requests)
-    intervals: list[tuple[float, float]] = []
-    if recorded:
-        intervals = [(r.offset_s, r.offset_s + (r.duration_s or 0.0)) for r in requests]
-        basis = "recorded durations"
-    else:
-        session_end: dict[str, float] = {}
-        for request in sorted(requests, key=lambda r: (r.session, r.turn, r.offset_s)):
-            start = request.offset_s
-            if request.session in session_end:
-                start = max(start, session_end[request.session] + request.think_s)
-            took = request.prompt.new_tokens / prefill_tok_s + request.output_tokens / decode_tok_s
-            intervals.append((start, start + took))
-            session_end[request.session] = start + took
-        basis = f"estimated: each request alone at {prefill_tok_s:g} prefill and {decode_tok_s:g} decode tok/s"
-    intervals.sort()
+    timed, basis = _send_intervals(trace, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s)
+    intervals = sorted((start, end) for start, end, _ in timed)
     first = intervals[0][0]
     span = max(max(e for _, e in intervals) - first, 1e-9)
     bucket_s = span / buckets
@@ -136,6 +148,8 @@ def summarize_trace(
     starts = [start for start, _ in concurrency.intervals]
     span = max(starts) - min(starts)
     prompt = _distribution([r.prompt.total_tokens for r in requests])
+    timed, _ = _send_intervals(trace, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s)
+    prefix_reused, history_reused = _reused_tokens(timed)
     return TraceSummary(
         name=trace.header.name,
         description=trace.header.description,
@@ -146,13 +160,41 @@ def summarize_trace(
         prompt_tokens=prompt,
         new_tokens=_distribution([r.prompt.new_tokens for r in requests]),
         output_tokens=_distribution([r.output_tokens for r in requests]),
-        prefix_reuse=sum(r.prompt.prefix_tokens for r in requests) / prompt.total,
-        history_reuse=sum(r.prompt.history_tokens for r in requests) / prompt.total,
+        prefix_reuse=prefix_reused / prompt.total,
+        history_reuse=history_reused / prompt.total,
         long_prompts=sum(1 for r in requests if r.prompt.new_tokens >= long_prompt_tokens),
         tags=dict(Counter(r.tag for r in requests).most_common()),
         lora=dict(Counter(_lora_label(r) for r in requests).most_common()),
         concurrency=concurrency,
     )
+
+
+def _reused_tokens(timed: list[tuple[float, float, TraceRequest]]) -> tuple[int, int]:
+    """Shared-prefix and history tokens that a request sent earlier computed, assuming nothing is ever
+    evicted. A prefix block counts only behind blocks that count too (a cache matches a prompt from its
+    start); history counts up to what the session's previous turn held: its history, its new tokens and
+    its answer. Requests sent at the same instant compute a block side by side, neither reuses it."""
+    computed_blocks: set[str] = set()
+    previous_turn: dict[str, TraceRequest] = {}
+    prefix_reused = history_reused = 0
+    ordered = sorted(timed, key=lambda t: (t[0], t[2].session, t[2].turn))
+    index = 0
+    while index < len(ordered):
+        same_instant = [t[2] for t in ordered[index:] if t[0] == ordered[index][0]]
+        index += len(same_instant)
+        for request in same_instant:
+            for block in request.prompt.shared_prefix:
+                if block.block not in computed_blocks:
+                    break
+                prefix_reused += block.tokens
+            earlier = previous_turn.get(request.session)
+            if earlier is not None:
+                held = earlier.prompt.history_tokens + earlier.prompt.new_tokens + earlier.output_tokens
+                history_reused += min(request.prompt.history_tokens, held)
+        for request in same_instant:
+            computed_blocks.update(block.block for block in request.prompt.shared_prefix)
+            previous_turn[request.session] = request
+    return prefix_reused, history_reused
 
 
 def _lora_label(request: TraceRequest) -> str:
