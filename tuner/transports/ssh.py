@@ -255,15 +255,20 @@ class SshTransport:
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         """A temporary file beside the target, then one rename: a reader sees old or new, never a part."""
         directory = str(Path(path).parent)
-        temporary = f"{directory}/.{Path(path).name}.{secrets.token_hex(4)}.tmp"
+        # The byte count is checked before the rename: when the link dies mid-way, `cat` sees the end of
+        # its input and exits 0 with a part, which must not replace the file. The traps remove the
+        # temporary file however the script ends, the controller being gone by then; its name ends in
+        # the shell's pid, so the copy re-sent after a reconnect never shares it with a dying first one.
         script = (
-            'umask 077 && mkdir -p -- "$1" && cat > "$2" && chmod "$3" -- "$2" && sync -- "$2" && mv -f -- "$2" "$4"'
+            't="$2.$$.tmp"; trap \'rm -f -- "$t"\' EXIT && trap "exit 1" HUP INT TERM PIPE && umask 077 && '
+            'mkdir -p -- "$1" && cat > "$t" && [ "$(wc -c < "$t")" -eq "$5" ] && chmod "$3" -- "$t" && '
+            'sync -- "$t" && mv -f -- "$t" "$4"'
         )
-        argv = self._privileged(["sh", "-c", script, "write", directory, temporary, f"{mode:o}", path])
+        prefix = f"{directory}/.{Path(path).name}.{secrets.token_hex(4)}"
+        argv = self._privileged(["sh", "-c", script, "write", directory, prefix, f"{mode:o}", path, str(len(data))])
         try:
             await self._run(argv, timeout_s=60, check=True, stdin=data, idempotent=True)
         except CommandFailed as exc:
-            await self._run(self._privileged(["rm", "-f", "--", temporary]), timeout_s=15, check=False)
             raise TransportError(f"cannot write {path} on {self._options.host}: {exc.stderr_tail.strip()}") from None
 
     async def read_file(self, path: str) -> bytes:
