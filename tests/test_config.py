@@ -133,3 +133,155 @@ def test_a_space_restricted_to_one_knob_drops_constraints_on_knobs_it_does_not_t
     space = load_search_space(REPO / "search_spaces" / "llama-server.toml")
     assert [c.text for c in space.restricted_to(["n_batch", "n_ubatch"]).constraints] == ["n_ubatch <= n_batch"]
     assert space.restricted_to(["lora_policy"]).constraints == []
+
+
+# ---- pinned by mutation testing (scripts/mutmut.sh): each rule on its own ----------------------
+
+
+def test_a_constraint_reports_every_broken_bound_with_its_relative_excess() -> None:
+    from tuner.config import MetricConstraint
+
+    ttft = MetricConstraint(metric="ttft_p95_s", max=2.0, max_vs_baseline=1.5)
+    assert ttft.violations(None, 1.0) == [("ttft_p95_s had no data", 1.0)]
+    assert ttft.violations(2.0, None) == []  # at the bound is within it
+    assert ttft.violations(4.0, 2.0) == [
+        ("ttft_p95_s 4 is not <= 2", pytest.approx(1.0)),
+        ("ttft_p95_s 4 is not <= 3", pytest.approx(1 / 3)),  # 1.5 x the baseline's 2
+    ]
+    prefill = MetricConstraint(metric="prefill_tok_s", min=100.0, min_vs_baseline=0.8)
+    assert prefill.violations(150.0, 100.0) == []  # above a minimum is fine
+    assert prefill.violations(50.0, 250.0) == [
+        ("prefill_tok_s 50 is not >= 100", pytest.approx(0.5)),
+        ("prefill_tok_s 50 is not >= 200", pytest.approx(0.75)),
+    ]
+    # Without a baseline, the bounds against it are not checked; with one, absent bounds are skipped.
+    assert prefill.violations(50.0, None) == [("prefill_tok_s 50 is not >= 100", pytest.approx(0.5))]
+    assert MetricConstraint(metric="x", max=1.0).violations(0.5, 10.0) == []
+    # A negative bound's excess is relative to its size.
+    assert MetricConstraint(metric="x", min=-2.0).violations(-3.0, None) == [("x -3 is not >= -2", 0.5)]
+
+
+def test_a_knobs_choices_match_by_type_and_a_range_includes_its_ends() -> None:
+    from tuner.config import ParamSpec
+
+    batch = ParamSpec(choices=[1, 2, 4])
+    assert batch.allows(2)
+    assert not batch.allows(True)  # True == 1 in Python, but it is not the integer 1
+    assert not batch.allows(2.0)
+    assert not batch.allows(3)
+    threads = ParamSpec(low=1, high=8)
+    assert threads.allows(1) and threads.allows(8) and threads.allows(4.5)
+    assert not threads.allows(0) and not threads.allows(9)
+    assert not threads.allows(True)
+    assert not threads.allows("4")
+
+
+def test_a_constraint_compares_a_knob_with_a_number() -> None:
+    constraint = Constraint.parse("n_batch >= 64")
+    assert constraint.names() == ["n_batch"]
+    assert constraint.holds({"n_batch": 64})
+    assert not constraint.holds({"n_batch": 32})
+    assert Constraint.parse("-1.5 < n_batch").holds({"n_batch": 0})
+
+
+def test_ordinal_knobs_are_encoded_as_their_index_and_decoded_back(tmp_path: Path) -> None:
+    path = tmp_path / "space.toml"
+    path.write_text(
+        'engine = "llama-server"\n'
+        "[params.n_batch]\nchoices = [32, 64, 128]\n"
+        '[params.policy]\nchoices = ["as_recorded", "all_on", "all_off"]\n'
+        "[params.threads]\nlow = 1\nhigh = 8\n"
+    )
+    space = load_search_space(path)
+    settings = {"n_batch": 128, "policy": "all_on", "threads": 3}
+    encoded = space.encode(settings)
+    assert encoded == {"n_batch": 2, "policy": "all_on", "threads": 3}
+    assert space.decode(encoded) == settings
+    assert space.decode({"n_batch": 1.0}) == {"n_batch": 64}  # a sampler may hand back a float index
+
+
+def test_restricting_to_an_unknown_knob_names_it_and_the_valid_ones() -> None:
+    space = load_search_space(REPO / "search_spaces" / "llama-server.toml")
+    with pytest.raises(ConfigError) as refused:
+        space.restricted_to(["n_batch", "n_bacth", "threds"])
+    assert str(refused.value) == (
+        "search.params names 'n_bacth', which the search space does not define; valid: cache_ram, kv_unified, "
+        "lora_policy, n_batch, n_parallel, n_ubatch"
+    )
+    assert space.restricted_to(None) is space
+
+
+def test_a_bad_value_is_one_line_with_the_dotted_key_the_reason_and_what_was_given() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ["budget.trials=-1"])
+    assert str(refused.value).startswith(f"{DEMO}: budget.trials: Input should be greater than or equal to 0 (got -1)")
+
+
+def test_a_validator_message_loses_pydantics_prefix_and_a_whole_file_error_says_top_level(tmp_path: Path) -> None:
+    path = tmp_path / "space.toml"
+    path.write_text('engine = "llama-server"\n[params.n_batch]\nchoices = [1, 2]\nlow = 1\n')
+    with pytest.raises(ConfigError) as refused:
+        load_search_space(path)
+    assert str(refused.value).startswith(f"{path}: params.n_batch: give either choices = [...] or low and high (got ")
+    path.write_text('engine = "llama-server"\nconstraints = ["a <= b"]\n[params.a]\nchoices = [1, 2]\n')
+    with pytest.raises(ConfigError) as refused:
+        load_search_space(path)
+    assert str(refused.value).startswith(f"{path}: (top level): constraint 'a <= b' names unknown knob 'b' (got ")
+
+
+def test_a_missing_required_key_is_named(tmp_path: Path) -> None:
+    text = "\n".join(line for line in DEMO.read_text().splitlines() if not line.startswith("[engine"))
+    text = text.replace('kind = "llama-server"', "").replace('binary = "auto"', "").replace('model = "auto"', "")
+    text = "\n".join(
+        line
+        for line in text.splitlines()
+        if not line.split("#")[0].strip().startswith(("ctx_size", "n_parallel", "threads"))
+    )
+    path = write_study(tmp_path, text)
+    with pytest.raises(ConfigError) as refused:
+        load_study(path)
+    assert str(refused.value) == f"{path}: missing required key 'engine'"
+
+
+def test_an_unreadable_study_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as refused:
+        load_study(missing)
+    assert str(refused.value) == f"{missing}: file not found; check the path"
+    broken = write_study(tmp_path, "rounds = = 2\n")
+    with pytest.raises(ConfigError) as refused:
+        load_study(broken)
+    assert str(refused.value).startswith(f"{broken}: not valid TOML: ")
+
+
+def test_a_set_without_a_key_or_an_equals_sign_is_refused_with_an_example() -> None:
+    from tuner.config import apply_overrides
+
+    for bad in ["budget.trials", "=3", " =3"]:
+        with pytest.raises(ConfigError) as refused:
+            apply_overrides({}, [bad])
+        assert str(refused.value) == f"--set {bad!r}: expected KEY=VALUE, e.g. budget.trials=3"
+
+
+def test_a_set_creates_the_tables_it_names_and_refuses_to_descend_into_a_value() -> None:
+    from tuner.config import apply_overrides
+
+    data: dict[str, object] = {"rounds": 2}
+    assert apply_overrides(data, ["engine.settings.threads=4", "engine.kind=llama-server"]) == {
+        "rounds": 2,
+        "engine": {"settings": {"threads": 4}, "kind": "llama-server"},
+    }
+    with pytest.raises(ConfigError) as refused:
+        apply_overrides(data, ["rounds.x=1"])
+    assert str(refused.value) == "--set 'rounds.x=1': 'rounds' is not a table"
+
+
+def test_a_study_without_a_name_is_named_after_its_file(tmp_path: Path) -> None:
+    text = DEMO.read_text().replace('name = "stall-demo"', "")
+    path = tmp_path / "nightly-run.toml"
+    path.write_text(
+        text.replace("../workloads", str(REPO / "workloads")).replace("../search_spaces", str(REPO / "search_spaces"))
+    )
+    spec, base = load_study(path)
+    assert spec.name == "nightly-run"
+    assert base == tmp_path.resolve()
