@@ -166,3 +166,12 @@ def test_an_unreadable_journal_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match=r"cannot read .*optuna.journal: Is a directory; restore it"):
         RunDirectory(run).storage()
 
+
+def test_a_binary_spec_json_on_resume_is_one_line_naming_it(journal: bytes, tmp_path: Path) -> None:
+    run = tmp_path / "spec"
+    run.mkdir()
+    (run / "optuna.journal").write_bytes(journal)
+    (run / "spec.json").write_bytes(b"\x00\xff\xfe\x00")
+    with RunDirectory(run) as run_dir, pytest.raises(StudyError, match=r"spec.json is unreadable") as refused:
+        run_dir.check_spec({"name": "torn"}, measured=True)
+    assert refused.value.exit_code == 1
