@@ -500,8 +500,18 @@ def _ollama_body(api: str = "native", **change: Any) -> dict[str, Any]:
     return {**engine_of("ollama", api=api).build_request(request).json, **change}
 
 
+def _llama_body(**change: Any) -> dict[str, Any]:
+    request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(101, 102), output_tokens=4)
+    return {**engine_of("llama-server").build_request(request).json, **change}
+
+
 # (engine, path, body, status, the reason's words): each starts from what the engine really sends.
 REFUSED = [
+    ("llama-server", "/completion", _llama_body(max_new_tokens=4), 400, "unknown field 'max_new_tokens'"),
+    ("llama-server", "/completion", _llama_body(n_predict="4"), 400, "'n_predict' must be int"),
+    ("llama-server", "/completion", _llama_body(lora=[{"id": 1, "scale": 1.0}]), 400, "invalid adapter id 1"),
+    ("llama-server", "/completion", _llama_body(lora=[{"id": 0}]), 400, "missing required field 'scale'"),
+    ("llama-server", "/completion", {"n_predict": 4}, 400, "missing required field 'prompt'"),
     ("ollama", "/api/generate", _ollama_body(prompt=[1, 2]), 400, "field 'prompt' must be str"),
     ("ollama", "/api/generate", _ollama_body(options={"max_tokens": 4}), 400, "unknown field 'max_tokens'"),
     ("ollama", "/api/generate", _ollama_body(options={"num_predict": "4"}), 400, "'num_predict' must be int"),
@@ -527,13 +537,16 @@ REFUSED = [
 
 @pytest.fixture(scope="module")
 def stand_ins() -> Any:
-    """One stand-in per engine for the refusal cases; vLLM's with --max-model-len 4096 and a LoRA module."""
+    """One stand-in per engine for the refusal cases; vLLM's with --max-model-len 4096 and a LoRA module,
+    llama-server's with one adapter."""
     with contextlib.ExitStack() as stack:
         ollama = engine_of("ollama", port=free_port()).launch_spec({})
         vllm = engine_of(
             "vllm", port=free_port(), extra_args=["--enable-lora", "--lora-modules", "support=/m/support"]
         ).launch_spec({"max_model_len": 4096})
+        llama = engine_of("llama-server", port=free_port(), lora_adapters={"support": "/m/support.gguf"})
         yield {
+            "llama-server": stack.enter_context(run_stand_in(llama.launch_spec({}), engine="llama-server")),
             "ollama": stack.enter_context(run_stand_in(ollama, engine="ollama")),
             "vllm": stack.enter_context(run_stand_in(vllm, engine="vllm")),
         }
@@ -554,6 +567,7 @@ def test_the_stand_in_refuses_what_the_engines_documented_api_does_not_take(
 @pytest.mark.parametrize(
     ("kind", "path", "body"),
     [
+        ("llama-server", "/completion", _llama_body(lora=[{"id": 0, "scale": 0.5}])),
         ("ollama", "/api/generate", _ollama_body()),
         ("ollama", "/api/chat", {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}),
         ("ollama", "/v1/completions", _ollama_body("openai")),

@@ -201,3 +201,40 @@ def test_a_flag_on_the_command_line_wins_over_the_tuned_variable_and_the_startup
                       engine="llama-server") as server:  # fmt: skip
         assert server.launch["settings"] == {"n_batch": 128}
     assert engine.ignored_settings("\n".join(server.stderr)) is None
+
+
+def test_a_replay_through_the_stand_in_with_adapters_gets_every_token_and_the_cached_prefix(tmp_path: Path) -> None:
+    """TRANSCRIPT-BASED stand-in for llama-server's /completion: it refuses a body the server would not
+    take (an unknown field, an adapter id not loaded) and stops at the end of text unless told to ignore it."""
+    import asyncio
+
+    from tuner.loadgen import replay
+    from tuner.models import RequestStatus
+
+    support, legal = tmp_path / "support.gguf", tmp_path / "legal.gguf"
+    engine = llama(port=free_port(), lora_adapters={"support": str(support), "legal": str(legal)})
+    shared = tuple(range(100, 140))
+    first = ReplayRequest(
+        request_id="a", session="a", offset_s=0, prompt_token_ids=shared, output_tokens=12, lora=(("legal", 0.5),)
+    )
+    second = first.model_copy(
+        update={"request_id": "b", "session": "b", "offset_s": 0.3, "prompt_token_ids": (*shared, *range(200, 210))}
+    )
+    with run_stand_in(engine.launch_spec({}), engine="llama-server") as server:
+        records = asyncio.run(replay([first, second], engine=engine, base_url=server.base_url, request_timeout_s=30))
+        received = server.received()
+    assert [(r.status, r.error) for r in records] == [(RequestStatus.OK, None)] * 2
+    assert [len(r.token_s) for r in records] == [12, 12]
+    assert [(t.cache_n, t.prompt_n) for t in (r.timings for r in records) if t is not None] == [(0, 40), (40, 10)]
+    assert [entry["body"]["lora"] for entry in received] == [[{"id": 1, "scale": 0.5}]] * 2
+
+
+def test_the_correctness_probe_reads_the_token_ids_of_a_whole_answer() -> None:
+    import httpx
+
+    engine = llama(port=free_port())
+    call = engine.probe_request("The capital of France is", tokens=4)
+    with run_stand_in(engine.launch_spec({}), engine="llama-server") as server:
+        answer = httpx.post(f"{server.base_url}{call.path}", json=call.json, timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert engine.parse_probe_answer(answer.json()) == (1000, 1001, 1002, 1003)

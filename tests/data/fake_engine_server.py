@@ -13,7 +13,9 @@ asked to ignore the end of text (`ignore_eos`, `min_tokens`); the usage chunk co
 
     fake_engine_server.py serve MODEL [--port P] [vLLM flags]   vLLM's command line
     OLLAMA_HOST=127.0.0.1:P fake_engine_server.py serve          Ollama's
-    LLAMA_ARG_PORT=P fake_engine_server.py llama-server [flags]  llama-server's (health and launch echo only)
+    LLAMA_ARG_PORT=P fake_engine_server.py llama-server [flags]  llama-server's (/health and /completion)
+
+Ollama's stand-in has pulled the models in STAND_IN_OLLAMA_MODELS (comma-separated; llama3.2:3b).
 
 `GET /stand-in/requests` lists the bodies received so far. Standard library only: it also runs inside
 the test systemd host, from a copy of this file and the transcripts.
@@ -379,6 +381,7 @@ class Ask:
     min_tokens: int = 0
     usage: bool = False  # a usage chunk at the end of the stream
     continuous_usage: bool = False  # vLLM: the running count in every chunk
+    return_tokens: bool = False  # llama-server: the generated ids in a whole answer
 
 
 def check_ollama(path: str, body: Any, launch: dict[str, Any]) -> Ask:
@@ -463,6 +466,35 @@ def check_vllm(path: str, body: Any, launch: dict[str, Any]) -> Ask:
     )
 
 
+# llama-server's /completion (tools/server: params_from_json_cmpl); `lora` is [{"id", "scale"}] by the index
+# of an adapter loaded at launch.
+_LLAMA_COMPLETION = {
+    "prompt": "str-or-any-list", "n_predict": "int", "max_tokens": "int", "ignore_eos": "bool", "stream": "bool",
+    "cache_prompt": "bool", "temperature": "number", "top_k": "int", "top_p": "number", "min_p": "number",
+    "seed": "int", "stop": "str-or-list", "n_keep": "int", "id_slot": "int", "lora": "list",
+    "return_tokens": "bool", "timings_per_token": "bool", "return_progress": "bool", "n_cmpl": "int",
+    "n_cache_reuse": "int", "n_probs": "int",
+}  # fmt: skip
+
+
+def check_llama_server(path: str, body: Any, launch: dict[str, Any]) -> Ask:
+    where = f"POST {path}"
+    check_fields(body, _LLAMA_COMPLETION, required=("prompt",), where=where)
+    prompt = _prompt_units(body["prompt"], where)
+    for number, adapter in enumerate(body.get("lora") or []):
+        check_fields(
+            adapter, {"id": "int", "scale": "number"}, required=("id", "scale"), where=f"{where} lora[{number}]"
+        )
+        if not 0 <= adapter["id"] < len(launch["lora_adapters"]):
+            raise BadRequest(f"{where}: invalid adapter id {adapter['id']} ({len(launch['lora_adapters'])} loaded)")
+    n_predict = body.get("n_predict", body.get("max_tokens", -1))
+    return Ask(
+        model=(launch["models"] or ["model.gguf"])[0], prompt=prompt, max_tokens=None if n_predict < 0 else n_predict,
+        stream=bool(body.get("stream")), ignore_eos=bool(body.get("ignore_eos")),
+        return_tokens=bool(body.get("return_tokens")),
+    )  # fmt: skip
+
+
 # ---- answers, sized to the request, in the transcripts' shapes ------------------------------------
 
 _PIECES = [json.loads(line)["response"] for line in (TRANSCRIPTS / "ollama-generate.ndjson").read_text().splitlines()]
@@ -479,13 +511,14 @@ def tokens_to_generate(ask: Ask) -> int:
 
 
 class Cache:
-    """vLLM's prefix cache, in 16-token blocks: the longest block-aligned prefix seen before."""
+    """A prefix cache: the longest prefix seen before, in blocks (vLLM's are 16 tokens), never the whole
+    prompt (its last token is always computed)."""
 
     def __init__(self) -> None:
         self._seen: list[list[Any]] = []
         self._lock = threading.Lock()
 
-    def cached(self, prompt: list[Any], *, enabled: bool) -> int:
+    def cached(self, prompt: list[Any], *, enabled: bool, block: int = 16) -> int:
         with self._lock:
             best = 0
             for earlier in self._seen:
@@ -494,7 +527,7 @@ class Cache:
                     if a != b:
                         break
                     same += 1
-                best = max(best, min(same, len(prompt) - 1) // 16 * 16)
+                best = max(best, min(same, len(prompt) - 1) // block * block)
             self._seen.append(prompt)
             return best if enabled else 0
 
@@ -567,6 +600,30 @@ def ollama_native_answer(ask: Ask, *, chat: bool) -> tuple[str, bytes]:
     return "application/x-ndjson", "".join(json.dumps(line) + "\n" for line in [*lines, final]).encode()
 
 
+def llama_server_answer(ask: Ask, *, cached: int) -> tuple[str, bytes]:
+    """Partial chunks with the keys in the order this build sends them, then the final one with timings."""
+    count = tokens_to_generate(ask)
+    ids = [1000 + i % len(_PIECES) for i in range(count)]
+    texts = [_PIECES[i % len(_PIECES)] for i in range(count)]
+    computed = len(ask.prompt) - cached
+    final = {"index": 0, "content": "", "tokens": [], "id_slot": 0, "stop": True, "model": ask.model,
+             "tokens_predicted": count, "tokens_evaluated": len(ask.prompt),
+             "stop_type": "limit" if ask.max_tokens is not None and count == ask.max_tokens else "eos",
+             "tokens_cached": len(ask.prompt) + count,
+             "timings": {"cache_n": cached, "prompt_n": computed, "prompt_ms": float(computed), "predicted_n": count,
+                         "predicted_ms": 10.0 * count}}  # fmt: skip
+    if not ask.stream:
+        final |= {"content": "".join(texts), "tokens": ids if ask.return_tokens else []}
+        return "application/json", json.dumps(final).encode()
+    lines = [
+        json.dumps({"index": 0, "content": text, "tokens": [token], "stop": False, "id_slot": -1,
+                    "tokens_predicted": number + 1, "tokens_evaluated": len(ask.prompt)}, separators=(",", ":"))
+        for number, (text, token) in enumerate(zip(texts, ids, strict=True))
+    ]  # fmt: skip
+    body = "".join(f"data: {line}\n\n" for line in [*lines, json.dumps(final)])  # no [DONE] on /completion
+    return "text/event-stream", body.encode()
+
+
 # ---- the server -----------------------------------------------------------------------------------
 
 
@@ -614,7 +671,7 @@ class StandIn:
         routes = {
             "ollama": ("/api/generate", "/api/chat", "/v1/completions", "/v1/chat/completions"),
             "vllm": ("/v1/completions", "/v1/chat/completions"),
-            "llama-server": (),
+            "llama-server": ("/completion", "/completions"),
         }
         if path not in routes[engine]:
             return None
@@ -626,7 +683,8 @@ class StandIn:
                 raise BadRequest(f"POST {path}: the body is not JSON: {exc}") from None
             with self._lock:
                 self.received.append({"path": path, "body": body})
-            ask = (check_ollama if engine == "ollama" else check_vllm)(path, body, self.launch)
+            checks = {"ollama": check_ollama, "vllm": check_vllm, "llama-server": check_llama_server}
+            ask = checks[engine](path, body, self.launch)
         except BadRequest as refused:
             if openai_style:
                 error: Any = {
@@ -635,10 +693,14 @@ class StandIn:
                     "param": None,
                     "code": refused.status,
                 }
+            elif engine == "llama-server":
+                error = {"code": refused.status, "message": str(refused), "type": "invalid_request_error"}
             else:
                 error = str(refused)
             return refused.status, "application/json", json.dumps({"error": error}).encode()
         chat = path.endswith("/chat") or path.endswith("/chat/completions")
+        if engine == "llama-server":
+            return 200, *llama_server_answer(ask, cached=self.cache.cached(ask.prompt, enabled=True, block=1))
         if engine == "vllm":
             enabled = self.launch["settings"].get("enable_prefix_caching", True)
             cached = self.cache.cached(ask.prompt, enabled=enabled)
