@@ -62,24 +62,14 @@ _MAX_SKIPPED_PROPOSALS = 200
 _SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
 
 
-def _violations_of(count: int) -> Callable[[FrozenTrial], list[float]]:
-    """Optuna's constraints_func: one value per constraint, > 0 when broken, for every trial."""
-
-    def violations(trial: FrozenTrial) -> list[float]:
-        return list(trial.user_attrs.get("constraint_violations", [0.0] * count))
-
-    return violations
-
-
-_SAMPLERS: dict[str, Callable[[int, int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed, constraints: optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=4, constraints_func=_violations_of(constraints) if constraints else None
-    ),
-    "random": lambda seed, constraints: optuna.samplers.RandomSampler(seed=seed),
-    "qmc": lambda seed, constraints: optuna.samplers.QMCSampler(seed=seed),
-    "gp": lambda seed, constraints: optuna.samplers.GPSampler(
-        seed=seed, constraints_func=_violations_of(constraints) if constraints else None
-    ),
+# The samplers read a trial's constraints from the trial itself (`Trial.set_constraint`, called when a
+# trial is scored); their `constraints_func` argument is deprecated since Optuna 5 and warned about in
+# every run that passed it.
+_SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed),
+    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
 }
 
 
@@ -212,7 +202,7 @@ def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
     return optuna.create_study(
         study_name=spec.name,
         storage=storage,
-        sampler=_SAMPLERS[spec.search.sampler](spec.seed, len(spec.constraints)),
+        sampler=_SAMPLERS[spec.search.sampler](spec.seed),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
@@ -527,6 +517,10 @@ class _StudyRun:
             amounts.append(max((amount for _, amount in violations), default=0.0))
             broken += [text for text, _ in violations]
         trial.set_user_attr("constraint_violations", amounts)
+        # For the samplers (TPE and GP steer away from infeasible trials); named "0", "1", ... as the
+        # deprecated constraints_func stored them, so a study begun with it reads the same on resume.
+        for index, amount in enumerate(amounts):
+            trial.set_constraint(str(index), amount)
         if broken:
             trial.set_user_attr("violates", broken)
 
