@@ -141,6 +141,10 @@ def test_a_space_restricted_to_one_knob_drops_constraints_on_knobs_it_does_not_t
 def test_a_constraint_reports_every_broken_bound_with_its_relative_excess() -> None:
     from tuner.config import MetricConstraint
 
+    # The excess is relative to the bound, also below 1.
+    assert MetricConstraint(metric="itl_p95_s", max=0.5).violations(0.75, None) == [
+        ("itl_p95_s 0.75 is not <= 0.5", 0.5)
+    ]
     ttft = MetricConstraint(metric="ttft_p95_s", max=2.0, max_vs_baseline=1.5)
     assert ttft.violations(None, 1.0) == [("ttft_p95_s had no data", 1.0)]
     assert ttft.violations(2.0, None) == []  # at the bound is within it
@@ -211,10 +215,81 @@ def test_restricting_to_an_unknown_knob_names_it_and_the_valid_ones() -> None:
     assert space.restricted_to(None) is space
 
 
-def test_a_bad_value_is_one_line_with_the_dotted_key_the_reason_and_what_was_given() -> None:
+def test_a_value_out_of_bounds_is_one_line_with_the_key_the_bound_what_was_given_and_what_the_key_is() -> None:
+    from tuner.config import BudgetSpec, MetricsSpec, ObjectiveSpec, SloSpec
+
+    def refusal(override: str) -> str:
+        with pytest.raises(ConfigError) as refused:
+            load_study(DEMO, [override])
+        return str(refused.value)
+
+    trials = BudgetSpec.model_fields["trials"].description
+    assert refusal("budget.trials=-1") == (
+        f"{DEMO}: budget.trials: Input should be greater than or equal to 0 (got -1); budget.trials is: {trials}"
+    )
+    # Through a list of tables, and through a table inside a table.
+    weight = ObjectiveSpec.model_fields["weight"].description
+    assert refusal('objectives=[{metric="stall_tok_s", direction="maximize", weight=0}]') == (
+        f"{DEMO}: objectives.0.weight: Input should be greater than 0 (got 0); objectives.0.weight is: {weight}"
+    )
+    slo = SloSpec.model_fields["ttft_p95_s"].description
+    assert refusal("metrics.slo.ttft_p95_s=0") == (
+        f"{DEMO}: metrics.slo.ttft_p95_s: Input should be greater than 0 (got 0); metrics.slo.ttft_p95_s is: {slo}"
+    )
+    assert MetricsSpec.model_fields["slo"].description  # the description followed is the leaf's, not this
+    hours = BudgetSpec.model_fields["hours"].description  # a `float | None` field
+    assert refusal("budget.hours=0") == (
+        f"{DEMO}: budget.hours: Input should be greater than 0 (got 0); budget.hours is: {hours}"
+    )
+    # Not a bound: the reason alone, without the description.
+    assert refusal('search.sampler="bogus"') == (
+        f"{DEMO}: search.sampler: Input should be 'tpe', 'random', 'qmc' or 'gp' (got 'bogus')"
+    )
+
+
+def test_a_value_of_the_wrong_type_is_refused_not_coerced() -> None:
+    for override, message in [
+        ('rounds="3"', "rounds: Input should be a valid integer (got '3')"),
+        ("budget.trials=true", "budget.trials: Input should be a valid integer (got True)"),
+        ("budget.hours=nan", "budget.hours: Input should be a finite number (got nan)"),
+        ("budget.hours=inf", "budget.hours: Input should be a finite number (got inf)"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            load_study(DEMO, [override])
+        assert str(refused.value) == f"{DEMO}: {message}"
+
+
+def test_a_date_or_time_anywhere_in_a_study_is_named_where_it_is(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
-        load_study(DEMO, ["budget.trials=-1"])
-    assert str(refused.value).startswith(f"{DEMO}: budget.trials: Input should be greater than or equal to 0 (got -1)")
+        load_study(DEMO, ["budget.hours=1979-05-27"])
+    assert (
+        str(refused.value) == f"{DEMO}: budget.hours: a date or time is not a valid value here; quote it if it is text"
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ["description=07:32:00"])
+    assert str(refused.value).startswith(f"{DEMO}: description: a date or time")
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ['objectives=[{metric="stall_tok_s", direction="maximize"}, {metric=1979-05-27}]'])
+    assert str(refused.value).startswith(f"{DEMO}: objectives.1.metric: a date or time")
+
+
+def test_code_may_pass_a_path_where_a_file_has_a_string_and_nothing_else_that_json_lacks() -> None:
+    from tuner.config import WorkloadSpec, validate_strictly
+
+    spec = validate_strictly(WorkloadSpec, {"path": Path("traces/day.jsonl")}, source="workload")
+    assert spec.path == Path("traces/day.jsonl")
+    with pytest.raises(ConfigError) as refused:
+        validate_strictly(WorkloadSpec, {"path": "a.jsonl", "seed": {1, 2}}, source="workload")
+    assert str(refused.value) == "workload: set is not a value a study file can hold"
+
+
+def test_a_plugin_option_of_the_wrong_type_names_the_plugin_table() -> None:
+    from tuner.config import validate_options
+    from tuner.deployers.systemd import SystemdOptions
+
+    with pytest.raises(ConfigError) as refused:
+        validate_options(SystemdOptions, {"unit": "llama-server.service", "dead_man_s": "60"}, where="deploy")
+    assert str(refused.value) == "deploy: dead_man_s: Input should be a valid number (got '60')"
 
 
 def test_a_validator_message_loses_pydantics_prefix_and_a_whole_file_error_says_top_level(tmp_path: Path) -> None:
@@ -285,3 +360,49 @@ def test_a_study_without_a_name_is_named_after_its_file(tmp_path: Path) -> None:
     spec, base = load_study(path)
     assert spec.name == "nightly-run"
     assert base == tmp_path.resolve()
+
+
+def test_a_study_path_that_is_not_a_readable_utf8_text_file_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    def refusal(path: Path) -> str:
+        with pytest.raises(ConfigError) as refused:
+            load_study(path)
+        return str(refused.value)
+
+    assert refusal(tmp_path) == f"{tmp_path} is a directory; pass the TOML file in it, e.g. {tmp_path / 'study.toml'}"
+    a_file = write_study(tmp_path, "rounds = 2\n")
+    assert refusal(a_file / "study.toml") == (
+        f"{a_file / 'study.toml'}: cannot read it: Not a directory; check the path and its permissions"
+    )
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbfrounds = 2\n")
+    assert refusal(bom) == f"{bom}: starts with a byte-order mark (BOM); save it as UTF-8 without a BOM"
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"rounds = 2\n\x00\x01")
+    assert refusal(binary) == f"{binary}: is a binary file, not TOML text; pass the study's .toml file"
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'description = "caf\xe9"\n')
+    assert refusal(latin) == f"{latin}: is not UTF-8 text (byte 0xe9 at offset 18); save it as UTF-8"
+
+
+def test_a_study_named_in_the_file_may_have_any_file_name_and_an_unnamed_one_needs_a_usable_one(
+    tmp_path: Path,
+) -> None:
+    text = DEMO.read_text()
+    text = text.replace("../workloads", str(REPO / "workloads")).replace(
+        "../search_spaces", str(REPO / "search_spaces")
+    )
+    named = tmp_path / "my study (copy).toml"
+    named.write_text(text)
+    assert load_study(named)[0].name == "stall-demo"
+    unnamed = tmp_path / "my study (copy).toml"
+    unnamed.write_text(text.replace('name = "stall-demo"', ""))
+    with pytest.raises(ConfigError) as refused:
+        load_study(unnamed)
+    assert str(refused.value) == (
+        f"{unnamed}: the study has no name = ..., and its file name 'my study (copy)' cannot name a run directory "
+        '(letters, digits, _ . - only); add a line such as name = "my-study-copy"'
+    )
+    hopeless = tmp_path / "???.toml"
+    hopeless.write_text(text.replace('name = "stall-demo"', ""))
+    with pytest.raises(ConfigError, match=r'add a line such as name = "my-study"$'):
+        load_study(hopeless)

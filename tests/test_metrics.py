@@ -278,10 +278,11 @@ def test_decode_speed_counts_two_token_streams_and_skips_streams_with_no_decode_
         stream("instant", 0.0, [1.0, 1.0]),  # both tokens at once: no decode time, left out
         stream("lagged", 0.0, [1.0, 1.0, 3.0]),  # 1 tok/s
         stream("stuck", 0.0, [1.0, 4.0, 4.0]),  # 2 tokens in 3 s
+        stream("steady", 0.0, [0.0, 0.25, 0.5]),  # 4 tok/s
         stream("single", 0.0, [1.0]),
     ]
     metrics = compute_metrics(records, long_prompt_tokens=1000, min_overlap_s=0.5)
-    assert metrics["decode_tok_s"] == pytest.approx(float(sorted([2.0, 1.0, 2 / 3])[1]))
+    assert metrics["decode_tok_s"] == pytest.approx((1.0 + 2.0) / 2)  # the median of 2/3, 1, 2, 4
 
 
 def test_prefill_speed_counts_only_long_prompts_the_server_timed() -> None:
@@ -330,9 +331,10 @@ def test_refused_requests_are_counted_apart_and_in_failures() -> None:
         stream("full", 0.0, [], status=RequestStatus.REJECTED),
         stream("full2", 0.0, [], status=RequestStatus.REJECTED),
         stream("slow", 0.0, [], status=RequestStatus.TIMEOUT),
+        stream("broken", 0.0, [], status=RequestStatus.HTTP_ERROR),
     ]
     metrics = compute_metrics(records, long_prompt_tokens=1000, min_overlap_s=0.5)
-    assert (metrics["rejected"], metrics["failures"]) == (2.0, 3.0)
+    assert (metrics["rejected"], metrics["failures"]) == (2.0, 4.0)
 
 
 def test_the_wait_behind_a_long_prefill_adds_up_every_waiting_request_and_merges_windows() -> None:
@@ -442,19 +444,22 @@ def test_the_lora_switch_cost_is_the_extra_prefill_time_after_a_change_of_settin
             request_id, start, [first, first + 0.1], prompt=n, timings=ServerTimings(prompt_n=n, prompt_ms=ms)
         ).model_copy(update={"lora": lora})
 
-    # Prefills in this order (by when each began, not by when its first token came): a plain, b plain
-    # (steady, 1 ms/token), c styled (switch: 150 ms for 100 tokens, 50 ms extra), d styled (steady),
-    # e plain (switch: 30 ms extra). "a" has the longest prefill, so its first token comes last.
+    # Prefills in the order they began (not that of their first tokens): a plain (3 ms/token), b plain
+    # 5 ms later (steady: 2 ms/token), c styled (a switch: 250 ms for 100 tokens, 50 ms over 2 ms/token),
+    # d styled (steady, 2 ms/token), e plain (a switch: 30 ms extra), f styled (a switch: one token,
+    # 60 ms extra). "a" has the longest prefill, so its first token comes last.
     records = [
-        timed("e", 4.0, 100, 130.0, ()),
-        timed("c", 2.0, 100, 150.0, STYLE),
-        timed("a", 0.0, 9000, 9000.0, ()),
-        timed("d", 3.0, 300, 300.0, STYLE),
-        timed("b", 1.0, 200, 200.0, ()),
+        timed("e", 4.0, 100, 230.0, ()),
+        timed("c", 2.0, 100, 250.0, STYLE),
+        timed("a", 0.0, 3000, 9000.0, ()),
+        timed("f", 5.0, 1, 62.0, STYLE),
+        timed("d", 3.0, 300, 600.0, STYLE),
+        timed("b", 0.005, 200, 400.0, ()),
         stream("untimed", 3.5, [3.6]).model_copy(update={"lora": STYLE}),
         stream("uncounted", 3.5, [3.6], timings=ServerTimings(prompt_n=0, prompt_ms=50.0)),
     ]
-    assert lora_metrics(records)["lora_switch_ms"] == pytest.approx(40.0)
+    # The steady cost is the median over b and d (2 ms/token); the switches cost 50, 30 and 60 ms more.
+    assert lora_metrics(records)["lora_switch_ms"] == pytest.approx(50.0)
 
 
 def test_without_a_steady_prefill_or_a_switch_there_is_no_switch_cost() -> None:
@@ -575,3 +580,21 @@ def test_requests_are_joined_to_tasks_by_shape_in_send_and_launch_order() -> Non
     tasks = [task(10, 300, 2), task(11, 100, 2), task(12, 300, 3), task(13, 100, 2)]
     pairs = join_server_tasks([second, unmatched, first, other], tasks)
     assert [(record.request_id, t.task) for record, t in pairs] == [("other", 12), ("first", 11), ("second", 13)]
+
+
+def test_the_slo_line_is_held_at_exactly_its_bounds() -> None:
+    from tuner.config import SloSpec
+
+    records = [stream(f"r{i}", 0.0, [2.0, 2.5]) for i in range(20)]  # first token at 2 s, then 2 tok/s
+    slo = SloSpec(ttft_p95_s=2.0, decode_tok_s=2.0, min_requests=20)
+    assert compute_metrics(records, long_prompt_tokens=1000, min_overlap_s=0.5, slo=slo)["slo_pass"] == 1.0
+
+
+def test_a_server_prompt_of_exactly_the_long_length_opens_a_window_and_an_unknown_one_never_does() -> None:
+    from tuner.metrics import server_metrics
+
+    chat = _task(2, release_s=30.0, prompt_ms=1.0, eval_ms=1.0, samples=((12.0, 0.0), (15.0, 3.0)))
+    exact = _task(1, release_s=22.0, prompt_ms=10_000.0, eval_ms=2000.0, prompt_n=1000)
+    assert server_metrics([exact, chat], long_prompt_tokens=1000, min_overlap_s=0.5)["server_stall_tok_s"] == 3.0
+    uncounted = _task(1, release_s=22.0, prompt_ms=10_000.0, eval_ms=2000.0, prompt_n=None)
+    assert server_metrics([uncounted, chat], long_prompt_tokens=1, min_overlap_s=0.5)["server_stall_tok_s"] is None

@@ -162,8 +162,8 @@ def test_the_secrets_file_has_one_quoted_assignment_per_secret() -> None:
 
 def test_a_secret_is_escaped_so_systemd_reads_back_exactly_it() -> None:
     # EnvironmentFile= undoes a backslash before " \ ` $ inside double quotes, and only there.
-    launch = _launch(secrets={"KEY": "a\"b\\c`d$e%f'g"})
-    assert render_secrets_file(launch) == 'KEY="a\\"b\\\\c\\`d\\$e%f\'g"\n'
+    launch = _launch(secrets={"KEY": "a\"b\\c`d$e%f'gX"})
+    assert render_secrets_file(launch) == 'KEY="a\\"b\\\\c\\`d\\$e%f\'gX"\n'
 
 
 def test_a_launch_without_secrets_has_an_empty_secrets_file() -> None:
@@ -256,6 +256,7 @@ def test_leading_and_trailing_spaces_and_an_empty_text_give_nothing_extra() -> N
 def test_an_unterminated_quote_or_trailing_backslash_does_not_hang_or_crash() -> None:
     assert parse_show_environment('"A=x y') == {"A": "x y"}
     assert parse_show_environment('"A=x\\') == {"A": "x\\"}
+    assert parse_show_environment('"A=x\\"') == {"A": 'x"'}  # cut off after an escaped quote
 
 
 def test_what_render_drop_in_writes_is_what_parse_show_environment_reads_back() -> None:
