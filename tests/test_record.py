@@ -316,7 +316,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_listens(where:
     with socket.socket() as probe:  # a free port: were it opened, the error would not be --out's
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    result = record_cli("--listen", f"127.0.0.1:{port}", "--out", str(out), "--duration", "30")
+    result = record_cli("--listen", f"127.0.0.1:{port}", "--out", str(out), "--duration", "5")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
