@@ -123,6 +123,8 @@ def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFac
     why = systemd_host_unavailable()
     if why is not None:
         need_real_part("systemd host", why)
+    if not Path("/usr/sbin/sshd").exists():
+        need_real_part("sshd", "the systemd host is reached through an sshd unit, and /usr/sbin/sshd is not installed")
     model = assets.find_model()
     assert model is not None
     booting = boot_systemd_host(tmp_path_factory.mktemp("systemd-host"), binary=llama_server_binary, model=model)

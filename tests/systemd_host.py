@@ -261,7 +261,13 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
                 raise HostRefused(boot_log.strip().splitlines()[-1] if boot_log.strip() else f"exit {exited}")
             if exited is not None or time.monotonic() > deadline:
                 why = f"exited {exited}" if exited is not None else "not up within 90 s"
-                raise RuntimeError(f"the systemd host did not come up ({why}, state {state!r}): {boot_log[-500:]}")
+                failed = (
+                    "" if exited is not None else host.run("systemctl", "--failed", "--no-legend", check=False).stdout
+                )
+                raise RuntimeError(
+                    f"the systemd host did not come up ({why}, state {state!r}; failed units: "
+                    f"{' '.join(failed.split()) or 'none'}): {boot_log[-500:]}"
+                )
             time.sleep(0.2)
         yield host
     finally:

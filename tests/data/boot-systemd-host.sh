@@ -51,11 +51,10 @@ mount -o remount,bind,ro "$root/proc/sys"
 mount --rbind /sys "$root/sys"
 mount -o remount,bind,ro "$root/sys"
 # The cgroup hierarchies mounted afresh inside the namespace show only its own subtree.
-if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
-    mount -t cgroup2 -o nsdelegate cgroup2 "$root/sys/fs/cgroup" 2>/dev/null \
-        || mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" || refused "mounting the unified cgroup hierarchy"
-else
 mount -t tmpfs -o mode=755 tmpfs "$root/sys/fs/cgroup"
+if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+    mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" || refused "mounting the unified cgroup hierarchy inside"
+else
 for hierarchy in /sys/fs/cgroup/*/; do
     name=$(basename "$hierarchy")
     [ -L "${hierarchy%/}" ] && { ln -s "$(readlink "${hierarchy%/}")" "$root/sys/fs/cgroup/$name"; continue; }
