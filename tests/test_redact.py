@@ -207,6 +207,7 @@ class JournalQuotingDeployer:
     last-error-line does): the study's fail_reason is the guard left."""
 
     options_model = _NoOptions
+    message = f"the unit failed; journal ends: license check refused key {OPAQUE}"
 
     def __init__(self, options: _NoOptions, *, transport: object) -> None:
         pass
@@ -220,7 +221,7 @@ class JournalQuotingDeployer:
     async def apply(self, launch: object, *, log_path: str) -> object:
         from tuner.errors import ServerNotReady
 
-        raise ServerNotReady(f"the unit failed; journal ends: license check refused key {OPAQUE}")
+        raise ServerNotReady(self.message)
 
     async def check_alive(self) -> str | None:
         return None
@@ -232,26 +233,42 @@ class JournalQuotingDeployer:
         pass
 
 
-def test_a_failed_trials_reason_is_stored_and_shown_without_the_key_whoever_quoted_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def run_with_journal_quoting_deployer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     from tuner.cli import main
     from tuner.deployers.base import DEPLOYERS
 
     monkeypatch.setitem(DEPLOYERS._entries, "journal-quoting", JournalQuotingDeployer)  # this test only
-    remember_secret(OPAQUE)
     for name in ("server", "model.gguf"):
         (tmp_path / name).write_text("")
     study = Path(__file__).resolve().parent / "data" / "tiny-study.toml"
     overrides = ['deploy.kind="journal-quoting"', f'engine.binary="{tmp_path / "server"}"']
     overrides += [f'engine.model="{tmp_path / "model.gguf"}"', "budget.trials=0", "confirm.top=0"]
     argv = ["run", str(study), "--runs-dir", str(tmp_path / "runs")]
-    assert main([*argv, *(arg for o in overrides for arg in ("--set", o))]) == 1
+    return main([*argv, *(arg for o in overrides for arg in ("--set", o))])
+
+
+def test_a_failed_trials_reason_is_stored_and_shown_without_the_key_whoever_quoted_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    remember_secret(OPAQUE)
+    assert run_with_journal_quoting_deployer(tmp_path, monkeypatch) == 1
     printed = capsys.readouterr()
     assert "trial 0 FAIL the unit failed; journal ends: license check refused key <redacted>" in printed.out
     journal = (tmp_path / "runs" / "tiny" / "optuna.journal").read_text()
     assert "license check refused key <redacted>" in journal and OPAQUE not in journal
     assert OPAQUE not in printed.out + printed.err
+
+
+def test_server_text_with_brackets_is_printed_as_text_not_taken_for_console_markup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rich reads `[...]` as markup: `[/x]` in a server's words stopped the run with a MarkupError
+    traceback, and `[bold]` would vanish from the line."""
+    monkeypatch.setattr(JournalQuotingDeployer, "message", "journal ends: bad [bold]header[/bold] in [/x] line")
+    assert run_with_journal_quoting_deployer(tmp_path, monkeypatch) == 1
+    printed = capsys.readouterr()
+    assert "trial 0 FAIL journal ends: bad [bold]header[/bold] in [/x] line" in printed.out
+    assert printed.err.strip().endswith("journal ends: bad [bold]header[/bold] in [/x] line")
 
 
 def test_a_containers_log_line_quoted_by_a_failed_start_is_scrubbed(

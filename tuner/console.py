@@ -88,7 +88,8 @@ class ConsoleObserver(NullObserver):
         self.console.print(f"  trial {number} score {score:+.2f}{flag}")
 
     def trial_failed(self, *, number: int, reason: str) -> None:
-        self.console.print(f"  trial {number} [red]FAIL[/] {reason}")
+        # The reason quotes the server (an error body, its log): its brackets are text, not markup.
+        self.console.print(f"  trial {number} [red]FAIL[/] {escape(reason)}")
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
         self.console.print(f"  trial {number} [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
