@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_parts import need_real_part
 from tuner.files import write_atomic
 from tuner.workloads import load_trace
 
@@ -54,7 +55,7 @@ def temporaries(directory: Path) -> list[str]:
 def char_device(tmp_path: Path) -> Iterator[Path]:
     """A copy of /dev/null (same major and minor): what `--out /dev/null` would meet, harmlessly."""
     if os.geteuid() != 0:
-        pytest.skip("making a character device needs root")
+        need_real_part("root", "making a character device (a copy of /dev/null) needs root")
     device = tmp_path / "null-copy"
     os.mknod(device, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
     yield device
