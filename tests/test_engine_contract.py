@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -414,22 +415,36 @@ def test_the_prompt_token_ratio_tells_how_close_text_prompts_came_to_the_meant_l
 def test_peak_gpu_memory_is_read_on_the_host_and_missing_where_it_has_no_nvidia_smi(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TRANSCRIPT-BASED: a stand-in nvidia-smi prints the recorded output (no GPU here)."""
+    """TRANSCRIPT-BASED: a stand-in nvidia-smi prints the recorded output (two GPUs) on its second call and
+    less before and after it, so the figure is the peak over the round, not the first or last sample."""
     from tuner.gpu import GpuMemorySampler
     from tuner.transports import LocalTransport
 
-    async def peak() -> float | None:
+    calls = tmp_path / "calls"
+
+    def sampled() -> int:
+        return len(calls.read_text().split()) if calls.exists() else 0
+
+    async def peak(*, samples: int) -> float | None:
         async with LocalTransport() as transport, GpuMemorySampler(transport, interval_s=0.05) as gpu:
-            await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 30  # generous: a busy machine, never a speed check
+            while sampled() < samples:
+                assert time.monotonic() < deadline, "the sampler stopped sampling"
+                await asyncio.sleep(0.02)  # polling for the condition
         return gpu.peak_mib
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
-    assert asyncio.run(peak()) is None
+    assert asyncio.run(peak(samples=0)) is None
     fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\ncat {TRANSCRIPTS / 'nvidia-smi-memory.csv'}\n")
+    fake.write_text(
+        f"#!/bin/sh\necho x >> {calls}\n"
+        f'if [ "$(wc -l < {calls})" -eq 2 ]; then cat {TRANSCRIPTS / "nvidia-smi-memory.csv"}; '
+        "else printf '1000\\n2000\\n'; fi\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert asyncio.run(peak()) == 40512 + 81003
+    assert asyncio.run(peak(samples=3)) == 40512 + 81003
+    assert sampled() >= 4  # and once more at the end of the round
 
 
 # ---- replays through the stand-in, which checks each body against the engine's documented API ----------
