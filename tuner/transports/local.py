@@ -32,6 +32,16 @@ class LocalProcess:
         return self._process.pid
 
     async def poll(self) -> int | None:
+        if self._process.returncode is None and hasattr(os, "waitid"):
+            # asyncio sets returncode only on a later turn of the loop, after its child watcher reaped
+            # the process: a server that died during a round's last request still looked alive here,
+            # and the round was scored. Ask the kernel, without reaping (WNOWAIT: the watcher still does).
+            try:
+                running = os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+            except ChildProcessError:  # the watcher reaped it already and will report it at once
+                running = False
+            if not running:
+                return await self._process.wait()
         return self._process.returncode
 
     async def stop(self, *, grace_s: float) -> int:
