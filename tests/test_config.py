@@ -141,6 +141,9 @@ def test_a_space_restricted_to_one_knob_drops_constraints_on_knobs_it_does_not_t
 def test_a_constraint_reports_every_broken_bound_with_its_relative_excess() -> None:
     from tuner.config import MetricConstraint
 
+    def rounded(violations: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        return [(text, round(excess, 9)) for text, excess in violations]
+
     # The excess is relative to the bound, also below 1.
     assert MetricConstraint(metric="itl_p95_s", max=0.5).violations(0.75, None) == [
         ("itl_p95_s 0.75 is not <= 0.5", 0.5)
@@ -148,18 +151,18 @@ def test_a_constraint_reports_every_broken_bound_with_its_relative_excess() -> N
     ttft = MetricConstraint(metric="ttft_p95_s", max=2.0, max_vs_baseline=1.5)
     assert ttft.violations(None, 1.0) == [("ttft_p95_s had no data", 1.0)]
     assert ttft.violations(2.0, None) == []  # at the bound is within it
-    assert ttft.violations(4.0, 2.0) == [
-        ("ttft_p95_s 4 is not <= 2", pytest.approx(1.0)),
-        ("ttft_p95_s 4 is not <= 3", pytest.approx(1 / 3)),  # 1.5 x the baseline's 2
+    assert rounded(ttft.violations(4.0, 2.0)) == [
+        ("ttft_p95_s 4 is not <= 2", 1.0),
+        ("ttft_p95_s 4 is not <= 3", round(1 / 3, 9)),  # 1.5 x the baseline's 2
     ]
     prefill = MetricConstraint(metric="prefill_tok_s", min=100.0, min_vs_baseline=0.8)
     assert prefill.violations(150.0, 100.0) == []  # above a minimum is fine
-    assert prefill.violations(50.0, 250.0) == [
-        ("prefill_tok_s 50 is not >= 100", pytest.approx(0.5)),
-        ("prefill_tok_s 50 is not >= 200", pytest.approx(0.75)),
+    assert rounded(prefill.violations(50.0, 250.0)) == [
+        ("prefill_tok_s 50 is not >= 100", 0.5),
+        ("prefill_tok_s 50 is not >= 200", 0.75),
     ]
     # Without a baseline, the bounds against it are not checked; with one, absent bounds are skipped.
-    assert prefill.violations(50.0, None) == [("prefill_tok_s 50 is not >= 100", pytest.approx(0.5))]
+    assert rounded(prefill.violations(50.0, None)) == [("prefill_tok_s 50 is not >= 100", 0.5)]
     assert MetricConstraint(metric="x", max=1.0).violations(0.5, 10.0) == []
     # A negative bound's excess is relative to its size.
     assert MetricConstraint(metric="x", min=-2.0).violations(-3.0, None) == [("x -3 is not >= -2", 0.5)]
@@ -197,7 +200,7 @@ def test_ordinal_knobs_are_encoded_as_their_index_and_decoded_back(tmp_path: Pat
         "[params.threads]\nlow = 1\nhigh = 8\n"
     )
     space = load_search_space(path)
-    settings = {"n_batch": 128, "policy": "all_on", "threads": 3}
+    settings: dict[str, int | float | bool | str] = {"n_batch": 128, "policy": "all_on", "threads": 3}
     encoded = space.encode(settings)
     assert encoded == {"n_batch": 2, "policy": "all_on", "threads": 3}
     assert space.decode(encoded) == settings
@@ -391,18 +394,41 @@ def test_a_study_named_in_the_file_may_have_any_file_name_and_an_unnamed_one_nee
     text = text.replace("../workloads", str(REPO / "workloads")).replace(
         "../search_spaces", str(REPO / "search_spaces")
     )
-    named = tmp_path / "my study (copy).toml"
+    named = tmp_path / "X Files (copy).toml"
     named.write_text(text)
     assert load_study(named)[0].name == "stall-demo"
-    unnamed = tmp_path / "my study (copy).toml"
+    unnamed = tmp_path / "X Files (copy).toml"
     unnamed.write_text(text.replace('name = "stall-demo"', ""))
     with pytest.raises(ConfigError) as refused:
         load_study(unnamed)
     assert str(refused.value) == (
-        f"{unnamed}: the study has no name = ..., and its file name 'my study (copy)' cannot name a run directory "
-        '(letters, digits, _ . - only); add a line such as name = "my-study-copy"'
+        f"{unnamed}: the study has no name = ..., and its file name 'X Files (copy)' cannot name a run directory "
+        '(letters, digits, _ . - only); add a line such as name = "X-Files-copy"'
     )
     hopeless = tmp_path / "???.toml"
     hopeless.write_text(text.replace('name = "stall-demo"', ""))
     with pytest.raises(ConfigError, match=r'add a line such as name = "my-study"$'):
         load_study(hopeless)
+
+
+def test_a_host_or_deploy_table_without_a_kind_keeps_the_default_kind(tmp_path: Path) -> None:
+    text = DEMO.read_text().replace('kind = "local"', "").replace('kind = "process"', "")
+    text = text.replace("../workloads", str(REPO / "workloads")).replace(
+        "../search_spaces", str(REPO / "search_spaces")
+    )
+    spec, _ = load_study(write_study(tmp_path, text))
+    assert (spec.host.kind, spec.host.options()) == ("local", {})
+    assert (spec.deploy.kind, spec.deploy.options()) == ("process", {"start_timeout_s": 60})
+
+
+def test_an_error_inside_a_list_or_a_union_names_the_item(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ['search.params=["n_batch", 3]'])
+    assert str(refused.value) == f"{DEMO}: search.params.1: Input should be a valid string (got 3)"
+    path = tmp_path / "space.toml"
+    path.write_text('engine = "llama-server"\n[params.n_batch]\nchoices = [1, {a = 1}]\n')
+    with pytest.raises(ConfigError) as refused:
+        load_search_space(path)
+    assert (
+        str(refused.value) == f"{path}: params.n_batch.choices.1.int: Input should be a valid integer (got {{'a': 1}})"
+    )

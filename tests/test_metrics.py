@@ -455,8 +455,12 @@ def test_the_lora_switch_cost_is_the_extra_prefill_time_after_a_change_of_settin
         timed("f", 5.0, 1, 62.0, STYLE),
         timed("d", 3.0, 300, 600.0, STYLE),
         timed("b", 0.005, 200, 400.0, ()),
-        stream("untimed", 3.5, [3.6]).model_copy(update={"lora": STYLE}),
-        stream("uncounted", 3.5, [3.6], timings=ServerTimings(prompt_n=0, prompt_ms=50.0)),
+        # Between c and d: without timings, or without a token count, neither counts in the order of
+        # prefills (were they counted, d would come after a switch, or a steady cost would divide by 0).
+        stream("untimed", 2.5, [2.6]),
+        stream("uncounted", 2.4, [2.55], timings=ServerTimings(prompt_n=0, prompt_ms=50.0)).model_copy(
+            update={"lora": STYLE}
+        ),
     ]
     # The steady cost is the median over b and d (2 ms/token); the switches cost 50, 30 and 60 ms more.
     assert lora_metrics(records)["lora_switch_ms"] == pytest.approx(50.0)

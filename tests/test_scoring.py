@@ -160,7 +160,7 @@ def test_the_missing_metric_error_says_what_the_workload_may_lack() -> None:
 
 
 def test_noise_flags_a_twenty_percent_spread_exactly_not_less_and_not_a_flat_zero() -> None:
-    rounds = [
+    rounds: list[dict[str, float | None]] = [
         {"ttft_p95_s": 2.5, "stall_tok_s": 0.0, "decode_tok_s": 0.8, "itl_max_s": 5.0},
         {"ttft_p95_s": 3.0, "stall_tok_s": 0.0, "decode_tok_s": 0.88, "itl_max_s": None},
     ]
@@ -200,10 +200,7 @@ def test_the_bootstrap_interval_is_pinned_to_its_percentiles() -> None:
     from tuner.scoring import bootstrap_ci
 
     values = list(np.random.default_rng(7).normal(10.0, 2.0, size=200))
-    assert bootstrap_ci(values) == (
-        pytest.approx(9.497958972457297, rel=1e-12),
-        pytest.approx(9.972832733615961, rel=1e-12),
-    )
+    assert bootstrap_ci(values) == pytest.approx((9.497958972457297, 9.972832733615961), rel=1e-12)
 
 
 def test_the_difference_interval_is_the_t_interval_when_that_is_wider() -> None:
@@ -214,10 +211,10 @@ def test_the_difference_interval_is_the_t_interval_when_that_is_wider() -> None:
     values = [1.6, 1.9, 1.7]
     mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
     half = 4.303 * sd / math.sqrt(3)  # t for 2 degrees of freedom
-    assert difference_ci(values) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert difference_ci(values) == pytest.approx((mean - half, mean + half))
     low, high = difference_ci([0.14, 0.22])
     assert math.isfinite(low) and math.isfinite(high)
-    assert (low, high) == (pytest.approx(0.18 - 12.706 * 0.04 / 1.0), pytest.approx(0.18 + 12.706 * 0.04 / 1.0))
+    assert (low, high) == pytest.approx((0.18 - 12.706 * 0.04 / 1.0, 0.18 + 12.706 * 0.04 / 1.0))
 
 
 def test_the_difference_interval_uses_the_next_larger_table_entry_and_the_normal_value_beyond() -> None:
