@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from tuner.cli import main
 from tuner.config import PluginSpec
 from tuner.deployers import ContainerDeployer
 from tuner.deployers.container import ContainerOptions
@@ -354,4 +355,50 @@ def test_a_trial_container_whose_server_is_killed_is_reported_dead(docker: tuple
             return f"{reason}; then {await deployer.check_alive()}"
 
     assert asyncio.run(scenario()) == "the trial container is exited (exit code 137); then the trial container is gone"
+    assert_the_original_is_back(state)
+
+
+def test_tuner_run_refuses_an_inherited_value_with_a_line_break_in_one_line_with_exit_2(
+    docker: tuple[Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, port = docker
+    edit_state(state, lambda data: data["containers"]["llm"]["Config"]["Env"].append("MOTD=line one\nline two"))
+    (tmp_path / "space.toml").write_text('engine = "vllm"\n\n[params.max_num_seqs]\nchoices = [32, 64]\n')
+    header = {"format": "serve-tuner-trace", "version": 1, "name": "one-chat"}
+    chat = {"id": "c", "offset_s": 0.0, "session": "c", "turn": 0, "prompt": {"new_tokens": 8}, "output_tokens": 4}
+    (tmp_path / "trace.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(chat) + "\n")
+    study = tmp_path / "study.toml"
+    study.write_text(
+        f"""name = "containers"
+[budget]
+trials = 1
+[deploy]
+kind = "container"
+container = "llm"
+[engine]
+kind = "vllm"
+model = "Qwen/Qwen2.5-0.5B-Instruct"
+port = {port}
+[engine.settings]
+max_num_seqs = 64
+[workload]
+path = "trace.jsonl"
+[search]
+space = "space.toml"
+[[objectives]]
+metric = "ttft_p95_s"
+direction = "minimize"
+"""
+    )
+
+    code = main(["run", str(study), "--runs-dir", str(tmp_path / "runs")])
+
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert err == [
+        "error: the environment variable MOTD of container 'llm' has a line break or NUL in its value, which an env "
+        "file cannot carry (and no value goes on the command line); recreate llm with MOTD on one line "
+        "(`docker inspect llm` shows its Env)"
+    ]
+    assert not any(c[0] in ("stop", "rename", "run") for c in calls(state))
     assert_the_original_is_back(state)
