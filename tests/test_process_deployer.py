@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from optuna.trial import TrialState
 from pydantic import SecretStr
@@ -245,3 +246,35 @@ def test_a_server_killed_mid_replay_fails_the_trial_with_the_reason_and_no_parti
     assert server_log.count(f"killed at completion request {crash_at_completion}, as configured") == 1
     assert "bad completion request" not in server_log  # the stand-in accepted every body the engine sent
     assert not any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+
+
+def test_the_vllm_stand_in_refuses_what_vllm_would_so_the_study_tests_cannot_pass_on_a_wrong_request(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    launch = LaunchSpec(
+        executable=sys.executable,
+        args=(str(STAND_IN), "stand-in/model", "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "16"),
+        env={"LOADING_S": "0"},
+        port=port,
+    )
+    bogus = launch.model_copy(update={"args": (*launch.args, "--bogus-flag", "1")})
+
+    async def scenario() -> list[tuple[int, str]]:
+        async with LocalTransport() as transport, ProcessDeployer(ProcessOptions(), transport=transport) as deployer:
+            with pytest.raises(ServerNotReady, match=r"exited with status 2.*unrecognized arguments: --bogus-flag 1"):
+                await deployer.apply(bogus, log_path=str(tmp_path / "bogus.log"))
+            deployment = await deployer.apply(launch, log_path=str(tmp_path / "ok.log"))
+            good = {"model": "stand-in/model", "prompt": [101, 102], "max_tokens": 4, "stream": True}
+            answers = []
+            async with httpx.AsyncClient(base_url=deployment.base_url, timeout=30) as client:
+                for body in (good, {**good, "model": "other"}, {**good, "prompt": []}, {**good, "max_tokens": 0}):
+                    response = await client.post("/v1/completions", json=body)
+                    answers.append((response.status_code, response.text))
+            return answers
+
+    ok, wrong_model, no_prompt, no_tokens = asyncio.run(scenario())
+    assert ok[0] == 200 and ok[1].startswith("data: ")
+    assert wrong_model == (400, json.dumps({"error": "model 'other' is not the served model 'stand-in/model'"}))
+    assert no_prompt[0] == 400 and "prompt is neither" in no_prompt[1]
+    assert no_tokens[0] == 400 and "max_tokens 0 is not a positive integer" in no_tokens[1]
