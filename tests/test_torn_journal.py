@@ -213,3 +213,22 @@ def test_a_journal_torn_by_a_real_full_disk_is_repaired_once_there_is_space_agai
         assert [p["n_batch"] for _, p in completed(RunDirectory(run, notice=pytest.fail))][-1] == 8
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+def test_optunas_lock_left_by_a_controller_killed_mid_append_is_cleared_by_the_next_run(
+    journal: bytes, tmp_path: Path
+) -> None:
+    """Killed between taking Optuna's journal lock (a symlink beside the journal) and releasing it, a
+    controller leaves the lock behind; every append of the next run would wait out Optuna's 30 s grace
+    period for it. The next run holds the run directory's lock, so the journal's is stale: it goes."""
+    run = tmp_path / "locked"
+    run.mkdir()
+    (run / "optuna.journal").write_bytes(journal)
+    optuna_lock = run / "optuna.journal.lock"
+    optuna_lock.symlink_to(run / "optuna.journal")  # what JournalFileSymlinkLock.acquire makes
+    with RunDirectory(run, notice=pytest.fail) as run_dir:
+        assert not optuna_lock.is_symlink() and not optuna_lock.exists()
+        study = optuna.load_study(study_name="torn", storage=run_dir.storage())
+        study.enqueue_trial({"n_batch": 32})
+        measure(study, 32, 0.3)
+    assert [p["n_batch"] for _, p in completed(RunDirectory(run, notice=pytest.fail))][-1] == 32

@@ -175,6 +175,11 @@ class RunDirectory:
     def _repair_journal(self) -> None:
         """Moves a torn last line (a write cut short by a full disk or a crash) into a file of its own,
         so that the next record starts on a line of its own and every completed trial stays readable."""
+        # Optuna's own lock (a symlink) left by a controller killed mid-append would make every append
+        # wait out its 30 s grace period; only a controller holding our lock appends, and we hold it.
+        stale_lock = self.journal.with_name(self.journal.name + ".lock")
+        if stale_lock.is_symlink():
+            stale_lock.unlink()
         tail = self._check_journal()
         if not tail:
             return
