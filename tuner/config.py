@@ -76,6 +76,10 @@ class PluginSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+_DEFAULT_HOST = PluginSpec(kind="local")
+_DEFAULT_DEPLOY = PluginSpec(kind="process")
+
+
 class BudgetSpec(StrictModel):
     trials: int = Field(
         default=10,
@@ -262,8 +266,8 @@ class StudySpec(StrictModel):
         default=0, ge=0, le=_MAX_SEED, description="Sampler seed (0 to 2**32 - 1, what Optuna's samplers take)."
     )
     budget: BudgetSpec = BudgetSpec()
-    host: PluginSpec = PluginSpec(kind="local")
-    deploy: PluginSpec = PluginSpec(kind="process")
+    host: PluginSpec = _DEFAULT_HOST
+    deploy: PluginSpec = _DEFAULT_DEPLOY
     engine: PluginSpec
     workload: WorkloadSpec
     search: SearchSpec
@@ -553,6 +557,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Path]:
     """Loads a study file; returns the spec and the directory its relative paths are resolved from."""
     data = apply_overrides(_read_toml(path), overrides)
+    # A `[deploy]` or `[host]` table (or a --set into one) without a kind keeps the default kind, as the
+    # study without that table would: `--set deploy.start_timeout_s=5` needs no `deploy.kind` beside it.
+    for table, default in (("host", _DEFAULT_HOST.kind), ("deploy", _DEFAULT_DEPLOY.kind)):
+        if isinstance(data.get(table), dict):
+            data[table].setdefault("kind", default)
     if "name" not in data:
         data["name"] = path.stem
         if not re.fullmatch(_NAME_PATTERN, path.stem):

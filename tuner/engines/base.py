@@ -36,6 +36,9 @@ class Knob:
     env: str | None = None
     flag: str | None = None
     minimum: int | None = None
+    # The servers read integer settings into a C int (llama.cpp's std::stoi, vLLM's and Ollama's limits
+    # are no larger in practice): a larger value is a unit mistake (ctx_size = 1e12), refused up front.
+    maximum: int = 2**31 - 1
     choices: tuple[str, ...] = ()
     description: str = ""
     # "server": set at launch (env var or flag); "request": changes what the replay sends, not the server.
@@ -50,6 +53,10 @@ class Knob:
             raise ConfigError(f"knob {self.name!r} takes a {self.value_type}, got {value!r}")
         if self.minimum is not None and isinstance(value, int) and value < self.minimum:
             raise ConfigError(f"knob {self.name!r} must be >= {self.minimum}, got {value!r}")
+        if self.value_type == "int" and isinstance(value, int) and value > self.maximum:
+            raise ConfigError(
+                f"knob {self.name!r} must be <= {self.maximum} (the server reads it as a 32-bit integer), got {value!r}"
+            )
         if self.choices and value not in self.choices:
             raise ConfigError(f"knob {self.name!r} must be one of {', '.join(self.choices)}, got {value!r}")
 

@@ -50,7 +50,9 @@ class AzureImporter:
         frame = frame[~frame.index.isin(blank_lines)]
         if options.limit is not None:
             frame = frame.head(options.limit)
-        times = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
+        # The 2023 traces write naive times, the 2024 ones `+00:00`; both are UTC, and a file joining the two
+        # must not stop at pandas' "Mixed timezones": read every time as UTC.
+        times = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
         counts = {column: pd.to_numeric(frame[column], errors="coerce") for column in _COLUMNS[1:]}
         bad = frame.index[times.isna() | counts["ContextTokens"].isna() | counts["GeneratedTokens"].isna()]
         if len(bad):
