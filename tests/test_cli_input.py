@@ -197,13 +197,26 @@ def test_workload_show_refuses_speeds_that_are_not_positive_and_finite(
 
 
 def test_synth_refuses_a_trace_that_would_not_fit_in_memory_saying_how_much(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outcome = run_cli(capsys, "workload", "synth", "chat", "--users", "1000000000", "--out", str(tmp_path / "x.jsonl"))
+    # The machine is made small rather than the trace big: if the check broke, this test must not fill
+    # the real memory.
+    from tuner.workloads import synthetic
+
+    monkeypatch.setattr(synthetic, "_available_memory", lambda: 8 * 2**20)
+    outcome = run_cli(capsys, "workload", "synth", "chat", "--users", "1000", "--out", str(tmp_path / "x.jsonl"))
     assert outcome.code == 2
     line = outcome.error_line()
-    assert "3,000,000,000 requests" in line and "GiB of memory" in line and "fewer --users" in line
+    assert "3,000 requests" in line and "need about 12 MiB of memory and 8 MiB is free" in line
+    assert "fewer --users" in line
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_billion_users_are_refused_before_anything_is_generated() -> None:
+    from tuner.workloads import SynthOptions, check_synthesis_fits
+
+    with pytest.raises(ConfigError, match=r"3,000,000,000 requests, which need about [\d,.]+ GiB of memory"):
+        check_synthesis_fits("chat", SynthOptions(users=10**9, turns=3, seed=0, long_tokens=8000))
 
 
 def test_synth_within_memory_still_writes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -389,6 +402,16 @@ def test_a_study_named_by_a_file_name_with_spaces_says_where_the_name_came_from(
             '{"format": "serve-tuner-trace", "version": 1, "name": "x"}\n'
             '{"id": "a", "offset_s": 0, "session": "s", "prompt": {"new_tokens": "90"}, "output_tokens": 5}\n',
             "stall-small.jsonl:2: prompt.new_tokens: Input should be a valid integer",
+        ),
+        (
+            '{"format": "serve-tuner-trace", "version": 1, "name": "x"}\n'
+            '{"id": "a", "offset_s": 0, "session": "s", "prompt": {"new_tokens": 9}, "output_tokens": 1000000000000}\n',
+            "stall-small.jsonl:2: output_tokens: Input should be less than or equal to 10000000",
+        ),
+        (
+            '{"format": "serve-tuner-trace", "version": 1, "name": "x"}\n'
+            '{"id": "a", "offset_s": NaN, "session": "s", "prompt": {"new_tokens": 9}, "output_tokens": 5}\n',
+            "stall-small.jsonl:2: offset_s: Input should be a finite number",
         ),
     ],
 )
