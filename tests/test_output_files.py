@@ -218,3 +218,14 @@ def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_write_but_a_liv
         assert not stale.exists()
         assert live.exists() and other.exists()
     assert out.read_text().strip()
+
+
+def test_a_replaced_file_keeps_its_owner_when_root_writes_it(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        need_real_part("root", "giving a file to another user needs root")
+    out = tmp_path / "theirs.jsonl"
+    out.write_text("a user's trace\n")
+    os.chown(out, 4242, 4343)
+    assert synth_into(out).returncode == 0
+    assert (out.stat().st_uid, out.stat().st_gid) == (4242, 4343)
+    assert len(load_trace(out).requests) == 2

@@ -102,15 +102,18 @@ def write_atomic(
     """Writes `data` to a temporary file beside the target, fsyncs it, and renames it over the target.
 
     The mode: `mode` when given; 0600 when `private`; else the replaced file's own mode; else what the
-    umask gives a new file. Raises `ConfigError` for a target that is not a regular file or is one of
-    `inputs`, and `OSError` when the write itself fails (the target is then unchanged)."""
+    umask gives a new file. A replaced file keeps its owner and group where we may set them (as root).
+    Raises `ConfigError` for a target that is not a regular file or is one of `inputs`, and `OSError`
+    when the write itself fails (the target is then unchanged)."""
     target = check_output(path, inputs=inputs)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
+    replaced: os.stat_result | None = None
+    with contextlib.suppress(FileNotFoundError):
+        replaced = os.stat(target)
     final_mode = mode if mode is not None else 0o600 if private else None
-    if final_mode is None:
-        with contextlib.suppress(FileNotFoundError):
-            final_mode = stat.S_IMODE(os.stat(target).st_mode)
+    if final_mode is None and replaced is not None:
+        final_mode = stat.S_IMODE(replaced.st_mode)
     with _cleanup_on_termination():
         temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         # 0600 until the final mode is set, so a private file is never readable by others, not even
@@ -120,7 +123,11 @@ def write_atomic(
         )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks it as being written: see remove_stale_temporaries
-            if final_mode is not None:
+            if replaced is not None and (replaced.st_uid, replaced.st_gid) != (os.geteuid(), os.getegid()):
+                # root replacing a user's file gives it back to that user (others may not: it stays theirs)
+                with contextlib.suppress(PermissionError):
+                    os.fchown(fd, replaced.st_uid, replaced.st_gid)
+            if final_mode is not None:  # after the chown, which may clear set-id bits
                 os.fchmod(fd, final_mode)
             view = memoryview(data)
             while view:
