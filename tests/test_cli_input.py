@@ -326,6 +326,7 @@ def test_a_size_limit_says_why(tmp_path: Path) -> None:
         ("engine.settings.ctx_size=1e12", "knob 'ctx_size' takes a int"),
         ("engine.settings.ctx_size=1000000000000", "knob 'ctx_size' must be <= 2147483647"),
         ("engine.settings.n_parallel=true", "knob 'n_parallel' takes a int"),
+        ("engine.settings.n_parallel=nan", r"engine: settings\.n_parallel: Input should be a finite number"),
     ],
 )
 def test_an_engine_setting_out_of_its_knobs_range_is_refused(override: str, named: str) -> None:

@@ -429,6 +429,4 @@ def test_an_error_inside_a_list_or_a_union_names_the_item(tmp_path: Path) -> Non
     path.write_text('engine = "llama-server"\n[params.n_batch]\nchoices = [1, {a = 1}]\n')
     with pytest.raises(ConfigError) as refused:
         load_search_space(path)
-    assert (
-        str(refused.value) == f"{path}: params.n_batch.choices.1.int: Input should be a valid integer (got {{'a': 1}})"
-    )
+    assert str(refused.value) == f"{path}: params.n_batch.choices.1: Input should be a valid integer (got {{'a': 1}})"

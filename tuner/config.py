@@ -440,9 +440,21 @@ def _field_description(model: type[BaseModel], loc: Sequence[int | str]) -> str 
     return description
 
 
+# pydantic names the branch of a union (`int | float | bool | str`) in an error's location: not a key.
+_UNION_BRANCHES = frozenset({"int", "float", "bool", "str"})
+
+
+def _key_path(loc: Sequence[int | str]) -> tuple[int | str, ...]:
+    return tuple(part for part in loc if part not in _UNION_BRANCHES)
+
+
 def _format_validation_error(source: str, error: ValidationError, model: type[BaseModel] | None = None) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    errors = error.errors()
+    first = errors[0]
+    # A value no branch of a union takes fails once per branch; the non-finite number is the telling one.
+    same_key = [e for e in errors if _key_path(e["loc"]) == _key_path(first["loc"])]
+    first = next((e for e in same_key if e["type"] == "finite_number"), first)
+    where = ".".join(str(p) for p in _key_path(first["loc"])) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key {where!r}; remove it or check its spelling"
     if first["type"] == "missing":
