@@ -10,19 +10,23 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
 
 from tests.real_parts import need_real_part
 from tests.systemd_host import SystemdHost
@@ -38,6 +42,7 @@ from tuner.engines.base import Engine
 from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError, TunerError
 from tuner.faults import CRASH_POINTS
 from tuner.models import LaunchSpec, RequestRecord
+from tuner.transports.base import CommandResult
 from tuner.transports.ssh import SshOptions, SshTransport
 
 RUNTIME_DROP_IN = "/run/systemd/system/llama-server.service.d/zz-tuner.conf"
@@ -105,21 +110,58 @@ def _launch(host: SystemdHost, **settings: str) -> LaunchSpec:
     return LaunchSpec(executable=str(host.binary), env={**env, **settings}, port=host.server_port)
 
 
-@pytest.fixture
-def baseline(systemd_host: SystemdHost) -> Iterator[dict[str, str]]:
-    """The unit's files before the test; after it, the host must be exactly on them again."""
-    systemd_host.wait_active()
-    files = systemd_host.unit_files()
-    yield files
-    assert_baseline(systemd_host, files)
+# What systemd gives every process of its own (new at each start), left out of the comparison.
+_PER_START_VARIABLES = {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
+OURS_UNDER_RUN = ("llama-server.service.json", "llama-server.service.lock", "llama-server.service.restore.sh",
+                  "llama-server.service.secret.env")  # fmt: skip
+DEAD_MAN_TIMER = "serve-tuner-restore-llama-server.timer"
 
 
-def assert_baseline(host: SystemdHost, files: dict[str, str]) -> None:
-    assert host.read(RUNTIME_DROP_IN) is None, "serve-tuner's drop-in was left on the host"
-    assert host.unit_files() == files, "a file of the unit changed"
+@dataclass(frozen=True)
+class HostBaseline:
+    """The unit as the operator left it: its files (hashed), and what its running process was given."""
+
+    files: dict[str, str]
+    environment: dict[str, str]
+    argv: list[str]
+
+
+def running_argv(host: SystemdHost, unit: str | None = None) -> list[str]:
+    return (host.read(f"/proc/{host.main_pid(unit)}/cmdline") or b"").decode().split("\0")[:-1]
+
+
+def host_baseline(host: SystemdHost) -> HostBaseline:
     host.wait_active()
     environment = host.process_environment()
-    assert environment.get("LLAMA_ARG_THREADS") == "1" and "LLAMA_ARG_BATCH" not in environment
+    for name in _PER_START_VARIABLES:
+        environment.pop(name, None)
+    return HostBaseline(files=host.unit_files(), environment=environment, argv=running_argv(host))
+
+
+@pytest.fixture
+def baseline(systemd_host: SystemdHost) -> Iterator[HostBaseline]:
+    """The unit before the test; after it, the host must be exactly on it again."""
+    before = host_baseline(systemd_host)
+    yield before
+    assert_baseline(systemd_host, before)
+
+
+def assert_baseline(host: SystemdHost, before: HostBaseline) -> None:
+    """Nothing of ours left, the unit's files byte-identical, the running process given exactly what it
+    was given before (environment and argv), no pending daemon-reload, and the server answering."""
+    assert host.read(RUNTIME_DROP_IN) is None, "serve-tuner's drop-in was left on the host"
+    left = [
+        name
+        for name in OURS_UNDER_RUN
+        if host.run("test", "-e", f"/run/serve-tuner/{name}", check=False).returncode == 0
+    ]
+    assert not left, f"serve-tuner left {left} in /run/serve-tuner"
+    timer = host.show("LoadState", "ActiveState", unit=DEAD_MAN_TIMER)
+    assert timer["ActiveState"] != "active", "the dead-man timer is still armed after a clean restore"
+    assert host.unit_files() == before.files, "a file of the unit changed"
+    now = host_baseline(host)
+    assert now.environment == before.environment, "the unit's process runs with another environment"
+    assert now.argv == before.argv, "the unit's process runs another command line"
     assert host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
     deadline = time.monotonic() + 120
     while not host.healthy():
@@ -133,7 +175,7 @@ def assert_baseline(host: SystemdHost, files: dict[str, str]) -> None:
 
 @pytest.mark.real_server
 def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: object
 ) -> None:
     pid_before = systemd_host.main_pid()
     launch = _launch(systemd_host, LLAMA_ARG_BATCH="64", LLAMA_ARG_UBATCH="64")
@@ -166,7 +208,7 @@ def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
 
 @pytest.mark.real_server
 def test_a_config_that_cannot_start_fails_fast_with_the_reason_even_at_the_start_limit(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: object
 ) -> None:
     """A bad value makes llama-server exit at once; Restart=on-failure then restarts it until systemd's
     start limit; the trial fails with the reason, and reset-failed lets the baseline start again."""
@@ -218,7 +260,7 @@ def test_an_operator_drop_in_sorting_after_ours_that_sets_a_tuned_key_is_refused
 
 @pytest.mark.real_server
 def test_a_second_controller_is_refused_and_a_dead_ones_leftovers_are_restored_first(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: object
 ) -> None:
     async def two_at_once() -> None:
         transport, deployer = _deployer(systemd_host)
@@ -251,7 +293,7 @@ def test_a_second_controller_is_refused_and_a_dead_ones_leftovers_are_restored_f
 
 @pytest.mark.real_server
 def test_the_dead_man_timer_restores_the_host_when_the_controller_vanishes(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: object
 ) -> None:
     async def vanish() -> None:
         transport, deployer = _deployer(systemd_host, dead_man_s=6)
@@ -276,7 +318,7 @@ def _wait_for_dead_man(host: SystemdHost) -> None:
 
 @pytest.mark.real_server
 def test_a_server_killed_mid_trial_is_noticed_even_when_restart_brings_it_back(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: object
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: object
 ) -> None:
     async def scenario() -> str | None:
         transport, deployer = _deployer(systemd_host)
@@ -369,9 +411,20 @@ def _study_file(systemd_host: SystemdHost, tmp_path: Path) -> Path:
     return tmp_path / "unit.toml"
 
 
+def _assert_secret_nowhere_else(host: SystemdHost, secret: str, *, printed: str, run_dir: Path) -> None:
+    """Not in systemctl show (D-Bus shows it to every user), the unit's files, the journal, the run
+    directory, or anything printed."""
+    unit_dir = f"/etc/systemd/system/{host.unit}.d"
+    visible = host.run("systemctl", "show", host.unit).stdout
+    visible += host.run("sh", "-c", f"cat {unit_dir}/* /run/serve-tuner/* 2>/dev/null; true").stdout
+    visible += host.run("journalctl", "--no-pager", "-o", "cat").stdout + printed
+    assert secret not in visible
+    assert secret.encode() not in b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
+
+
 @pytest.mark.real_server
 def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
 ) -> None:
     """The product's path on a production host: trials as drop-ins on the operator's unit, reached over
     ssh, the replay through a forwarded port, and the unit exactly as found at the end."""
@@ -395,14 +448,29 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
     # The server's log came from the journal of the trial's own invocation.
     assert "listening on" in (tmp_path / "unit" / "trials" / f"{tuned.number:04d}" / "server.log").read_text()
 
-    # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
+    # `tuner apply` whose verification run fails (every request past its deadline): nothing is made
+    # permanent, and the host is back on its baseline.
     apply = [sys.executable, "-m", "tuner", "apply", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
     apply += ["--trial", str(tuned.number), "--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+    applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
+    refused = subprocess.run(
+        [*apply, "--set", "workload.request_timeout_s=0.001"], capture_output=True, text=True, timeout=600,
+        check=False, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "the verification run failed" in refused.stderr and "stays on its baseline" in refused.stderr
+    assert systemd_host.read(applied) is None and systemd_host.read(RUNTIME_DROP_IN) is None
+    assert_baseline(systemd_host, baseline)
+
+    # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
     done = subprocess.run(apply, capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
-    applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
     assert systemd_host.read(applied) is not None and systemd_host.read(RUNTIME_DROP_IN) is None
+    # No second restart: the process running now is the one that served the verification run.
+    invocation = systemd_host.show("InvocationID")["InvocationID"]
+    served = systemd_host.run("journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager").stdout
+    assert "processing task" in served, "the server was restarted after its verification run"
     environment = systemd_host.process_environment()
     for name, value in tuned.params.items():
         variable = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
@@ -411,14 +479,7 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
     assert environment["LLAMA_API_KEY"] == canary  # in force...
     secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
     assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
-    # ...and nowhere else: not in systemctl show (D-Bus shows it to every user), the unit's files, the
-    # journal, the run directory, or anything printed.
-    unit_dir = f"/etc/systemd/system/{systemd_host.unit}.d"
-    visible = systemd_host.run("systemctl", "show", systemd_host.unit).stdout
-    visible += systemd_host.run("sh", "-c", f"cat {unit_dir}/* /run/serve-tuner/* 2>/dev/null; true").stdout
-    visible += systemd_host.run("journalctl", "--no-pager", "-o", "cat").stdout + done.stdout + done.stderr
-    assert canary not in visible
-    assert canary.encode() not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path)
 
     # `tuner restore` removes exactly that file; the fixture then checks the whole baseline.
     restore = [sys.executable, "-m", "tuner", "restore", str(tmp_path / "unit.toml")]
@@ -432,7 +493,7 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
 @pytest.mark.real_server
 @pytest.mark.parametrize("step", CRASH_POINTS)
 def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path, step: str
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path, step: str
 ) -> None:
     """P2: SIGKILL at each named step; the same command run again puts the host back first, fails the
     interrupted trial instead of leaving it RUNNING, and measures the baseline exactly once."""
@@ -522,6 +583,9 @@ def test_ollama_settings_go_on_ollama_service_as_environment_lines(systemd_host:
                 deployment = await deployer.apply(launch, log_path=f"{tmp_path}/ollama.log")
                 environment = systemd_host.process_environment("ollama.service")
                 assert environment["OLLAMA_NUM_PARALLEL"] == "2" and environment["OLLAMA_FLASH_ATTENTION"] == "1"
+                async with httpx.AsyncClient(timeout=10) as client:  # what the server itself parsed
+                    parsed = (await client.get(f"{deployment.base_url}/stand-in/launch")).json()
+                assert parsed["settings"] == {"num_parallel": 2, "flash_attention": True, "keep_alive": "30m"}
                 return deployment.pid or 0
 
         pid = asyncio.run(scenario())
@@ -556,19 +620,24 @@ def test_vllm_flags_replace_the_units_command_line_and_the_operators_comes_back(
             async with transport, deployer:
                 deployment = await deployer.apply(launch, log_path=f"{tmp_path}/vllm.log")
                 cmdline = systemd_host.read(f"/proc/{deployment.pid}/cmdline") or b""
+                async with httpx.AsyncClient(timeout=10) as client:  # what the server itself parsed
+                    parsed = (await client.get(f"{deployment.base_url}/stand-in/launch")).json()
+                assert parsed["settings"] == {
+                    "max_num_seqs": 8, "enable_chunked_prefill": True, "max_num_batched_tokens": 512,
+                }  # fmt: skip
                 (record,) = await _replay_one(engine, deployment.base_url)
                 assert record.ok
                 return cmdline.decode().split("\0")[:-1]
 
         assert asyncio.run(scenario()) == list(launch.command)
-        assert "--max-num-seqs" in launch.command and "8" in launch.command
+        assert launch.command[launch.command.index("--max-num-seqs") + 1] == "8"
         restored = systemd_host.read(f"/proc/{systemd_host.main_pid('vllm.service')}/cmdline") or b""
         assert restored.decode().split("\0")[:-1] == operator
 
 
 @pytest.mark.real_server
 def test_lora_adapters_reach_the_unit_through_an_execstart_override(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
 ) -> None:
     """Issue 6 on systemd: `--lora-scaled` has no environment variable, so the drop-in carries the whole
     command line; the real server then lists the adapter, loaded at scale 0."""
@@ -605,7 +674,7 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
 
 @pytest.mark.real_server
 def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_timer(
-    systemd_host: SystemdHost, baseline: dict[str, str], tmp_path: Path
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
 ) -> None:
     """P9: the link to the host cut for 5 s is re-opened with backoff and the study's calls go on; cut
     for longer than the reconnect window, the controller stops with exit code 75's error, and the
@@ -672,7 +741,7 @@ def tuner_user(systemd_host: SystemdHost) -> str:
 
 @pytest.mark.real_server
 def test_an_unprivileged_login_changes_the_unit_only_through_sudo(
-    systemd_host: SystemdHost, baseline: dict[str, str], tuner_user: str, tmp_path: Path
+    systemd_host: SystemdHost, baseline: HostBaseline, tuner_user: str, tmp_path: Path
 ) -> None:
     """Production hosts are reached as a plain user: privileged steps go through `sudo -n` (never asking),
     and without it the run stops on the first of them with the host unchanged."""
@@ -701,3 +770,371 @@ def test_an_unprivileged_login_changes_the_unit_only_through_sudo(
     environment, owner = asyncio.run(with_sudo())
     assert environment["LLAMA_ARG_BATCH"] == "64"
     assert owner == "root 644"  # written by root through sudo, readable by systemd, not writable by the login
+
+
+# ---- each guard's failure path, on the real host ------------------------------------------------
+# Faults that a racing operator, a config-management agent or a flaky bus would cause between two of
+# the deployer's steps, injected at the transport seam: the real ssh transport, one step meddled with.
+
+AfterRun = Callable[[Sequence[str], CommandResult], Awaitable[CommandResult]]
+
+
+class MeddlingTransport(SshTransport):
+    """The real ssh transport; `after_run` sees (and may replace) each command's result, `on_write`
+    each file written, `skip_removal` names files whose removal silently does not happen."""
+
+    def __init__(
+        self,
+        options: SshOptions,
+        *,
+        after_run: AfterRun | None = None,
+        on_write: Callable[[str, bytes], bytes] | None = None,
+        skip_removal: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(options)
+        self._after_run, self._on_write, self._skip_removal = after_run, on_write, skip_removal
+
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, check: bool = True, privileged: bool = False,
+        idempotent: bool = False,
+    ) -> CommandResult:  # fmt: skip
+        result = await super().run(argv, timeout_s=timeout_s, check=check, privileged=privileged, idempotent=idempotent)
+        return await self._after_run(argv, result) if self._after_run else result
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        await super().write_file(path, self._on_write(path, data) if self._on_write else data, mode=mode)
+
+    async def remove_file(self, path: str) -> None:
+        if path not in self._skip_removal:
+            await super().remove_file(path)
+
+
+def _meddled(host: SystemdHost, **meddling: Any) -> tuple[SshTransport, SystemdDeployer]:
+    options = meddling.pop("options", {})
+    transport = MeddlingTransport(SshOptions.model_validate(host.ssh_options()), **meddling)
+    return transport, SystemdDeployer(SystemdOptions(unit=host.unit, **options), transport=transport)
+
+
+def _is_restart(argv: Sequence[str]) -> bool:
+    return list(argv[-3:]) == ["restart", "--no-block", "llama-server.service"]
+
+
+@contextlib.contextmanager
+def operator_drop_in(host: SystemdHost, name: str, text: str, files: dict[str, str] | None = None) -> Iterator[None]:
+    """An operator's own drop-in (and the files it names), in place for the test, removed afterwards."""
+    path = f"/etc/systemd/system/{host.unit}.d/{name}"
+    for file, content in (files or {}).items():
+        host.write(file, content)
+    host.write(path, text)
+    host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
+    try:
+        yield
+    finally:
+        host.run("rm", "-f", path, *(files or {}))
+        host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
+        host.wait_active()
+
+
+def _apply_expecting(deployer_pair: tuple[SshTransport, SystemdDeployer], launch: LaunchSpec, tmp_path: Path) -> str:
+    """Apply `launch` through the deployer; the DeployError it must raise, as a user would read it."""
+
+    async def scenario() -> str:
+        transport, deployer = deployer_pair
+        async with transport, deployer:
+            with pytest.raises(DeployError) as refused:
+                await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
+            return str(refused.value)
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.real_server
+def test_a_trial_whose_unit_files_change_while_it_starts_is_not_scored(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P6: the drop-in edited by someone else right after our restart leaves a pending daemon-reload:
+    what runs may not be what the files say, so the trial is refused, and the host restored."""
+
+    edited = False
+
+    async def edit_after_restart(argv: Sequence[str], result: CommandResult) -> CommandResult:
+        nonlocal edited
+        if _is_restart(argv) and not edited:  # the trial's restart, not the restore's
+            edited = True
+            systemd_host.run("sh", "-c", f"echo '# edited by someone else' >> {RUNTIME_DROP_IN}")
+        return result
+
+    reason = _apply_expecting(_meddled(systemd_host, after_run=edit_after_restart), _launch(systemd_host), tmp_path)
+    assert "pending daemon-reload" in reason
+
+
+@pytest.mark.real_server
+def test_a_trial_that_did_not_restart_the_unit_is_not_scored(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P6: the restart never happens, and a stale bus answer once reports a new invocation: the old
+    process, on the old settings, still answers, and the trial must not be measured on it."""
+    pid_before = systemd_host.main_pid()
+    restart_lost = lied = False
+
+    async def lost_restart(argv: Sequence[str], result: CommandResult) -> CommandResult:
+        nonlocal restart_lost, lied
+        if _is_restart(argv):
+            restart_lost = True  # it was sent, but stopped here: undo it before it runs
+            return result
+        if restart_lost and not lied and list(argv[:2]) == ["systemctl", "show"]:
+            lied = True
+            stdout = re.sub(r"InvocationID=\w*", f"InvocationID={uuid.uuid4().hex}", result.stdout)
+            return CommandResult(argv=result.argv, exit_status=0, stdout=stdout, stderr="")
+        return result
+
+    class LosingRestart(MeddlingTransport):
+        async def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+            if _is_restart(argv) and not restart_lost:
+                return await lost_restart(argv, CommandResult(argv=tuple(argv), exit_status=0, stdout="", stderr=""))
+            return await super().run(argv, **kwargs)
+
+    transport = LosingRestart(SshOptions.model_validate(systemd_host.ssh_options()), after_run=lost_restart)
+    deployer = SystemdDeployer(SystemdOptions(unit=systemd_host.unit), transport=transport)
+    reason = _apply_expecting((transport, deployer), _launch(systemd_host, LLAMA_ARG_BATCH="64"), tmp_path)
+    assert "did not restart" in reason and str(pid_before) in reason
+
+
+@pytest.mark.real_server
+def test_a_setting_overridden_by_an_operator_environment_file_is_not_scored(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """P6: an operator's EnvironmentFile= wins over our Environment= line; the process's own environment
+    shows it, the trial is refused naming the variable, and the host goes back to the operator's state."""
+    site = "[Service]\nEnvironmentFile=/etc/serve-tuner-test/site.env\n"
+    with operator_drop_in(
+        systemd_host, "aa-site.conf", site, {"/etc/serve-tuner-test/site.env": "LLAMA_ARG_BATCH=1024\n"}
+    ):
+        before = host_baseline(systemd_host)
+        reason = _apply_expecting(_deployer(systemd_host), _launch(systemd_host, LLAMA_ARG_BATCH="64"), tmp_path)
+        assert "LLAMA_ARG_BATCH='1024', not '64'" in reason
+        assert_baseline(systemd_host, before)
+
+
+@pytest.mark.real_server
+def test_a_secret_the_unit_drops_is_not_scored_and_not_shown(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """P6 and P12: the unit's UnsetEnvironment= removes the API key we passed; the trial is refused,
+    and the refusal names the variable, never the value."""
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    launch = _launch(systemd_host).model_copy(update={"secret_env": {"LLAMA_API_KEY": SecretStr(canary)}})
+    with operator_drop_in(systemd_host, "aa-site.conf", "[Service]\nUnsetEnvironment=LLAMA_API_KEY\n"):
+        before = host_baseline(systemd_host)
+        reason = _apply_expecting(_deployer(systemd_host), launch, tmp_path)
+        assert "does not run with the LLAMA_API_KEY" in reason and canary not in reason
+        assert_baseline(systemd_host, before)
+
+
+@pytest.mark.real_server
+def test_a_command_line_other_than_the_trials_is_not_scored(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P6 with `exec_start = "replace"`: the drop-in that lands on the host carries one more argument than
+    ours (an agent rewrote it); the process's argv shows it, and the trial is refused."""
+
+    def rewritten(path: str, data: bytes) -> bytes:
+        if path != RUNTIME_DROP_IN:
+            return data
+        return data.rstrip(b"\n") + f' "--port" "{systemd_host.server_port}"\n'.encode()
+
+    pair = _meddled(systemd_host, on_write=rewritten, options={"exec_start": "replace"})
+    reason = _apply_expecting(pair, _launch(systemd_host, LLAMA_ARG_BATCH="64"), tmp_path)
+    assert "not the trial's command line" in reason
+
+
+@pytest.mark.real_server
+def test_the_restore_names_an_operator_file_changed_during_the_study(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P1: the operator edits their own override.conf while a trial runs. The restore removes ours and
+    restarts, then says the unit no longer matches its snapshot (for a person to check), with nothing
+    of ours left armed."""
+    override = f"/etc/systemd/system/{systemd_host.unit}.d/override.conf"
+    original = (systemd_host.read(override) or b"").decode()
+
+    async def scenario() -> None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+            systemd_host.write(override, original + "# the operator's late edit\n")
+
+    try:
+        with pytest.raises(DeployError, match=r"override\.conf differs from the snapshot"):
+            asyncio.run(scenario())
+        assert systemd_host.read(RUNTIME_DROP_IN) is None
+    finally:
+        systemd_host.write(override, original)
+        systemd_host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {systemd_host.unit}")
+
+
+@pytest.mark.real_server
+def test_the_restore_notices_when_our_drop_in_did_not_go(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P1: the removal of our drop-in silently does not happen. The unit's files (ours excluded) match
+    the snapshot, but its effective environment does not: the restore says so instead of succeeding."""
+
+    async def scenario() -> None:
+        transport, deployer = _meddled(systemd_host, skip_removal=frozenset({RUNTIME_DROP_IN}))
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+
+    try:
+        with pytest.raises(DeployError, match="environment differs from the one before the study"):
+            asyncio.run(scenario())
+    finally:
+        systemd_host.run("rm", "-f", RUNTIME_DROP_IN)
+        systemd_host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {systemd_host.unit}")
+
+
+def _abandon_trial(host: SystemdHost, tmp_path: Path) -> None:
+    """A controller that applied a trial and was then SIGKILLed: its drop-in, snapshot and timer stay on
+    the host, and its lock names a process that is gone."""
+
+    async def vanish() -> None:
+        transport, deployer = _deployer(host)
+        async with transport:
+            await deployer.__aenter__()
+            await deployer.apply(_launch(host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+
+    asyncio.run(vanish())
+    owner = "/run/serve-tuner/llama-server.service.lock/owner.json"
+    host.run("sh", "-c", f'sed -i \'s/"pid": [0-9]*/"pid": 999999999/\' {owner}')
+
+
+@pytest.mark.real_server
+def test_a_killed_runs_leftovers_are_held_to_its_snapshot(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P2: the next run restores what a killed one left, and compares the unit with the snapshot that
+    run took (kept on the host), not with nothing: an operator file changed meanwhile is named."""
+    override = f"/etc/systemd/system/{systemd_host.unit}.d/override.conf"
+    original = (systemd_host.read(override) or b"").decode()
+    _abandon_trial(systemd_host, tmp_path)
+    systemd_host.write(override, original + "# changed while no controller watched\n")
+
+    async def next_run() -> None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            pass
+
+    try:
+        with pytest.raises(DeployError, match=r"override\.conf differs from the snapshot"):
+            asyncio.run(next_run())
+        assert systemd_host.read(RUNTIME_DROP_IN) is None
+    finally:
+        systemd_host.write(override, original)
+        systemd_host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {systemd_host.unit}")
+    asyncio.run(next_run())  # with the operator's file back, the leftovers are gone and nothing is refused
+
+
+def _timer_elapses_at(host: SystemdHost) -> int:
+    shown = host.show("NextElapseUSecMonotonic", unit=DEAD_MAN_TIMER)["NextElapseUSecMonotonic"]
+    assert shown and shown != "infinity", "the dead-man timer is not armed"
+    return _usec(shown)
+
+
+def _usec(shown: str) -> int:
+    """systemd's time span text ('1h 2min 3.5s', '45.123s', '900ms') in microseconds."""
+    units = {"us": 1, "ms": 1000, "s": 1_000_000, "min": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
+    total = 0.0
+    for number, unit in re.findall(r"([\d.]+)\s*(us|ms|min|s|h|d)", shown):
+        total += float(number) * units[unit]
+    return int(total)
+
+
+@pytest.mark.real_server
+def test_the_dead_man_timer_is_pushed_back_while_the_study_is_alive_and_disarmed_after(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """P3: during a long study the timer must not fire while the controller is alive: every heartbeat
+    (the check after each round) re-arms it later; a clean restore disarms it (assert_baseline)."""
+
+    async def scenario() -> tuple[int, int]:
+        transport, deployer = _deployer(systemd_host, dead_man_s=5)
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+            armed = _timer_elapses_at(systemd_host)
+            beat_due = time.monotonic() + 5 / 4
+            while time.monotonic() < beat_due:  # the heartbeat's interval: dead_man_s / 4
+                await asyncio.sleep(0.1)
+            assert await deployer.check_alive() is None
+            return armed, _timer_elapses_at(systemd_host)
+
+    armed, rearmed = asyncio.run(scenario())
+    assert rearmed > armed, "a heartbeat did not push the dead-man timer back"
+
+
+@pytest.mark.real_server
+@pytest.mark.parametrize(("silent_for_s", "taken_over"), [(3600, True), (0, False)])
+def test_a_lock_is_taken_over_only_from_a_holder_silent_past_lock_stale_s(
+    systemd_host: SystemdHost, baseline: HostBaseline, silent_for_s: int, taken_over: bool
+) -> None:
+    """P14: a lock held from another machine (its PID cannot be checked here) is taken over when its
+    heartbeat is older than lock_stale_s, and refused while it is fresh."""
+    lock = "/run/serve-tuner/llama-server.service.lock"
+    owner = json.dumps({"controller": "another-controller", "pid": 1, "beat": time.time() - silent_for_s})
+    systemd_host.run("mkdir", "-p", lock)
+    systemd_host.write(f"{lock}/owner.json", owner)
+
+    async def enter() -> None:
+        transport, deployer = _deployer(systemd_host, lock_stale_s=900)
+        async with transport, deployer:
+            pass
+
+    try:
+        if taken_over:
+            asyncio.run(enter())
+        else:
+            with pytest.raises(StudyError, match=r"another serve-tuner .* on another-controller"):
+                asyncio.run(enter())
+    finally:
+        systemd_host.run("rm", "-rf", lock)
+
+
+@pytest.mark.real_server
+def test_keep_mode_refuses_a_launch_whose_flags_the_unit_does_not_pass_before_touching_the_host(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """With `exec_start = "keep"` the unit's own command line runs: a launch that needs a flag it lacks
+    (a LoRA adapter) is refused with the fix, and nothing is written to the host."""
+    launch = _launch(systemd_host).model_copy(update={"args": ("--lora-scaled", "/srv/adapter.gguf:0")})
+
+    async def scenario() -> None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            await deployer.apply(launch, log_path=f"{tmp_path}/s.log")
+
+    with pytest.raises(ConfigError, match=r'deploy\.exec_start = "replace"'):
+        asyncio.run(scenario())
+    assert systemd_host.read("/run/serve-tuner/llama-server.service.json") is None
+
+
+@pytest.mark.real_server
+def test_a_tuned_setting_the_units_own_flag_overrides_is_named_from_the_servers_log(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """The unit's ExecStart passes `-b 2048`; llama-server then ignores LLAMA_ARG_BATCH and says so in its
+    log, and the engine names the setting and the fix from that log (what fails the trial)."""
+    from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
+
+    command = f"{systemd_host.binary} -m {systemd_host.model} --host 127.0.0.1 --port {systemd_host.server_port}"
+    flags = f"[Service]\nExecStart=\nExecStart={command} -b 2048\n"
+    engine = LlamaServerEngine(LlamaServerOptions(binary=str(systemd_host.binary), model=str(systemd_host.model)))
+
+    async def scenario() -> str | None:
+        transport, deployer = _deployer(systemd_host)
+        async with transport, deployer:
+            await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+            log, _ = await deployer.read_log(0)
+            return engine.ignored_settings(log)
+
+    with operator_drop_in(systemd_host, "aa-flags.conf", flags):
+        before = host_baseline(systemd_host)
+        ignored = asyncio.run(scenario())
+        assert_baseline(systemd_host, before)
+    assert ignored is not None and "n_batch" in ignored and "-b" in ignored and "exec_start" in ignored

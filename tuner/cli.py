@@ -234,9 +234,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     try:
         asyncio.run(main())
     except asyncio.CancelledError:
-        if signal.SIGINT in received:
-            raise KeyboardInterrupt from None
+        _raise_if_stopped(received)
         raise
+    _raise_if_stopped(received)
     board = _show(run_path, console)
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
@@ -253,11 +253,18 @@ def _apply(args: argparse.Namespace, console: Console) -> int:
     if not (run_path / "optuna.journal").is_file():
         raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
 
+    received: list[int] = []
+
     async def main() -> Applied:
-        _stop_on_signals([])
+        _stop_on_signals(received)
         return await apply_settings(spec, base_dir, run_path, trial=args.trial, say=console.print)
 
-    applied = asyncio.run(main())
+    try:
+        applied = asyncio.run(main())
+    except asyncio.CancelledError:
+        _raise_if_stopped(received)
+        raise
+    _raise_if_stopped(received)
     settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
     stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
     console.print(
@@ -279,11 +286,18 @@ def _restore(args: argparse.Namespace, console: Console) -> int:
 
     spec, base_dir = load_study(args.study, args.overrides)
 
+    received: list[int] = []
+
     async def main() -> str | None:
-        _stop_on_signals([])
+        _stop_on_signals(received)
         return await restore_settings(spec, base_dir)
 
-    removed = asyncio.run(main())
+    try:
+        removed = asyncio.run(main())
+    except asyncio.CancelledError:
+        _raise_if_stopped(received)
+        raise
+    _raise_if_stopped(received)
     if removed is None:
         console.print("the host has no settings of `tuner apply`; nothing to remove")
     else:
@@ -309,12 +323,36 @@ def _stop_on_signals(received: list[int]) -> None:
             task.cancel()
         loop.call_later(0.5, insist)
 
-    def on_signal(signum: int) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         received.append(signum)
-        insist()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(insist)
+        elif signum == signal.SIGINT:  # the loop is over, and with it every clean-up: stop here
+            raise KeyboardInterrupt
+        else:
+            raise asyncio.CancelledError
 
+    # signal.signal, not loop.add_signal_handler: asyncio puts the default action back when its loop
+    # closes, and a second signal in that moment would kill the process with -15 instead of 143.
+    # These stay for the rest of the process; one that arrives while the loop shuts down is recorded
+    # and `_raise_if_stopped` turns it into the exit code.
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+        signal.signal(signum, on_signal)
+
+
+def _hold_late_signals() -> None:
+    """Once the exit code is decided, further signals change nothing: ignored, since Python's own
+    shutdown puts the default action back for a handler of ours, and one would end it with -15."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _raise_if_stopped(received: list[int]) -> None:
+    """A signal that arrived while the command finished (its clean-up done) still sets its exit code."""
+    if signal.SIGINT in received:
+        raise KeyboardInterrupt
+    if received:
+        raise asyncio.CancelledError
 
 
 def _trust_host(args: argparse.Namespace, console: Console) -> int:
@@ -511,6 +549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except asyncio.CancelledError:
         err.print(f"terminated{_after_stop(args)}", markup=False, highlight=False)
         return EXIT_TERMINATED
+    finally:
+        if args.command in _HOST_COMMANDS:
+            _hold_late_signals()
     return 2
 
 

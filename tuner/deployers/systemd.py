@@ -226,6 +226,19 @@ def _assigned_keys(unit_text: str) -> tuple[set[str], bool]:
     return names, sets_exec
 
 
+def _read_snapshot(raw: bytes) -> dict[str, object]:
+    """The snapshot an earlier run left on the host; one it cannot read still says to restart the unit."""
+    try:
+        snapshot = json.loads(raw)
+    except ValueError:
+        return {"active": True}
+    if not isinstance(snapshot, dict):
+        return {"active": True}
+    if not isinstance(snapshot.get("files"), dict) or not isinstance(snapshot.get("environment"), dict):
+        return {"active": bool(snapshot.get("active", True))}
+    return snapshot
+
+
 @dataclass(frozen=True)
 class UnitState:
     properties: Mapping[str, str]
@@ -315,10 +328,10 @@ class SystemdDeployer:
             previous = await self._read(self._state_path)
             if previous is not None or await self._read(self._runtime_drop_in) is not None:
                 # An earlier controller died before it had restored (its snapshot is removed only once the
-                # host is back): put the host back before looking at it.
+                # host is back): put the host back before looking at it, and hold the result to that
+                # run's snapshot, as its own restore would have.
                 self._written = "(left by an earlier run)"
-                was_active = json.loads(previous).get("active", True) if previous else True
-                self._baseline = {"active": was_active}
+                self._baseline = _read_snapshot(previous) if previous else {"active": True}
                 await self.restore()
                 await self._lock()
                 state = await self._state()
@@ -632,6 +645,7 @@ class SystemdDeployer:
             ) from None
 
     async def _restore(self) -> None:
+        difference = None
         try:
             if self._written is not None:
                 await self._transport.remove_file(self._runtime_drop_in)
@@ -648,14 +662,18 @@ class SystemdDeployer:
                 if active:
                     await self._wait_restored()
                 if self._baseline is not None and "files" in self._baseline:
-                    await self._check_against_snapshot(await self._state())
+                    difference = await self._difference_from_snapshot(await self._state())
+            # Our drop-in is gone and the unit restarted: nothing of ours stays armed, whether or not
+            # the unit now matches the snapshot (a difference is someone else's change, for a person).
             await self._disarm_dead_man()
             await self._transport.remove_file(self._restore_script)
             await self._transport.remove_file(self._state_path)
         finally:
             await self._unlock()
+        if difference is not None:
+            raise DeployError(difference)
 
-    async def _check_against_snapshot(self, state: UnitState) -> None:
+    async def _difference_from_snapshot(self, state: UnitState) -> str | None:
         """After a restore: every file of the unit byte-identical, and its effective environment (what
         `systemctl show` reports from all its files) the one found before the study."""
         assert self._baseline is not None
@@ -663,16 +681,17 @@ class SystemdDeployer:
         assert isinstance(snapshot, dict)
         changed = sorted(path for path in {*files, *snapshot} if files.get(path) != snapshot.get(path))
         if changed:
-            raise DeployError(
+            return (
                 f"{changed[0]} differs from the snapshot taken before the study (someone changed "
                 f"{self._unit}'s files meanwhile); check the unit by hand"
             )
         environment = parse_show_environment(state["Environment"])
         if environment != self._baseline["environment"]:
-            raise DeployError(
+            return (
                 f"{self._unit}'s environment differs from the one before the study after restoring; check "
                 f"`systemctl show -p Environment {self._unit}` by hand"
             )
+        return None
 
     async def _restart(self, before: UnitState, *, timeout_s: float) -> None:
         """reset-failed (a start limit would refuse the start), restart without waiting for the start

@@ -1,0 +1,81 @@
+"""P2's signal half: Ctrl-C or SIGTERM cancels a host command, its clean-up (the restore) runs to the
+end however many more signals arrive and whenever they arrive, and the exit code is 130 or 143.
+
+The child below is `tuner`'s own signal handling (`_stop_on_signals`, `_raise_if_stopped` and `main`'s
+exit codes) around a task whose clean-up takes a while, as a restore does; the parent sends signals
+for the whole life of the child, from before the loop starts until after it closed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from tuner import cli
+    from tuner.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+    received = []
+
+    async def command():
+        cli._stop_on_signals(received)
+        print("running", flush=True)
+        try:
+            await asyncio.sleep(60)
+        finally:
+            # The restore: several awaits, each a point where a cancellation could cut it short.
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            print("restored", flush=True)
+
+    def run():
+        try:
+            asyncio.run(command())
+        except asyncio.CancelledError:
+            cli._raise_if_stopped(received)
+            raise
+        cli._raise_if_stopped(received)
+        return 0
+
+    try:
+        code = run()
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        code = EXIT_TERMINATED
+    finally:
+        cli._hold_late_signals()
+    print(f"exit {code}", flush=True)
+    sys.exit(code)
+    """
+)
+
+
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("gap_s", [0.0, 0.003, 0.02])
+def test_signals_at_any_moment_never_cut_the_restore_short_and_exit_with_their_code(
+    sig: signal.Signals, exit_code: int, gap_s: float
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "running"
+        sent = 0
+        deadline = time.monotonic() + 30  # a generous bound: the child needs well under a second
+        while child.poll() is None and time.monotonic() < deadline:
+            child.send_signal(sig)  # before, during and after the clean-up, and as the loop closes
+            sent += 1
+            if gap_s:
+                time.sleep(gap_s)
+        out, err = child.communicate(timeout=30)
+    assert sent > 1
+    assert child.returncode == exit_code, err[-2000:]
+    assert out.split() == ["restored", "exit", str(exit_code)], (out, err[-2000:])
+    assert "Traceback" not in err
