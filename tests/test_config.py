@@ -430,3 +430,16 @@ def test_an_error_inside_a_list_or_a_union_names_the_item(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as refused:
         load_search_space(path)
     assert str(refused.value) == f"{path}: params.n_batch.choices.1: Input should be a valid integer (got {{'a': 1}})"
+
+
+def test_a_non_finite_number_for_a_union_knob_is_named_as_such_not_as_a_wrong_type(tmp_path: Path) -> None:
+    # `low` takes an int or a float: NaN fails both branches, and the float branch's reason is the one to show.
+    path = tmp_path / "space.toml"
+    path.write_text('engine = "llama-server"\n[params.threads]\nlow = nan\nhigh = 8\n')
+    with pytest.raises(ConfigError) as refused:
+        load_search_space(path)
+    assert str(refused.value) == f"{path}: params.threads.low: Input should be a finite number (got nan)"
+    path.write_text('engine = "llama-server"\n[params.threads]\nlow = "one"\nhigh = 8\n')
+    with pytest.raises(ConfigError) as refused:
+        load_search_space(path)
+    assert str(refused.value) == f"{path}: params.threads.low: Input should be a valid integer (got 'one')"
