@@ -415,6 +415,7 @@ class SystemdDeployer:
             f"systemctl restart {unit}" if active else f"systemctl stop {unit}",
             f"rm -f {shlex.quote(self._state_path)}",
             f"rm -rf {shlex.quote(self._lock_dir)}",
+            'rm -f -- "$0"',  # the shell holds the script open: it reads on after the name is gone
             "",
         ])  # fmt: skip
         await self._transport.write_file(self._restore_script, script.encode(), mode=0o700)
