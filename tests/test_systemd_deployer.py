@@ -389,7 +389,11 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     shown = host.run("systemctl", "show", _FUZZ_UNIT, "-p", "Environment", "--value").stdout.rstrip("\n")
     assert parse_show_environment(shown) == {"TUNED": value}
     pid = host.run("systemctl", "show", _FUZZ_UNIT, "-p", "MainPID", "--value").stdout.strip()
-    cmdline = host.read(f"/proc/{pid}/cmdline") or b""
+    # Type=simple: `restart` returns once systemd forked, perhaps before the child exec'd the command.
+    deadline = time.monotonic() + 30
+    while not (cmdline := host.read(f"/proc/{pid}/cmdline") or b"").startswith(b"/bin/sh\0"):
+        assert time.monotonic() < deadline, f"the unit's process never exec'd its command: {cmdline!r}"
+        time.sleep(0.05)
     environ = host.read(f"/proc/{pid}/environ") or b""
     assert cmdline.decode().split("\0")[:-1] == list(launch.command)
     assert f"TUNED={value}\0" in environ.decode()
