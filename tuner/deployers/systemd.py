@@ -48,6 +48,7 @@ from tuner.errors import (
 )
 from tuner.faults import crash_point
 from tuner.models import LaunchSpec
+from tuner.redact import redact
 from tuner.transports.base import Transport
 
 __all__ = [
@@ -516,7 +517,7 @@ class SystemdDeployer:
         self._deployed = after
         log = await self._journal(after["InvocationID"])
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).write_text(log)
+        Path(log_path).write_text(redact(log))  # the server's own lines may quote the key
         return Deployment(
             launch=launch,
             pid=after.main_pid,
@@ -624,8 +625,8 @@ class SystemdDeployer:
         for line in reversed(lines):
             lowered = line.lower()
             if any(word in lowered for word in ("error", "failed", "invalid", "abort")) and self._unit not in line:
-                return f"; server log: {line.strip()[:200]}"
-        return f"; journal ends: {lines[-1].strip()[:200]}" if lines else ""
+                return f"; server log: {redact(line.strip())[:200]}"
+        return f"; journal ends: {redact(lines[-1].strip())[:200]}" if lines else ""
 
     async def read_log(self, since: int) -> tuple[str, int]:
         if self._deployed is None:
