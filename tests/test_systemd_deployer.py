@@ -1160,3 +1160,24 @@ def test_a_tuned_setting_the_units_own_flag_overrides_is_named_from_the_servers_
         ignored = asyncio.run(scenario())
         assert_baseline(systemd_host, before)
     assert ignored is not None and "n_batch" in ignored and "-b" in ignored and "exec_start" in ignored
+
+
+@pytest.mark.real_server
+def test_a_unit_that_stops_slowly_is_measured_only_once_its_new_process_runs(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """A server that drains for a while on stop (`ExecStop=` taking 3 s) keeps answering /health on the old
+    settings meanwhile: the deployer waits for the new invocation before it checks health, so the trial
+    starts on its own settings instead of being taken for started by the old process."""
+    with operator_drop_in(systemd_host, "aa-drain.conf", "[Service]\nExecStop=/bin/sleep 3\n"):
+        before = host_baseline(systemd_host)
+
+        async def scenario() -> dict[str, str]:
+            transport, deployer = _deployer(systemd_host)
+            async with transport, deployer:
+                await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
+                return systemd_host.process_environment()
+
+        environment = asyncio.run(scenario())
+        assert environment["LLAMA_ARG_BATCH"] == "64"
+        assert_baseline(systemd_host, before)
