@@ -857,6 +857,18 @@ def operator_drop_in(host: SystemdHost, name: str, text: str, files: dict[str, s
         host.wait_active()
 
 
+@contextlib.contextmanager
+def operator_override_restored(host: SystemdHost) -> Iterator[Callable[[], None]]:
+    """Yields an edit of the operator's override.conf (a comment added); the original is put back after."""
+    override = f"/etc/systemd/system/{host.unit}.d/override.conf"
+    original = (host.read(override) or b"").decode()
+    try:
+        yield lambda: host.write(override, original + "# the operator's late edit\n")
+    finally:
+        host.write(override, original)
+        host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
+
+
 def _apply_expecting(deployer_pair: tuple[SshTransport, SystemdDeployer], launch: LaunchSpec, tmp_path: Path) -> str:
     """Apply `launch` through the deployer; the DeployError it must raise, as a user would read it."""
 
@@ -975,22 +987,17 @@ def test_the_restore_names_an_operator_file_changed_during_the_study(
     """P1: the operator edits their own override.conf while a trial runs. The restore removes ours and
     restarts, then says the unit no longer matches its snapshot (for a person to check), with nothing
     of ours left armed."""
-    override = f"/etc/systemd/system/{systemd_host.unit}.d/override.conf"
-    original = (systemd_host.read(override) or b"").decode()
 
     async def scenario() -> None:
         transport, deployer = _deployer(systemd_host)
         async with transport, deployer:
             await deployer.apply(_launch(systemd_host, LLAMA_ARG_BATCH="64"), log_path=f"{tmp_path}/s.log")
-            systemd_host.write(override, original + "# the operator's late edit\n")
+            edit_operator_override()
 
-    try:
+    with operator_override_restored(systemd_host) as edit_operator_override:
         with pytest.raises(DeployError, match=r"override\.conf differs from the snapshot"):
             asyncio.run(scenario())
         assert systemd_host.read(RUNTIME_DROP_IN) is None
-    finally:
-        systemd_host.write(override, original)
-        systemd_host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {systemd_host.unit}")
 
 
 @pytest.mark.real_server
@@ -1034,23 +1041,18 @@ def test_a_killed_runs_leftovers_are_held_to_its_snapshot(
 ) -> None:
     """P2: the next run restores what a killed one left, and compares the unit with the snapshot that
     run took (kept on the host), not with nothing: an operator file changed meanwhile is named."""
-    override = f"/etc/systemd/system/{systemd_host.unit}.d/override.conf"
-    original = (systemd_host.read(override) or b"").decode()
-    _abandon_trial(systemd_host, tmp_path)
-    systemd_host.write(override, original + "# changed while no controller watched\n")
 
     async def next_run() -> None:
         transport, deployer = _deployer(systemd_host)
         async with transport, deployer:
             pass
 
-    try:
+    with operator_override_restored(systemd_host) as edit_operator_override:
+        _abandon_trial(systemd_host, tmp_path)
+        edit_operator_override()  # while no controller watched
         with pytest.raises(DeployError, match=r"override\.conf differs from the snapshot"):
             asyncio.run(next_run())
         assert systemd_host.read(RUNTIME_DROP_IN) is None
-    finally:
-        systemd_host.write(override, original)
-        systemd_host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {systemd_host.unit}")
     asyncio.run(next_run())  # with the operator's file back, the leftovers are gone and nothing is refused
 
 
