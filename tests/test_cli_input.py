@@ -478,3 +478,23 @@ def test_a_mistyped_flag_is_one_line_with_exit_code_2(capsys: pytest.CaptureFixt
     outcome = run_cli(capsys, "workload", "synth", "chat", "--users", "many", "--out", "x.jsonl")
     assert outcome.code == 2
     assert "--users: must be a positive integer, got 'many'" in outcome.error_line()
+
+
+def test_workload_show_plot_into_a_missing_directory_is_one_line_and_creates_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plot = tmp_path / "nowhere" / "trace.png"
+    outcome = run_cli(capsys, "workload", "show", str(DATA / "stall-small.jsonl"), "--plot", str(plot))
+    assert outcome.code == 2
+    assert f"--plot {plot}: directory {plot.parent} does not exist" in outcome.error_line()
+    assert not plot.parent.exists()
+
+
+def test_synth_refuses_a_long_prompt_larger_than_a_trace_holds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "x.jsonl"
+    outcome = run_cli(capsys, "workload", "synth", "stall", "--long-tokens", "99999999999", "--out", str(out))
+    assert outcome.code == 2
+    assert "--long-tokens: must be at most 10,000,000" in outcome.error_line()
+    assert not out.exists()

@@ -30,6 +30,7 @@ from tuner.runs import RunDirectory
 from tuner.transports import TRANSPORTS
 from tuner.workloads import (
     GENERATORS,
+    MAX_PROMPT_TOKENS,
     SynthOptions,
     check_synthesis_fits,
     dump_trace,
@@ -67,6 +68,13 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _long_tokens(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_PROMPT_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_PROMPT_TOKENS:,} (a trace's limit), got {text}")
     return value
 
 
@@ -150,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument(
         "--long-tokens",
-        type=_positive,
+        type=_long_tokens,
         default=8000,
         help="largest new-token count of a long prompt, for `stall` (default 8000)",
     )
@@ -437,10 +445,15 @@ def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderbo
 
 def _check_csv_path(csv: Path) -> None:
     """`--csv` names a file in a directory that exists: checked before the study is read."""
-    if csv.is_dir():
-        raise ConfigError(f"--csv {csv} is a directory; name a file in it, e.g. {csv / 'leaderboard.csv'}")
-    if not csv.parent.is_dir():
-        raise ConfigError(f"--csv {csv}: directory {csv.parent} does not exist; create it or pick another path")
+    _check_output_in_existing_directory("--csv", csv, example="leaderboard.csv")
+
+
+def _check_output_in_existing_directory(flag: str, path: Path, *, example: str) -> None:
+    """A report file goes into a directory the user already has: a typo in it must not create directories."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; name a file in it, e.g. {path / example}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it or pick another path")
 
 
 def _os_error_line(exc: OSError) -> str:
@@ -453,6 +466,10 @@ def _os_error_line(exc: OSError) -> str:
 
 def _workload(args: argparse.Namespace, console: Console) -> int:
     if args.workload_command == "show":
+        if args.plot is not None:  # before the work, which can be long on a big trace
+            if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+                raise ConfigError(f"--plot {args.plot}: use a .png, .svg or .pdf file name")
+            _check_output_in_existing_directory("--plot", args.plot, example="trace.png")
         trace = load_trace(args.trace)
         summary = summarize_trace(
             trace,
@@ -464,8 +481,6 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         if args.plot is not None:
             from tuner.workloads.plot import plot_trace
 
-            if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
-                raise ConfigError(f"--plot {args.plot}: use a .png, .svg or .pdf file name")
             plot_trace(trace, summary, args.plot)
             console.print(f"wrote {args.plot}")
         return 0

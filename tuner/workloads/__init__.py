@@ -12,6 +12,7 @@ from tuner.workloads.synthetic import (
     synthesize_trace,
 )
 from tuner.workloads.trace import (
+    MAX_PROMPT_TOKENS,
     TRACE_FORMAT,
     TRACE_VERSION,
     LoraUse,
@@ -26,6 +27,7 @@ from tuner.workloads.trace import (
 
 __all__ = [
     "GENERATORS",
+    "MAX_PROMPT_TOKENS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "Concurrency",

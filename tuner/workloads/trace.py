@@ -20,6 +20,7 @@ from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 
 __all__ = [
+    "MAX_PROMPT_TOKENS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "PrefixBlock",
@@ -37,7 +38,8 @@ TRACE_VERSION = 1
 
 # No model's context holds ten million tokens: a count above it is a unit mistake, and replaying it would
 # synthesize a prompt that size.
-_MAX_TOKENS = 10_000_000
+MAX_PROMPT_TOKENS = 10_000_000
+_MAX_TOKENS = MAX_PROMPT_TOKENS
 # A trace spans at most a year of arrivals.
 _MAX_OFFSET_S = 366 * 86_400.0
 
