@@ -2,7 +2,7 @@
 and workload lines. Whatever is generated, the CLI ends with exit code 0, 1 or 2; an error is one line and
 never a traceback; and nothing is written outside the run directory (or `--out`).
 
-Fast tier, bounded: a fixed number of examples per property and no real server. The CLI runs in-process.
+Fast tier, bounded: 100 examples per property (derandomized) and no real server. The CLI runs in-process.
 Every study run points engine.binary at /bin/false: a value that passes validation then fails the
 baseline in a moment (exit 1) instead of starting llama-server.
 """
@@ -30,7 +30,7 @@ STUDY_FILES = ("tiny-study.toml", "stall-small.jsonl", "batch-space.toml")
 QUICK_FAIL = 'engine.binary="/bin/false"'
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,  # one example may run a study whose baseline fails: about a second, not a speed test
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,  # the same inputs on every run: a failure here is reproducible, never flaky
@@ -160,8 +160,9 @@ def sandbox() -> Iterator[Path]:
             os.chdir(before)
 
 
-def files_under(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every file under `root` with its content: a new file and a changed input are both seen."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
@@ -183,9 +184,10 @@ def assert_clean_ending(code: int, out: str, err: str) -> None:
         assert len(errors[0]) < 2000, errors[0]  # one line a person reads, not a dump
 
 
-def assert_wrote_only(root: Path, before: set[str], allowed_prefixes: tuple[str, ...]) -> None:
-    new = files_under(root) - before
-    stray = sorted(name for name in new if not name.startswith(allowed_prefixes))
+def assert_wrote_only(root: Path, before: dict[str, bytes], allowed_prefixes: tuple[str, ...]) -> None:
+    after = files_under(root)
+    touched = {name for name in set(before) | set(after) if before.get(name) != after.get(name)}
+    stray = sorted(name for name in touched if not name.startswith(allowed_prefixes))
     assert not stray, stray
 
 
@@ -318,4 +320,4 @@ def test_synth_with_any_flags_writes_only_its_out_or_one_line(
         argv = ["workload", "synth", kind, "--users", str(users), "--turns", str(turns), "--seed", str(seed)]
         code, out, err = run_cli(capsys, [*argv, "--out", "out/trace.jsonl"])
         assert_clean_ending(code, out, err)
-        assert files_under(root) <= {"out/trace.jsonl"}
+        assert set(files_under(root)) <= {"out/trace.jsonl"}
