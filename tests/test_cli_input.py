@@ -498,3 +498,15 @@ def test_synth_refuses_a_long_prompt_larger_than_a_trace_holds(
     assert outcome.code == 2
     assert "--long-tokens: must be at most 10,000,000" in outcome.error_line()
     assert not out.exists()
+
+
+def test_after_a_failed_baseline_the_corrected_study_runs_again_end_to_end(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    process = 'deploy.kind="process"'
+    first = run_tiny(capsys, tmp_path, process, "deploy.start_timeout_s=5")  # /bin/false cannot start
+    assert first.code == 1 and "baseline" in first.error_line()
+    again = run_tiny(capsys, tmp_path, process, "deploy.start_timeout_s=60", "engine.settings.threads=1")
+    assert again.code == 1, again.err  # it ran (and failed to start again), instead of refusing the change
+    assert "holds a study" not in again.err
+    assert json.loads((tmp_path / "tiny" / "spec.json").read_text())["engine"]["settings"]["threads"] == 1
