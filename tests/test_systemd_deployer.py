@@ -1183,3 +1183,28 @@ def test_a_unit_that_stops_slowly_is_measured_only_once_its_new_process_runs(
         environment = asyncio.run(scenario())
         assert environment["LLAMA_ARG_BATCH"] == "64"
         assert_baseline(systemd_host, before)
+
+
+@pytest.mark.real_server
+def test_a_config_that_cannot_start_on_a_unit_without_restart_fails_fast_with_the_reason(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """P7 with `Restart=no`: the unit goes straight to failed, with no restart to count; the trial still
+    fails at once with systemd's result, not after the whole start timeout."""
+    with operator_drop_in(systemd_host, "aa-no-restart.conf", "[Service]\nRestart=no\n"):
+        before = host_baseline(systemd_host)
+
+        async def scenario() -> tuple[str, float]:
+            transport, deployer = _deployer(systemd_host, start_timeout_s=300)
+            async with transport, deployer:
+                started = time.monotonic()
+                with pytest.raises(ServerNotReady) as failure:
+                    await deployer.apply(
+                        _launch(systemd_host, LLAMA_ARG_CACHE_TYPE_K="not-a-type"), log_path=f"{tmp_path}/s.log"
+                    )
+                return str(failure.value), time.monotonic() - started
+
+        reason, took = asyncio.run(scenario())
+        assert_baseline(systemd_host, before)
+    assert "llama-server.service failed" in reason and "exit status" in reason
+    assert took < 150, "the failure was found only at the start timeout"
