@@ -43,14 +43,16 @@ CHILD = textwrap.dedent(
         cli._raise_if_stopped(received)
         return 0
 
-    try:
-        code = run()
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
-    except asyncio.CancelledError:
-        code = EXIT_TERMINATED
-    finally:
-        cli._hold_late_signals()
+    def main():  # as cli.main: the exit codes of a stop
+        try:
+            return run()
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except asyncio.CancelledError:
+            return EXIT_TERMINATED
+
+    code = main()
+    cli._hold_late_signals()  # as cli.entry
     print(f"exit {code}", flush=True)
     sys.exit(code)
     """
@@ -79,3 +81,21 @@ def test_signals_at_any_moment_never_cut_the_restore_short_and_exit_with_their_c
     assert child.returncode == exit_code, err[-2000:]
     assert out.split() == ["restored", "exit", str(exit_code)], (out, err[-2000:])
     assert "Traceback" not in err
+
+
+def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were() -> None:
+    """Tests (and any program) may call `tuner.cli.main` in-process: its handlers must not outlive it,
+    or a later child process would inherit an ignored SIGTERM."""
+    from tuner import cli
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert cli.main(["run", "no-such-study.toml"]) == 2
+        assert cli.main(["kinds"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from tuner.cli import entry
 
-from tuner.cli import main
-
-sys.exit(main())
+entry()

@@ -249,6 +249,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
+    _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
     return 0
 
 
@@ -335,15 +336,11 @@ def _stop_on_signals(received: list[int]) -> None:
         received.append(signum)
         if not loop.is_closed():
             loop.call_soon_threadsafe(insist)
-        elif signum == signal.SIGINT:  # the loop is over, and with it every clean-up: stop here
-            raise KeyboardInterrupt
-        else:
-            raise asyncio.CancelledError
 
     # signal.signal, not loop.add_signal_handler: asyncio puts the default action back when its loop
     # closes, and a second signal in that moment would kill the process with -15 instead of 143.
-    # These stay for the rest of the process; one that arrives while the loop shuts down is recorded
-    # and `_raise_if_stopped` turns it into the exit code.
+    # These stay until `main` returns: one that arrives after the loop is only recorded, and
+    # `_raise_if_stopped` turns it into the exit code (never an exception at an arbitrary line).
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
 
@@ -512,7 +509,26 @@ def _after_stop(args: argparse.Namespace) -> str:
     return ": the baseline was restored" if args.command in _HOST_COMMANDS else ""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def entry() -> NoReturn:
+    """The `tuner` command: main, then its exit code, with no signal after that deciding another."""
+    sys.exit(main(hold_late_signals=True))
+
+
+def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) -> int:
+    """Runs one command; returns its exit code. Signal handlers it sets are put back on return (it may
+    be called in-process), unless `hold_late_signals`: then signals are ignored from here on."""
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _main(argv)
+    finally:
+        if hold_late_signals:
+            _hold_late_signals()
+        else:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
@@ -564,9 +580,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except asyncio.CancelledError:
         err.print(f"terminated{_after_stop(args)}", markup=False, highlight=False)
         return EXIT_TERMINATED
-    finally:
-        if args.command in _HOST_COMMANDS:
-            _hold_late_signals()
     return 2
 
 
