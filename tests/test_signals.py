@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,17 +84,21 @@ def test_signals_at_any_moment_never_cut_the_restore_short_and_exit_with_their_c
     assert "Traceback" not in err
 
 
-def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were() -> None:
+def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were(tmp_path: Path) -> None:
     """Tests (and any program) may call `tuner.cli.main` in-process: its handlers must not outlive it,
-    or a later child process would inherit an ignored SIGTERM."""
+    or a later child process would inherit an ignored SIGTERM. The run gets as far as its event loop
+    (whose handlers it sets), then fails its baseline: /bin/false cannot start."""
     from tuner import cli
 
     def mine(signum: int, frame: object) -> None:
         raise AssertionError("not called")
 
+    study = Path(__file__).resolve().parent / "data" / "tiny-study.toml"
+    run = ["run", str(study), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/bin/false"']
+    run += ["--set", 'deploy.kind="process"', "--set", "deploy.start_timeout_s=5"]
     before = signal.signal(signal.SIGTERM, mine)
     try:
-        assert cli.main(["run", "no-such-study.toml"]) == 2
+        assert cli.main(run) == 1
         assert cli.main(["kinds"]) == 0
         assert signal.getsignal(signal.SIGTERM) is mine
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
