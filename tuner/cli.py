@@ -246,7 +246,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         raise
     _raise_if_stopped(received)
     board = _show(run_path, console)
-    leaderboard_frame(board).to_csv(run_path / "leaderboard.csv", index=False)
+    write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
@@ -429,15 +429,21 @@ def _record(args: argparse.Namespace, console: Console) -> int:
 def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
     from tuner.study import open_optuna_study_readonly
 
+    study_files = [run_path / name for name in _STUDY_FILES]  # never to be overwritten by a report
     if csv is not None:
         _check_csv_path(csv)
+        check_output(csv, inputs=study_files)
     study = open_optuna_study_readonly(RunDirectory(run_path))
     board = build_leaderboard(study)
     render_leaderboard(board, console)
     if csv is not None:
-        write_atomic(csv, leaderboard_frame(board).to_csv(index=False).encode())
+        write_atomic(csv, leaderboard_frame(board).to_csv(index=False).encode(), inputs=study_files)
         console.print(f"wrote {csv}")
     return board
+
+
+# What a run directory holds of the study itself: no report may be written over one of them.
+_STUDY_FILES = ("optuna.journal", "spec.json")
 
 
 def _check_csv_path(csv: Path) -> None:

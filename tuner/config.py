@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
+from tuner.files import special_file
 from tuner.redact import SECRET_REFUSED
 
 __all__ = [
@@ -521,6 +522,9 @@ _BOM = b"\xef\xbb\xbf"
 
 def _read_toml(path: Path) -> dict[str, Any]:
     """The TOML file's tables; every way it can be unreadable is one line saying what to do."""
+    special = special_file(path)
+    if special is not None:
+        raise ConfigError(f"{path} is {special}, not a TOML file; pass the path of the study's .toml file")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -543,6 +547,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: arrays or tables nested too deeply to be a study file") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -556,6 +562,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
+        except RecursionError:
+            raise ConfigError(f"--set {key}: the value is nested too deeply; give a plain value") from None
         node = data
         for part in parts[:-1]:
             child = node.setdefault(part, {})

@@ -33,7 +33,7 @@ from typing import NoReturn
 
 from tuner.errors import ConfigError
 
-__all__ = ["check_output", "check_writable", "remove_stale_temporaries", "write_atomic"]
+__all__ = ["check_output", "check_writable", "remove_stale_temporaries", "special_file", "write_atomic"]
 
 # The random part of a temporary file's name: ours (12 hex digits), and the 8 characters of the
 # `tempfile.mkstemp` names that earlier versions left behind.
@@ -55,6 +55,16 @@ def _kind_of(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symbolic link that cannot be followed (a loop)"
     return "not a regular file"
+
+
+def special_file(path: Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a directory (a FIFO or a device,
+    which a read would wait on or never finish); None otherwise. Readers refuse these in one line."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing or unreadable: the read itself says so
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _kind_of(mode)
 
 
 def check_output(path: Path, *, inputs: Iterable[Path] = ()) -> Path:
@@ -86,10 +96,16 @@ def check_output(path: Path, *, inputs: Iterable[Path] = ()) -> Path:
 
 
 def check_writable(path: Path) -> Path:
-    """`check_output`, then proves that a write can create its temporary file beside the target (the
-    directory made if missing), before a long job whose result would be lost; raises `OSError` if not."""
+    """`check_output`, then proves that a write can create its temporary file beside the target, before
+    a long job whose result would be lost; raises `OSError` if not. A missing directory is not made
+    here (a check leaves nothing behind): its nearest existing ancestor must be writable."""
     target = check_output(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    directory = target.parent
+    if not directory.is_dir():
+        ancestor = next(parent for parent in directory.parents if parent.exists())
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "Permission denied", str(ancestor))
+        return target
     probe = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     os.unlink(probe)

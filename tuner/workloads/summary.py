@@ -15,6 +15,7 @@ and the count assumes a cache that keeps everything it ever computed; a real ser
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -178,10 +179,8 @@ def _reused_tokens(timed: list[tuple[float, float, TraceRequest]]) -> tuple[int,
     previous_turn: dict[str, TraceRequest] = {}
     prefix_reused = history_reused = 0
     ordered = sorted(timed, key=lambda t: (t[0], t[2].session, t[2].turn))
-    index = 0
-    while index < len(ordered):
-        same_instant = [t[2] for t in ordered[index:] if t[0] == ordered[index][0]]
-        index += len(same_instant)
+    for _, group in itertools.groupby(ordered, key=lambda t: t[0]):  # sorted: one pass, not one a request
+        same_instant = [t[2] for t in group]
         for request in same_instant:
             for block in request.prompt.shared_prefix:
                 if block.block not in computed_blocks:

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
+from tuner.files import special_file
 
 __all__ = [
     "MAX_PROMPT_TOKENS",
@@ -125,6 +126,9 @@ class Trace(StrictModel):
 def load_trace(path: Path) -> Trace:
     """Reads a trace; every problem is reported with the file and line number. Values are not coerced
     (`"new_tokens": "90"` is refused), and NaN or infinite numbers are refused."""
+    special = special_file(path)
+    if special is not None:
+        raise WorkloadError(f"{path} is {special}, not a trace file; check workload.path")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

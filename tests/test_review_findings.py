@@ -1,0 +1,79 @@
+"""Hostile input a fresh-clone review found after issue 13's fixes: each a one-line refusal with the
+README's exit code, nothing overwritten, nothing created, and no read that never ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("what", ["fifo", "chardev"])
+def test_a_study_or_workload_that_is_a_fifo_or_a_device_is_refused_instead_of_read_forever(
+    what: str, tmp_path: Path
+) -> None:
+    special = tmp_path / "special"
+    if what == "fifo":
+        os.mkfifo(special)
+    else:
+        special = Path("/dev/zero")  # a read of it never ends
+    for args, code in ((["run", str(special)], 2), (["workload", "show", str(special)], 2)):
+        done = tuner(*args, cwd=tmp_path)
+        assert done.returncode == code, done.stderr[-2000:]
+        assert "not a" in one_line(done)
+
+
+def test_a_study_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    study = tmp_path / "deep.toml"
+    study.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    done = tuner("run", str(study), cwd=tmp_path)
+    assert done.returncode == 2 and "nested too deeply" in one_line(done)
+    done = tuner("run", str(DATA / "tiny-study.toml"), "--set", "rounds=" + "[" * 5000, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    one_line(done)
+
+
+def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -> None:
+    import optuna
+
+    from tuner.runs import RunDirectory
+
+    run = tmp_path / "tiny"
+    with RunDirectory(run) as run_dir:
+        optuna.create_study(storage=run_dir.storage(), study_name="tiny").add_trial(
+            optuna.trial.create_trial(value=1.0, params={}, distributions={}, user_attrs={"baseline": True})
+        )
+    journal = (run / "optuna.journal").read_bytes()
+    (run / "spec.json").write_text("{}\n")
+    for name in ("optuna.journal", "spec.json"):
+        before = (run / name).read_bytes()
+        done = tuner("leaderboard", str(run), "--csv", str(run / name), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "is the input" in one_line(done)
+        assert (run / name).read_bytes() == before
+    assert (run / "optuna.journal").read_bytes() == journal
+
+
+def test_record_checks_an_out_in_a_missing_directory_without_creating_it(tmp_path: Path) -> None:
+    from tuner.files import check_writable
+
+    out = tmp_path / "missing" / "deeper" / "rec.jsonl"
+    assert check_writable(out) == out
+    assert not (tmp_path / "missing").exists(), "a check made directories"
