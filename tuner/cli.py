@@ -49,7 +49,8 @@ EXIT_TERMINATED = 143
 EXIT_CODES = """exit codes:
   0    done
   1    the run failed (the host is back on its baseline)
-  2    a bad study file, workload file, flag or value: the message names it and the fix
+  2    a bad study file, workload file, flag or value, or a study changed on resume: the message
+       names it and the fix
   75   the host stayed unreachable past the reconnect window (its dead-man timer restores it)
   130  Ctrl-C; 143 SIGTERM (run, apply and restore put the host's baseline back first)"""
 
@@ -463,7 +464,10 @@ def _os_error_line(exc: OSError) -> str:
     where = f" ({exc.filename})" if exc.filename else ""
     fix = ""
     if exc.errno == errno.ENOSPC:
-        fix = "; free some space there, or pass --runs-dir on another disk: the study so far is kept"
+        fix = (
+            "; free some space there and run again (a study's run directory keeps its completed trials; "
+            "`--runs-dir` puts it on another disk)"
+        )
     return f"{exc.strerror or exc}{where}{fix}"
 
 
