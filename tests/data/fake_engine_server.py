@@ -655,7 +655,8 @@ class StandIn:
                             "object": "list",
                             "data": [
                                 {"id": name, "object": "model"}
-                                for name in [*self.launch["models"], *self.launch["lora_modules"]]
+                                # .get: this table is built for every engine, and only vLLM's launch has these
+                                for name in [*self.launch.get("models", []), *self.launch.get("lora_modules", {})]
                             ],
                         }
                     ).encode(),
