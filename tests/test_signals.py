@@ -81,7 +81,10 @@ def test_signals_at_any_moment_never_cut_the_restore_short_and_exit_with_their_c
     assert sent > 1
     assert child.returncode == exit_code, err[-2000:]
     assert out.split() == ["restored", "exit", str(exit_code)], (out, err[-2000:])
-    assert "Traceback" not in err
+    # Under this bombardment CPython may write one "Signal N ignored due to race condition" (a signal it
+    # noted just as its handler became SIG_IGN) as an unraisable error; nothing else may appear.
+    unraisable = [block for block in err.split("Exception ignored") if "ignored due to race condition" not in block]
+    assert "Traceback" not in "".join(unraisable), err[-2000:]
 
 
 def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were(tmp_path: Path) -> None:

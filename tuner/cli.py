@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
 
@@ -44,6 +45,8 @@ __all__ = ["main"]
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
+
+_T = TypeVar("_T")
 
 # The README's exit codes, shown by `tuner --help`.
 EXIT_CODES = """exit codes:
@@ -240,12 +243,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         await run_study(spec, base_dir, run_path, ConsoleObserver(console))
 
     started = time.monotonic()
-    try:
-        asyncio.run(main())
-    except asyncio.CancelledError:
-        _raise_if_stopped(received)
-        raise
-    _raise_if_stopped(received)
+    _run_stoppable(main(), received)
     board = _show(run_path, console)
     write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
@@ -269,12 +267,7 @@ def _apply(args: argparse.Namespace, console: Console) -> int:
         _stop_on_signals(received)
         return await apply_settings(spec, base_dir, run_path, trial=args.trial, say=console.print)
 
-    try:
-        applied = asyncio.run(main())
-    except asyncio.CancelledError:
-        _raise_if_stopped(received)
-        raise
-    _raise_if_stopped(received)
+    applied = _run_stoppable(main(), received)
     settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
     stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
     console.print(
@@ -302,12 +295,7 @@ def _restore(args: argparse.Namespace, console: Console) -> int:
         _stop_on_signals(received)
         return await restore_settings(spec, base_dir)
 
-    try:
-        removed = asyncio.run(main())
-    except asyncio.CancelledError:
-        _raise_if_stopped(received)
-        raise
-    _raise_if_stopped(received)
+    removed = _run_stoppable(main(), received)
     if removed is None:
         console.print("the host has no settings of `tuner apply`; nothing to remove")
     else:
@@ -326,7 +314,11 @@ def _stop_on_signals(received: list[int]) -> None:
     assert task is not None
     loop = asyncio.get_running_loop()
 
+    insisting = False  # one chain of repeats, however many signals arrive
+
     def insist() -> None:
+        nonlocal insisting
+        insisting = True
         if task.done():
             return
         if task.cancelling() == 0:
@@ -334,9 +326,13 @@ def _stop_on_signals(received: list[int]) -> None:
         loop.call_later(0.5, insist)
 
     def on_signal(signum: int, frame: object) -> None:
+        # Runs in the main thread between two bytecodes, and a signal arriving meanwhile runs it again
+        # inside itself: record, and wake the loop only for the first one.
+        first = not received
         received.append(signum)
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(insist)
+        if first and not insisting and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(insist)
 
     # signal.signal, not loop.add_signal_handler: asyncio puts the default action back when its loop
     # closes, and a second signal in that moment would kill the process with -15 instead of 143.
@@ -349,8 +345,31 @@ def _stop_on_signals(received: list[int]) -> None:
 def _hold_late_signals() -> None:
     """Once the exit code is decided, further signals change nothing: ignored, since Python's own
     shutdown puts the default action back for a handler of ours, and one would end it with -15."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    # Blocked first, so none arrives from here on; then a do-nothing handler, which takes any that
+    # Python noted but has not handled yet (one meeting SIG_IGN is reported "ignored due to race
+    # condition" with a traceback); then SIG_IGN, which Python's shutdown leaves alone.
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    for signum in stopping:
+        signal.signal(signum, _ignore_signal)
+    for signum in stopping:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    """A signal after the exit code was decided: nothing to do."""
+
+
+def _run_stoppable(command: Coroutine[Any, Any, _T], received: list[int]) -> _T:
+    """`asyncio.run` of a host command that called `_stop_on_signals(received)`: a signal's exit code
+    wins over the command's result, however the loop ended."""
+    try:
+        result = asyncio.run(command)
+    except asyncio.CancelledError:
+        _raise_if_stopped(received)
+        raise
+    _raise_if_stopped(received)
+    return result
 
 
 def _raise_if_stopped(received: list[int]) -> None:
