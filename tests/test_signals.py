@@ -28,6 +28,12 @@ CHILD = textwrap.dedent(
         cli._stop_on_signals(received)
         print("running", flush=True)
         try:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                # A library that absorbs a cancellation (anyio's shielded clean-up of a response does):
+                # the job must be cancelled again, or it would run on for its whole length.
+                asyncio.current_task().uncancel()
             await asyncio.sleep(60)
         finally:
             # The restore: several awaits, each a point where a cancellation could cut it short.
