@@ -67,6 +67,7 @@ def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -
         done = tuner("leaderboard", str(run), "--csv", str(run / name), cwd=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "is the input" in one_line(done)
+        assert done.stdout.strip() == "", "refused only after the leaderboard was shown"
         assert (run / name).read_bytes() == before
     assert (run / "optuna.journal").read_bytes() == journal
 
