@@ -70,7 +70,8 @@ def test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes
     adapter = str(assets.ensure_test_lora(log=False))
     engine = create_engine(
         PluginSpec.model_validate(
-            {"kind": "llama-server", "settings": {"n_parallel": 2}, "lora_adapters": {"style": adapter}}
+            # One thread: with one per core, a core busy with other work stalls every barrier of the server.
+            {"kind": "llama-server", "settings": {"n_parallel": 2, "threads": 1}, "lora_adapters": {"style": adapter}}
         )
     )
     mixed = [
@@ -126,6 +127,8 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     # The verdict rests on the confirmation's paired interval (3 alternating pairs), not on two search
     # rounds whose range a busy machine can widen past the effect (seen on a loaded 2-core machine).
     overrides = ["--set", "budget.trials=1", "--set", "confirm.top=1", "--set", "confirm.pairs=3", "--set", "seed=3"]
+    # One server thread of two cores: with one per core, a core busy with other work stalls every barrier.
+    overrides += ["--set", "engine.settings.threads=1"]
     done = subprocess.run(command + overrides, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     assert "allow_answer_changes" in done.stdout

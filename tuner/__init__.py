@@ -6,24 +6,62 @@ docs/architecture.md.
 
 from __future__ import annotations
 
-from tuner.config import SearchSpace, StudySpec, load_search_space, load_study
-from tuner.errors import (
-    AssetError,
-    CommandFailed,
-    ConfigError,
-    DeployError,
-    MeasurementError,
-    ServerNotReady,
-    StudyError,
-    TransportError,
-    TunerError,
-    WorkloadError,
-)
-from tuner.metrics import compute_metrics
-from tuner.models import LaunchSpec, ReplayRequest, RequestRecord
-from tuner.report import build_leaderboard
-from tuner.study import run_study
-from tuner.workloads import load_trace
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Imported on first use: a program that needs one part (the simulated server, `tuner --help`) does not pay
+# for pandas, optuna and the rest.
+_EXPORTS = {
+    "SearchSpace": "tuner.config",
+    "StudySpec": "tuner.config",
+    "load_search_space": "tuner.config",
+    "load_study": "tuner.config",
+    "AssetError": "tuner.errors",
+    "CommandFailed": "tuner.errors",
+    "ConfigError": "tuner.errors",
+    "DeployError": "tuner.errors",
+    "MeasurementError": "tuner.errors",
+    "ServerNotReady": "tuner.errors",
+    "StudyError": "tuner.errors",
+    "TransportError": "tuner.errors",
+    "TunerError": "tuner.errors",
+    "WorkloadError": "tuner.errors",
+    "compute_metrics": "tuner.metrics",
+    "LaunchSpec": "tuner.models",
+    "ReplayRequest": "tuner.models",
+    "RequestRecord": "tuner.models",
+    "build_leaderboard": "tuner.report",
+    "run_study": "tuner.study",
+    "load_trace": "tuner.workloads",
+}
+
+if TYPE_CHECKING:
+    from tuner.config import SearchSpace, StudySpec, load_search_space, load_study
+    from tuner.errors import (
+        AssetError,
+        CommandFailed,
+        ConfigError,
+        DeployError,
+        MeasurementError,
+        ServerNotReady,
+        StudyError,
+        TransportError,
+        TunerError,
+        WorkloadError,
+    )
+    from tuner.metrics import compute_metrics
+    from tuner.models import LaunchSpec, ReplayRequest, RequestRecord
+    from tuner.report import build_leaderboard
+    from tuner.study import run_study
+    from tuner.workloads import load_trace
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
 
 __all__ = [
     "AssetError",

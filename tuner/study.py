@@ -409,8 +409,12 @@ class _StudyRun:
                 try:
                     self.finish_trial(pending.trial, pending.rounds, baseline=pending.baseline)
                 except MeasurementError as exc:
+                    # Out of `active` before it is told FAIL: a baseline's failure raises StudyError, and a
+                    # told trial must not be told again as interrupted.
+                    active.remove(pending)
                     self.fail(pending, str(exc))
-                active.remove(pending)
+                else:
+                    active.remove(pending)
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
             for pending in active:

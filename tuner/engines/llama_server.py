@@ -11,6 +11,7 @@ import json.scanner
 import os
 import re
 import socket
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,7 +35,12 @@ _OVERWRITTEN_BY_FLAG = re.compile(
     r"(?P<flag>\S+)"
 )
 
-__all__ = ["LLAMA_SERVER_KNOBS", "LORA_POLICIES", "LlamaServerEngine", "LlamaServerOptions"]
+__all__ = ["LLAMA_SERVER_KNOBS", "LORA_POLICIES", "SIMULATED", "LlamaServerEngine", "LlamaServerOptions"]
+
+# `engine.binary = "simulated"`: the simulated llama-server (tuner.sim), installed beside the controller's
+# Python as a program of the same package; it runs where the controller runs (a local host).
+SIMULATED = "simulated"
+_SIMULATOR_PROGRAM = "tuner-sim-llama-server"
 
 LORA_POLICIES = ("as_recorded", "all_on", "all_off")
 
@@ -164,8 +170,14 @@ _PROMPT_TOKEN_RANGE = (100, 30000)
 
 
 class LlamaServerOptions(StrictModel):
-    binary: str = Field(default="auto", description="Path of llama-server, or auto for the built one.")
-    model: str = Field(default="auto", description="Path of the GGUF model, or auto for SmolLM2-135M.")
+    binary: str = Field(
+        default="auto",
+        description="Path of llama-server, auto for the built one, or simulated for serve-tuner's simulated "
+        "llama-server (no build, no model; docs/simulator.md).",
+    )
+    model: str = Field(
+        default="auto", description="Path of the GGUF model, or auto for SmolLM2-135M (none needed when simulated)."
+    )
     host: str = Field(default="127.0.0.1", description="Address the server listens on.")
     port: int = Field(default=0, ge=0, le=65535, description="Port to listen on; 0 picks a free one per trial.")
     settings: dict[str, ParamValue] = Field(
@@ -245,14 +257,24 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
 
     def host_files(self) -> dict[str, str]:
-        configured = {"engine.binary": self._options.binary, "engine.model": self._options.model}
+        configured = {"engine.model": self._options.model}
+        if not self.simulated:
+            configured["engine.binary"] = self._options.binary
         configured.update({f"engine.lora_adapters.{name}": path for name, path in self._options.lora_adapters.items()})
         return {key: path for key, path in configured.items() if path != "auto"}
 
+    @property
+    def simulated(self) -> bool:
+        return self._options.binary == SIMULATED
+
     def resolve_binary(self) -> str:
+        if self.simulated:
+            return str(Path(sys.executable).with_name(_SIMULATOR_PROGRAM))
         return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary", key="engine.binary")
 
     def resolve_model(self) -> str:
+        if self.simulated and self._options.model == "auto":
+            return SIMULATED  # the simulator loads no model
         return _resolve(self._options.model, assets.find_model, what="model file", key="engine.model")
 
     def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
@@ -275,7 +297,10 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         # clients. (--lora-init-without-apply does not do that: the global scale stays 1.0, tested.)
         lora_args: list[str] = []
         for name, configured in self._options.lora_adapters.items():
-            path = _resolve(configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}")
+            if self.simulated and configured == "auto":
+                path = f"{SIMULATED}-{name}.gguf"  # the simulator loads nothing, it only numbers the adapters
+            else:
+                path = _resolve(configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}")
             lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
             executable=self.resolve_binary(),
