@@ -47,7 +47,7 @@ def _hog() -> subprocess.Popen[bytes]:
 def _run_once(test: str) -> tuple[bool, float, str]:
     started = time.monotonic()
     result = subprocess.run(
-        [str(ROOT / ".venv/bin/pytest"), "-q", "-p", "no:cacheprovider", test],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
         cwd=ROOT,
         env={**os.environ, "CI": "true"},
         capture_output=True,
