@@ -15,14 +15,12 @@ from pathlib import Path
 
 from tuner.config import ParamValue, StudySpec
 from tuner.deployers.base import PersistentDeployer, create_deployer
-from tuner.errors import ConfigError, DeployError, StudyError
-from tuner.loadgen import replay
-from tuner.metrics import compute_metrics
+from tuner.errors import ConfigError, MeasurementError, StudyError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly, prepare_study
 from tuner.transports.base import create_transport
-from tuner.workloads import synthesize_requests
+from tuner.trial_runner import ServerTrialRunner
 
 __all__ = ["Applied", "apply_settings", "restore_settings"]
 
@@ -65,7 +63,7 @@ async def apply_settings(
     row = _chosen_row(run_path, trial)
     server = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "server"}
     client = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "request"}
-    launch = engine.launch_spec(server)
+    engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
     log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}-server.log"
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)
@@ -76,35 +74,28 @@ async def apply_settings(
                 f"with these settings yourself: {flags}"
             )
         async with deployer:
+            runner = ServerTrialRunner(prepared, deployer=deployer, transport=transport)
             say(f"starting trial {row.number}'s settings as a trial first: {server}")
-            deployment = await deployer.apply(launch, log_path=str(log_path))
-            startup_log, _ = await deployer.read_log(0)
-            ignored = engine.ignored_settings(startup_log)
-            if ignored is not None:
-                raise DeployError(ignored)
-            say("verification run: replaying the workload once with fresh prompts")
-            requests = synthesize_requests(
-                prepared.trace,
-                token_range=engine.prompt_token_range(),
-                seed=spec.workload.seed,
-                round_index=_VERIFY_PROMPTS_INDEX,
-                time_scale=spec.workload.time_scale,
-            )
-            requests = engine.apply_request_settings(requests, row.params)
-            records = await replay(
-                requests, engine=engine, base_url=deployment.base_url, request_timeout_s=spec.workload.request_timeout_s
-            )
-            failed = [r for r in records if not r.ok]
-            gone = await deployer.check_alive()
-            if gone is not None or failed:
-                why = gone or f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error})"
-                raise StudyError(f"the verification run failed: {why}; the host stays on its baseline")
-            metrics = compute_metrics(
-                records,
-                long_prompt_tokens=spec.metrics.long_prompt_tokens,
-                min_overlap_s=spec.metrics.min_overlap_s,
-                slo=spec.metrics.slo,
-            )
+            failure: str | None = None
+            try:
+                await runner.start(server, number=row.number, log_path=str(log_path))
+                say("verification run: replaying the workload once with fresh prompts")
+                measured = await runner.measure_round(
+                    settings=row.params,
+                    number=row.number,
+                    prompts_index=_VERIFY_PROMPTS_INDEX,
+                    label="the verification run",
+                    records_name=None,
+                )
+            except MeasurementError as exc:
+                failure = str(exc)
+            else:
+                records, metrics = measured.records, measured.metrics
+                failed = [r for r in records if not r.ok]
+                if failed:
+                    failure = f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error})"
+            if failure is not None:
+                raise StudyError(f"the verification run failed: {failure}; the host stays on its baseline")
             note = (
                 f"serve-tuner: trial {row.number} of study {spec.name!r}, applied {time.strftime('%Y-%m-%d %H:%M')} "
                 "after a verification run; `tuner restore STUDY` removes this file"

@@ -100,6 +100,12 @@ class ConsoleObserver(NullObserver):
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
         self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
 
+    def search_exhausted(self, *, proposals: int) -> None:
+        self.console.print(
+            f"the sampler proposed only measured or invalid settings {proposals} times in a row: the search space "
+            "looks exhausted, so the search ends here"
+        )
+
     def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:
         self.console.print(
             f"[bold cyan]re-measuring trial {number}[/] ({_settings(params)}) against the baseline: "

@@ -31,6 +31,8 @@ class StudyObserver(Protocol):
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
 
+    def search_exhausted(self, *, proposals: int) -> None: ...
+
     def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None: ...
 
     def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None: ...
@@ -66,6 +68,9 @@ class NullObserver:
         pass
 
     def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
+        pass
+
+    def search_exhausted(self, *, proposals: int) -> None:
         pass
 
     def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:

@@ -9,7 +9,6 @@ that were deployed, across resumes. docs/metrics.md describes each step.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import math
 import statistics
@@ -26,21 +25,20 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
-from tuner.deployers.base import DEPLOYERS, Deployer, create_deployer
+from tuner.deployers.base import DEPLOYERS, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
-from tuner.gate import ask_probes, judge
-from tuner.gpu import GpuMemorySampler
-from tuner.loadgen import replay, scrape_prometheus
-from tuner.metrics import METRICS, compute_metrics, join_server_tasks, server_metrics
+from tuner.gate import judge
+from tuner.metrics import METRICS
 from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
-from tuner.transports.base import TRANSPORTS, Transport, create_transport
-from tuner.workloads import Trace, load_trace, synthesize_requests, thin_sessions
+from tuner.transports.base import TRANSPORTS, create_transport
+from tuner.trial_runner import ServerTrialRunner, TrialRunner
+from tuner.workloads import Trace, load_trace, thin_sessions
 
 __all__ = [
     "PreparedStudy",
@@ -48,12 +46,11 @@ __all__ = [
     "open_optuna_study",
     "open_optuna_study_readonly",
     "prepare_study",
+    "run_search",
     "run_study",
 ]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-_LOG_SETTLE_S = 0.3
 
 # Consecutive proposals that are skipped (constraint violated, already measured) before we decide
 # the sampler has nothing new to offer.
@@ -208,11 +205,13 @@ _PRUNERS: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
 }
 
 
-def open_optuna_study(run_dir: RunDirectory, spec: StudySpec) -> optuna.Study:
-    storage = run_dir.storage()
+def open_optuna_study(
+    run_dir: RunDirectory, spec: StudySpec, *, storage: optuna.storages.BaseStorage | None = None
+) -> optuna.Study:
+    """The run directory's study (its journal), or one in `storage` (the simulated studies' memory)."""
     return optuna.create_study(
         study_name=spec.name,
-        storage=storage,
+        storage=storage if storage is not None else run_dir.storage(),
         sampler=_SAMPLERS[spec.search.sampler](spec.seed),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
@@ -273,15 +272,46 @@ class _Pending:
 
 class _StudyRun:
     def __init__(
-        self, prepared: PreparedStudy, run_dir: RunDirectory, study: optuna.Study, observer: StudyObserver
+        self,
+        prepared: PreparedStudy,
+        run_dir: RunDirectory,
+        study: optuna.Study,
+        observer: StudyObserver,
+        runner: TrialRunner | None = None,
     ) -> None:
         self.prepared = prepared
         self.spec = prepared.spec
         self.run_dir = run_dir
         self.study = study
         self.observer = observer
+        self._runner = runner  # set once the host is reached
+        self.exhausted = False  # the sampler had nothing new to offer
         self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
-        self.transport: Transport | None = None  # the host's, once connected: GPU memory is read there
+
+    @property
+    def runner(self) -> TrialRunner:
+        assert self._runner is not None, "the runner is set once the host is reached"
+        return self._runner
+
+    def begin(self) -> None:
+        """What a (re)start does before the host is reached: interrupted trials marked, the baseline queued."""
+        spec, study = self.spec, self.study
+        study.set_user_attr("min_effect", min_effect(spec.objectives))
+        study.set_user_attr("allow_answer_changes", spec.gate.allow_answer_changes)
+        self.fail_interrupted_trials()
+        self.ensure_baseline_queued()
+        self.observer.study_started(
+            name=spec.name,
+            run_dir=str(self.run_dir.path),
+            baseline_done=self.baseline_trial() is not None,
+            trials_done=self.deployed_trials(),
+            budget=spec.budget.trials,
+        )
+
+    async def search(self, runner: TrialRunner, deadline: float | None) -> None:
+        self._runner = runner
+        await self.run(deadline)
+        await self.confirm()
 
     def fail_interrupted_trials(self) -> None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -317,16 +347,17 @@ class _StudyRun:
                 measured.setdefault(tuple(sorted(trial.user_attrs["settings"].items())), trial)
         return measured
 
-    async def run(self, deployer: Deployer, deadline: float | None) -> None:
+    async def run(self, deadline: float | None) -> None:
         while True:
             if self.baseline_trial() is not None and self.deployed_trials() >= self.spec.budget.trials:
                 return
             if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                 return
             batch = self.ask_batch()
-            if not batch:
+            if batch:
+                await self.run_batch(batch)
+            if self.exhausted or not batch:
                 return
-            await self.run_batch(batch, deployer)
 
     def ask_batch(self) -> list[_Pending]:
         """The next configs to measure together. The baseline goes alone and first: every later score is
@@ -347,9 +378,10 @@ class _StudyRun:
                 skipped += 1
                 self.observer.trial_skipped(params=params, reason=reason)
                 if skipped >= _MAX_SKIPPED_PROPOSALS:
-                    if batch:
-                        break
-                    raise StudyError("the sampler keeps proposing measured or invalid settings; the space is exhausted")
+                    # A space smaller than the budget: what was measured is confirmed and reported as usual.
+                    self.exhausted = True
+                    self.observer.search_exhausted(proposals=skipped)
+                    break
                 continue
             skipped = 0
             batch.append(_Pending(trial=trial, params=params, baseline=_is_baseline(trial), planned=self.spec.rounds))
@@ -384,7 +416,7 @@ class _StudyRun:
             return f"same settings as trial {twin.trial.number}, being measured"
         return None
 
-    async def run_batch(self, batch: list[_Pending], deployer: Deployer) -> None:
+    async def run_batch(self, batch: list[_Pending]) -> None:
         """Round 1 of every config, then round 2 of every config, and so on; the server restarts for each
         round, so that no config keeps a warm state from its previous round and a slow drift of the
         machine spreads over all configs instead of landing on one."""
@@ -397,7 +429,7 @@ class _StudyRun:
             while any(round_index < p.planned for p in active):
                 for pending in [p for p in active if round_index < p.planned]:
                     try:
-                        await self.measure_pending(pending, round_index, deployer)
+                        await self.measure_pending(pending, round_index)
                     except (DeployError, MeasurementError) as exc:
                         active.remove(pending)
                         self.fail(pending, str(exc))
@@ -422,27 +454,23 @@ class _StudyRun:
                 self.study.tell(pending.trial, state=TrialState.FAIL)
             raise
 
-    async def measure_pending(self, pending: _Pending, round_index: int, deployer: Deployer) -> None:
+    async def measure_pending(self, pending: _Pending, round_index: int) -> None:
         trial = pending.trial
         round_started = time.monotonic()
-        base_url, log_mark = await self.deploy(
-            {} if pending.baseline else pending.params, deployer, number=trial.number, log_name="server.log"
-        )
+        settings = {} if pending.baseline else pending.params
+        await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
         if round_index == 0:
-            await self.check_answers(trial, base_url, baseline=pending.baseline)
+            await self.check_answers(trial, baseline=pending.baseline)
             if not pending.baseline:
-                await self.check_lora_answers(trial, base_url, pending.params)
-            _, log_mark = await deployer.read_log(log_mark)
-        metrics, _ = await self.measure_round(
-            settings={} if pending.baseline else pending.params,
+                await self.check_lora_answers(trial, pending.params)
+        measured = await self.runner.measure_round(
+            settings=settings,
             number=trial.number,
             prompts_index=round_index,
             label=f"round {round_index + 1}/{pending.planned}",
             records_name=f"round-{round_index + 1}",
-            base_url=base_url,
-            deployer=deployer,
-            log_mark=log_mark,
         )
+        metrics = measured.metrics
         pending.rounds.append(metrics)
         if round_index == 0 and not pending.baseline:
             pruned_score = self.prune_after_first_round(trial, metrics)
@@ -466,14 +494,15 @@ class _StudyRun:
         if pending.baseline:
             raise StudyError(f"the baseline could not be measured: {reason}")
 
-    async def check_answers(self, trial: optuna.Trial, base_url: str, *, baseline: bool) -> None:
+    def log_path(self, number: int, name: str) -> str:
+        return str(self.run_dir.trial_dir(number) / name)
+
+    async def check_answers(self, trial: optuna.Trial, *, baseline: bool) -> None:
         """The correctness gate; the baseline's answers become the reference. `MeasurementError` on failure."""
         gate = self.spec.gate
         if not gate.enabled:
             return
-        answers = await ask_probes(
-            self.prepared.engine, base_url, tokens=gate.tokens, timeout_s=self.spec.workload.request_timeout_s
-        )
+        answers = await self.runner.probe_answers(tokens=gate.tokens)
         if baseline:
             self.study.set_user_attr("reference_answers", [list(a) for a in answers])
             return
@@ -485,7 +514,7 @@ class _StudyRun:
         if not result.passed:
             raise MeasurementError(f"correctness gate: {result.reason}")
 
-    async def check_lora_answers(self, trial: optuna.Trial, base_url: str, params: Mapping[str, ParamValue]) -> None:
+    async def check_lora_answers(self, trial: optuna.Trial, params: Mapping[str, ParamValue]) -> None:
         """Asks the probes with each LoRA setting of the workload and with what the trial's settings turn it
         into; records the share of the workload's requests whose answers would change, and an example."""
         recorded = Counter(
@@ -504,10 +533,9 @@ class _StudyRun:
             before, after = tuple(sorted(sample.lora or ())), tuple(sorted(applied.lora or ()))
             if before == after:
                 continue
-            timeout = self.spec.workload.request_timeout_s
-            engine, tokens = self.prepared.engine, self.spec.gate.tokens
-            as_recorded = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=before)
-            as_trial = await ask_probes(engine, base_url, tokens=tokens, timeout_s=timeout, lora=after)
+            tokens = self.spec.gate.tokens
+            as_recorded = await self.runner.probe_answers(tokens=tokens, lora=before)
+            as_trial = await self.runner.probe_answers(tokens=tokens, lora=after)
             diverge = [_first_difference(a, b) for a, b in zip(as_recorded, as_trial, strict=True)]
             differing = [position for position in diverge if position is not None]
             changed_requests += recorded[before] * len(differing) / len(as_recorded)
@@ -565,25 +593,7 @@ class _StudyRun:
         self.study.tell(trial, state=TrialState.PRUNED)
         self.observer.trial_pruned(number=trial.number, reason=reason, saved_s=saved_s)
 
-    async def deploy(
-        self, tuned: Mapping[str, ParamValue], deployer: Deployer, *, number: int, log_name: str
-    ) -> tuple[str, int]:
-        """Starts the server with `tuned` on top of the base settings and warms it up.
-
-        Returns its URL and the position in its log where measurement starts.
-        """
-        launch = self.prepared.engine.launch_spec(tuned)
-        deployment = await deployer.apply(launch, log_path=str(self.run_dir.trial_dir(number) / log_name))
-        self.observer.server_ready(number=number, seconds=deployment.started_in_s)
-        startup_log, log_mark = await deployer.read_log(0)
-        ignored = self.prepared.engine.ignored_settings(startup_log)
-        if ignored is not None:
-            raise DeployError(ignored)
-        await self.warm_up(deployment.base_url)
-        _, log_mark = await deployer.read_log(log_mark)
-        return deployment.base_url, log_mark
-
-    async def confirm(self, deployer: Deployer) -> None:
+    async def confirm(self) -> None:
         """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores
         the paired score differences with their 95% interval in the study's user attributes.
 
@@ -605,21 +615,17 @@ class _StudyRun:
                     order.reverse()
                 scores: dict[int, float] = {}
                 for number, tuned in order:
-                    base_url, log_mark = await self.deploy(
-                        tuned, deployer, number=number, log_name=f"confirm-{candidate.number}-server.log"
-                    )
-                    metrics, _ = await self.measure_round(
+                    log_path = self.log_path(number, f"confirm-{candidate.number}-server.log")
+                    await self.runner.start(tuned, number=number, log_path=log_path)
+                    measured = await self.runner.measure_round(
                         settings=tuned,
                         number=number,
                         prompts_index=self.spec.rounds + pair,
                         label=f"pair {pair + 1}/{self.spec.confirm.pairs}"
                         + (" (baseline)" if number == baseline.number else ""),
                         records_name=f"confirm-{candidate.number}-{pair + 1}",
-                        base_url=base_url,
-                        deployer=deployer,
-                        log_mark=log_mark,
                     )
-                    scores[number] = score_round(metrics, reference, self.spec.objectives)
+                    scores[number] = score_round(measured.metrics, reference, self.spec.objectives)
                 differences.append(scores[candidate.number] - scores[baseline.number])
             low, high = difference_ci(differences)
             mean = statistics.fmean(differences)
@@ -638,100 +644,6 @@ class _StudyRun:
         ]
         best = sorted(measured, key=lambda t: -float(t.user_attrs["score"]))[: self.spec.confirm.top]
         return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
-
-    async def warm_up(self, base_url: str) -> None:
-        """One short request first, so that no round pays for the server's cold start."""
-        low, _ = self.prepared.engine.prompt_token_range()
-        warm = ReplayRequest(
-            request_id="warm-up",
-            session="warm-up",
-            offset_s=0.0,
-            prompt_token_ids=tuple(range(low, low + 16)),
-            output_tokens=8,
-            tag="warm-up",
-        )
-        records = await replay(
-            [warm],
-            engine=self.prepared.engine,
-            base_url=base_url,
-            request_timeout_s=self.spec.workload.request_timeout_s,
-        )
-        if not records[0].ok:
-            raise MeasurementError(f"the warm-up request failed: {records[0].error}")
-
-    async def measure_round(
-        self,
-        *,
-        settings: Mapping[str, ParamValue],
-        number: int,
-        prompts_index: int,
-        label: str,
-        records_name: str,
-        base_url: str,
-        deployer: Deployer,
-        log_mark: int,
-    ) -> tuple[dict[str, float | None], int]:
-        """One replay of the workload; returns its metrics, client's and server's, and the new log mark.
-
-        Every trial replays the same prompts for the same `prompts_index`, so that trials differ only in
-        their settings; rounds of one trial get fresh prompts, so that no round hits another's cache.
-        """
-        requests = synthesize_requests(
-            self.prepared.trace,
-            token_range=self.prepared.engine.prompt_token_range(),
-            seed=self.spec.workload.seed,
-            round_index=prompts_index,
-            time_scale=self.spec.workload.time_scale,
-        )
-        requests = self.prepared.engine.apply_request_settings(requests, settings)
-        counters_before = await scrape_prometheus(self.prepared.engine, base_url)
-        assert self.transport is not None
-        async with GpuMemorySampler(self.transport) as gpu:
-            records = await replay(
-                requests,
-                engine=self.prepared.engine,
-                base_url=base_url,
-                request_timeout_s=self.spec.workload.request_timeout_s,
-            )
-        self.run_dir.save_records(number, records_name, records)
-        gone = await deployer.check_alive()
-        if gone is not None:
-            raise MeasurementError(f"the server died during {label}: {gone}")
-        if not any(r.ok for r in records):
-            first_error = next((r.error for r in records if r.error), "unknown")
-            raise MeasurementError(f"no request of {label} succeeded (first error: {first_error})")
-        metrics = compute_metrics(
-            records,
-            long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
-            min_overlap_s=self.spec.metrics.min_overlap_s,
-            slo=self.spec.metrics.slo,
-        )
-        # The server logs a task's release just after its last chunk is sent.
-        await asyncio.sleep(_LOG_SETTLE_S)
-        counters_after = await scrape_prometheus(self.prepared.engine, base_url)
-        if counters_before and counters_after:
-            metrics.update(self.prepared.engine.round_counters(counters_before, counters_after))
-        log_text, log_mark = await deployer.read_log(log_mark)
-        tasks = self.prepared.engine.parse_log(log_text.splitlines())
-        metrics.update(
-            server_metrics(
-                tasks,
-                long_prompt_tokens=self.spec.metrics.long_prompt_tokens,
-                min_overlap_s=self.spec.metrics.min_overlap_s,
-            )
-        )
-        if gpu.peak_mib is not None:
-            predicted = self.prepared.engine.memory_need({**self.prepared.baseline_params, **settings})
-            metrics["gpu_memory_peak_mib"] = gpu.peak_mib
-            metrics["predicted_memory_mib"] = predicted / 2**20 if predicted is not None else None
-        client_stall, server_stall = metrics.get("stall_tok_s"), metrics.get("server_stall_tok_s")
-        metrics["stall_agreement"] = server_stall / client_stall if client_stall and server_stall is not None else None
-        joined = join_server_tasks(records, tasks)
-        metrics["server_joined_share"] = len(joined) / len(records) if records else None
-        self.run_dir.save_server_tasks(number, records_name, joined)
-        failures = sum(1 for r in records if not r.ok)
-        self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
-        return metrics, log_mark
 
     def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
         """Scores the rounds and tells Optuna; `MeasurementError` if an objective metric had no data."""
@@ -779,6 +691,21 @@ async def check_host_files(spec: StudySpec, engine: Engine) -> None:
                 raise ConfigError(f"{path} does not exist on the host; fix {key} in the study file")
 
 
+async def run_search(
+    prepared: PreparedStudy,
+    run_dir: RunDirectory,
+    study: optuna.Study,
+    runner: TrialRunner,
+    *,
+    observer: StudyObserver | None = None,
+    deadline: float | None = None,
+) -> None:
+    """The search loop on an open study: baseline, batches of trials, confirmation; `runner` measures."""
+    loop = _StudyRun(prepared, run_dir, study, observer or NullObserver())
+    loop.begin()
+    await loop.search(runner, deadline)
+
+
 async def run_study(
     spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver | None = None
 ) -> optuna.Study:
@@ -793,24 +720,15 @@ async def run_study(
         run_dir.check_spec(spec.model_dump(mode="json"), measured=has_measured_trials(run_dir))
         study = open_optuna_study(run_dir, spec)
         loop = _StudyRun(prepared, run_dir, study, observer)
-        study.set_user_attr("min_effect", min_effect(spec.objectives))
-        study.set_user_attr("allow_answer_changes", spec.gate.allow_answer_changes)
-        loop.fail_interrupted_trials()
-        loop.ensure_baseline_queued()
-        observer.study_started(
-            name=spec.name,
-            run_dir=str(run_path),
-            baseline_done=loop.baseline_trial() is not None,
-            trials_done=loop.deployed_trials(),
-            budget=spec.budget.trials,
-        )
+        loop.begin()
         async with create_transport(spec.host) as transport:
-            loop.transport = transport
             deployer = create_deployer(spec.deploy, transport=transport)
             async with deployer:
+                runner = ServerTrialRunner(
+                    prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer
+                )
                 try:
-                    await loop.run(deployer, deadline)
-                    await loop.confirm(deployer)
+                    await loop.search(runner, deadline)
                 finally:
                     observer.restoring()
         return study

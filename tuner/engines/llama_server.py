@@ -300,7 +300,9 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             if self.simulated and configured == "auto":
                 path = f"{SIMULATED}-{name}.gguf"  # the simulator loads nothing, it only numbers the adapters
             else:
-                path = _resolve(configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}")
+                path = _resolve(
+                    configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}"
+                )
             lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
             executable=self.resolve_binary(),

@@ -236,6 +236,15 @@ class _CacheEntry:
         return len(self.tokens) * kv_bytes_per_token / 2**20
 
 
+@dataclass(kw_only=True)
+class _Batch:
+    lora: tuple[tuple[int, float], ...] | None = None
+    decoding: list[SimTask] = field(default_factory=list)
+    chunks: list[tuple[SimTask, int]] = field(default_factory=list)
+    count: int = 0
+    context: float = 0.0  # context tokens attended to, summed over the batch's tokens
+
+
 @dataclass
 class Counters:
     """What `/metrics` reports."""
@@ -289,10 +298,7 @@ class SimulatedLlamaServer:
 
     def normalize_lora(self, requested: Sequence[tuple[int, float]] | None) -> tuple[tuple[int, float], ...]:
         """A request's adapter setting: its own list (unlisted adapters at 0) or the global scales."""
-        if requested is None:
-            pairs = list(enumerate(self.settings.lora_scales))
-        else:
-            pairs = list(requested)
+        pairs = list(enumerate(self.settings.lora_scales)) if requested is None else list(requested)
         return tuple(sorted((i, float(s)) for i, s in pairs if s != 0.0))
 
     def submit(
@@ -458,72 +464,78 @@ class SimulatedLlamaServer:
             self._log(now, f"I srv        update:  - cache state: {len(self.ram_cache)} prompts, {total:.3f} MiB")
 
     def _iteration(self, now: float) -> float:
-        settings, cost = self.settings, self.cost
-        batch_lora: tuple[tuple[int, float], ...] | None = None
-        decoding: list[SimTask] = []
-        chunks: list[tuple[SimTask, int]] = []
-        count = 0
-        context = 0.0
-        for slot in self.slots:
-            task = slot.task
-            if task is None or not task.generating:
-                continue
-            if batch_lora is None:
-                batch_lora = task.lora
-            elif task.lora != batch_lora:
-                continue  # can_batch_with: another adapter setting waits for a later iteration
-            decoding.append(task)
-            count += 1
-            context += task.n_past + len(task.generated)
-        if settings.cont_batching or not decoding:
-            for slot in self.slots:
-                task = slot.task
-                if task is None or not task.prefilling:
-                    continue
-                if batch_lora is None:
-                    batch_lora = task.lora
-                elif task.lora != batch_lora:
-                    continue
-                take = min(len(task.prompt) - task.n_past, settings.n_batch - count)
-                if take <= 0:
-                    break
-                chunks.append((task, take))
-                count += take
-                context += take * task.n_past + take * (take - 1) / 2
-        if count == 0:
+        batch = self._build_batch()
+        if batch.count == 0:
             return now
-        seconds = self._pending_cost_s
-        self._pending_cost_s = 0.0
-        if batch_lora != self._applied_lora:
-            if self._applied_lora is not None or batch_lora:
-                seconds += cost.lora_switch_s
-            self._applied_lora = batch_lora
-        micro = settings.micro_batch
-        full, rest = divmod(count, micro)
-        per_context = context / count
-        for width in [micro] * full + ([rest] if rest else []):
-            seconds += cost.forward_s(width, per_context * width) * self._lognormal(self._iteration_sigma)
-        seconds += cost.sample_s * (len(decoding) + sum(1 for t, take in chunks if t.n_past + take == len(t.prompt)))
-        seconds *= self._restart_factor
+        seconds = self._batch_seconds(batch)
         end = now + seconds
         counters = self.counters
         counters.n_decode += 1
-        counters.n_tokens_max = max(counters.n_tokens_max, count)
-        counters.busy_slots_sum += len(decoding) + len(chunks)
-        for task, take in chunks:
+        counters.n_tokens_max = max(counters.n_tokens_max, batch.count)
+        counters.busy_slots_sum += len(batch.decoding) + len(batch.chunks)
+        for task, take in batch.chunks:
             if task.prefill_start_s is None:
                 task.prefill_start_s = now
             task.n_past += take
             counters.prompt_tokens += take
-            counters.prompt_seconds += seconds * take / count
+            counters.prompt_seconds += seconds * take / batch.count
             if task.n_past == len(task.prompt):
                 self._emit(task, end)
             else:
                 self._log_progress(task, end)
-        for task in decoding:
-            counters.tokens_predicted_seconds += seconds / count
+        for task in batch.decoding:
+            counters.tokens_predicted_seconds += seconds / batch.count
             self._emit(task, end)
         return end
+
+    def _build_batch(self) -> _Batch:
+        """serving-engines.md §1.6: a token per generating slot, then prompt chunks up to n_batch, all of one
+        adapter setting (the first slot's, in id order)."""
+        batch = _Batch()
+        for slot in self.slots:
+            task = slot.task
+            if task is None or not task.generating:
+                continue
+            if batch.lora is None:
+                batch.lora = task.lora
+            elif task.lora != batch.lora:
+                continue  # can_batch_with: another adapter setting waits for a later iteration
+            batch.decoding.append(task)
+            batch.count += 1
+            batch.context += task.n_past + len(task.generated)
+        if not (self.settings.cont_batching or not batch.decoding):
+            return batch
+        for slot in self.slots:
+            task = slot.task
+            if task is None or not task.prefilling:
+                continue
+            if batch.lora is None:
+                batch.lora = task.lora
+            elif task.lora != batch.lora:
+                continue
+            take = min(len(task.prompt) - task.n_past, self.settings.n_batch - batch.count)
+            if take <= 0:
+                break
+            batch.chunks.append((task, take))
+            batch.count += take
+            batch.context += take * task.n_past + take * (take - 1) / 2
+        return batch
+
+    def _batch_seconds(self, batch: _Batch) -> float:
+        cost = self.cost
+        seconds = self._pending_cost_s
+        self._pending_cost_s = 0.0
+        if batch.lora != self._applied_lora:
+            if self._applied_lora is not None or batch.lora:
+                seconds += cost.lora_switch_s
+            self._applied_lora = batch.lora
+        micro = self.settings.micro_batch
+        full, rest = divmod(batch.count, micro)
+        per_context = batch.context / batch.count
+        for width in [micro] * full + ([rest] if rest else []):
+            seconds += cost.forward_s(width, per_context * width) * self._lognormal(self._iteration_sigma)
+        sampled = len(batch.decoding) + sum(1 for t, take in batch.chunks if t.n_past + take == len(t.prompt))
+        return (seconds + cost.sample_s * sampled) * self._restart_factor
 
     def _log_progress(self, task: SimTask, at: float) -> None:
         assert task.prefill_start_s is not None
@@ -536,8 +548,9 @@ class SimulatedLlamaServer:
         assert task.slot is not None
         self._log(
             at,
-            f"I slot print_timing: id {task.slot:2d} | task {task.id} | prompt processing, n_tokens = {task.n_past:6d}, "
-            f"progress = {task.n_past / len(task.prompt):.2f}, t = {elapsed:6.2f} s / {rate:.2f} tokens per second",
+            f"I slot print_timing: id {task.slot:2d} | task {task.id} | prompt processing, "
+            f"n_tokens = {task.n_past:6d}, progress = {task.n_past / len(task.prompt):.2f}, "
+            f"t = {elapsed:6.2f} s / {rate:.2f} tokens per second",
         )
 
     def _emit(self, task: SimTask, at: float) -> None:

@@ -165,83 +165,102 @@ def _truthy(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "on", "yes", "enabled")
 
 
+_SWITCH_NAMES = {name for name, _ in _SWITCHES.values()}
+_FLAG_KINDS = {name: kind for name, kind in _FLAGS.values()}
+
+
+class _Parser:
+    """The real server's rules: variables first, then flags, each flag over its variable with a warning."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.args = list(argv)
+        self.index = 0
+        self.values: dict[str, object] = {"host": "127.0.0.1", "port": 8080, "metrics": False}
+        self.from_env: set[str] = set()
+        self.warnings: list[str] = []
+        self.sim: dict[str, str] = {}
+        self.faults: list[Fault] = []
+        self.lora_paths: list[str] = []
+        self.lora_scales: list[float] = []
+        for name, variable in _ENV.items():
+            if variable in env:
+                kind = "bool" if name in _SWITCH_NAMES else _FLAG_KINDS.get(name, "str")
+                raw = env[variable]
+                self.values[name] = _truthy(raw) if kind == "bool" else _convert(raw, kind, variable)
+                self.from_env.add(name)
+
+    def value_of(self, flag: str, inline: str | None) -> str:
+        if inline is not None:
+            return inline
+        self.index += 1
+        if self.index >= len(self.args):
+            raise CommandLineError(f"expected value for argument {flag}")
+        return self.args[self.index]
+
+    def set(self, name: str, value: object, flag: str) -> None:
+        if name in self.from_env:
+            self.warnings.append(
+                f"W {_ENV[name]} environment variable is set, but will be overwritten by command line argument {flag}"
+            )
+            self.from_env.discard(name)
+        self.values[name] = value
+
+    def parse(self) -> None:
+        while self.index < len(self.args):
+            arg = self.args[self.index]
+            flag, inline = arg, None
+            if arg.startswith("--") and "=" in arg:
+                flag, inline = arg.split("=", 1)
+            if flag in _FLAGS:
+                name, kind = _FLAGS[flag]
+                self.set(name, _convert(self.value_of(flag, inline), kind, flag), flag)
+            elif flag in _SWITCHES:
+                name, on = _SWITCHES[flag]
+                self.set(name, on, flag)
+            elif flag in ("--lora", "--lora-scaled"):
+                self.add_adapter(flag, self.value_of(flag, inline))
+            elif flag == "--sim-fault":
+                self.faults.append(_parse_fault(self.value_of(flag, inline)))
+            elif flag in _SIM_OPTIONS:
+                self.sim[_SIM_OPTIONS[flag]] = self.value_of(flag, inline)
+            else:
+                raise CommandLineError(f"invalid argument: {arg}")
+            self.index += 1
+
+    def add_adapter(self, flag: str, spec: str) -> None:
+        path, scale = spec, "1"
+        if flag == "--lora-scaled":
+            path, _, scale = spec.rpartition(":")
+        try:
+            self.lora_scales.append(float(scale))
+        except ValueError:
+            raise CommandLineError(f"invalid value for {flag}: {spec}") from None
+        self.lora_paths.append(path)
+
+    def settings(self) -> SimSettings:
+        values = self.values
+        changes: dict[str, Any] = {}
+        for name in ("n_batch", "n_ubatch", "n_parallel", "ctx_size", "cache_ram", "verbosity"):
+            if name in values:
+                changes[name] = int(str(values[name]))
+        for name in ("kv_unified", "cont_batching", "cache_prompt"):
+            if name in values:
+                changes[name] = bool(values[name])
+        if "n_parallel" in values and "kv_unified" not in values:
+            changes["kv_unified"] = False  # only -np auto turns the unified KV buffer on
+        if changes.get("ctx_size") == 0:
+            changes["ctx_size"] = SimSettings().ctx_size  # 0: the model's own, here the default
+        for name in ("n_batch", "n_ubatch", "n_parallel"):
+            if changes.get(name, 1) < 1:
+                raise CommandLineError(f"invalid value for {name}: {changes[name]}")
+        changes["lora_adapters"], changes["lora_scales"] = tuple(self.lora_paths), tuple(self.lora_scales)
+        return replace(SimSettings(), **changes)
+
+
 def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLine:
-    values: dict[str, object] = {"host": "127.0.0.1", "port": 8080, "metrics": False}
-    from_env: set[str] = set()
-    for name, variable in _ENV.items():
-        if variable in env:
-            kind = "bool" if name in {s for s, _ in _SWITCHES.values()} else _FLAGS.get(f"--{name}", ("", "str"))[1]
-            kind = next((k for s, k in _FLAGS.values() if s == name), kind)
-            values[name] = _truthy(env[variable]) if kind == "bool" else _convert(env[variable], kind, variable)
-            from_env.add(name)
-    warnings: list[str] = []
-    sim: dict[str, str] = {}
-    faults: list[Fault] = []
-    lora_paths: list[str] = []
-    lora_scales: list[float] = []
-    args = list(argv)
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        flag, inline = (arg.split("=", 1) + [None])[:2] if arg.startswith("--") and "=" in arg else (arg, None)
-        flag = str(flag)
-
-        def take() -> str:
-            nonlocal index
-            if inline is not None:
-                return inline
-            index += 1
-            if index >= len(args):
-                raise CommandLineError(f"expected value for argument {flag}")
-            return args[index]
-
-        def set_value(name: str, value: object) -> None:
-            if name in from_env:
-                warnings.append(
-                    f"W {_ENV[name]} environment variable is set, but will be overwritten by command line "
-                    f"argument {flag}"
-                )
-                from_env.discard(name)
-            values[name] = value
-
-        if flag in _FLAGS:
-            name, kind = _FLAGS[flag]
-            set_value(name, _convert(take(), kind, flag))
-        elif flag in _SWITCHES:
-            name, on = _SWITCHES[flag]
-            set_value(name, on)
-        elif flag in ("--lora", "--lora-scaled"):
-            spec = take()
-            path, scale = (spec.rsplit(":", 1) + ["1"])[:2] if flag == "--lora-scaled" else (spec, "1")
-            lora_paths.append(path)
-            try:
-                lora_scales.append(float(scale))
-            except ValueError:
-                raise CommandLineError(f"invalid value for {flag}: {spec}") from None
-        elif flag == "--sim-fault":
-            faults.append(_parse_fault(take()))
-        elif flag in _SIM_OPTIONS:
-            sim[_SIM_OPTIONS[flag]] = take()
-        else:
-            raise CommandLineError(f"invalid argument: {arg}")
-        index += 1
-    settings = SimSettings()
-    changes: dict[str, Any] = {}
-    for name in ("n_batch", "n_ubatch", "n_parallel", "ctx_size", "cache_ram", "verbosity"):
-        if name in values:
-            changes[name] = int(str(values[name]))
-    for name in ("kv_unified", "cont_batching", "cache_prompt"):
-        if name in values:
-            changes[name] = bool(values[name])
-    if "n_parallel" in values and "kv_unified" not in values:
-        changes["kv_unified"] = False  # only -np auto turns the unified KV buffer on
-    if int(changes.get("ctx_size", 1) or 0) == 0:
-        changes["ctx_size"] = SimSettings().ctx_size
-    changes["lora_adapters"], changes["lora_scales"] = tuple(lora_paths), tuple(lora_scales)
-    for name in ("n_batch", "n_ubatch", "n_parallel"):
-        if int(changes.get(name, 1)) < 1:
-            raise CommandLineError(f"invalid value for {name}: {changes[name]}")
-    settings = replace(settings, **changes)
+    parser = _Parser(argv, env)
+    parser.parse()
+    sim, values = parser.sim, parser.values
     try:
         speed = float(sim.get("speed", "1"))
         seed = int(sim.get("seed", "0"))
@@ -250,10 +269,10 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLi
         )
     except ValueError as exc:
         raise CommandLineError(f"invalid value for a --sim- option: {exc}") from None
-    if speed <= 0:
-        raise CommandLineError("--sim-speed must be above 0")
+    if not speed > 0 or noise.restart < 0 or noise.iteration < 0:
+        raise CommandLineError("--sim-speed must be above 0 and the --sim-noise- options at least 0")
     return CommandLine(
-        settings=settings,
+        settings=parser.settings(),
         values=values,
         host=str(values["host"]),
         port=int(str(values["port"])),
@@ -263,8 +282,8 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLi
         seed=seed,
         noise=noise,
         calibration=Path(sim["calibration"]) if "calibration" in sim else None,
-        faults=tuple(faults),
-        warnings=tuple(warnings),
+        faults=tuple(parser.faults),
+        warnings=tuple(parser.warnings),
     )
 
 
@@ -665,9 +684,8 @@ async def _serve(command: CommandLine) -> int:
     try:
         listener = await asyncio.start_server(server.handle, command.host, command.port)
     except OSError as exc:
-        server.log(
-            f"E srv    start: couldn't bind HTTP server socket, hostname: {command.host}, port: {command.port}: {exc.strerror}"
-        )
+        where = f"hostname: {command.host}, port: {command.port}"
+        server.log(f"E srv    start: couldn't bind HTTP server socket, {where}: {exc.strerror}")
         return 1
     port = listener.sockets[0].getsockname()[1]
     stop = asyncio.Event()

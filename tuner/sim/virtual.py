@@ -78,7 +78,7 @@ def replay_virtual(
                 heapq.heappush(
                     due, (max(start_s + following.offset_s, end + following.think_s), next(order), name, index + 1)
                 )
-        for task, request, *_rest, sent in list(running.values()):
+        for task, *_rest, sent in list(running.values()):
             if not task.done and now - sent > request_timeout_s:
                 server.cancel(task, now=now)
                 task.error = f"no complete answer within {request_timeout_s:g} s"
@@ -86,8 +86,8 @@ def replay_virtual(
             break
         horizon = due[0][0] if due else None
         if server.busy:
-            end = server.step(now, horizon_s=horizon if horizon is not None else float("inf"))
-            now = end if end is not None and end > now else (horizon if horizon is not None else now)
+            stepped = server.step(now, horizon_s=horizon if horizon is not None else float("inf"))
+            now = stepped if stepped is not None and stepped > now else (horizon if horizon is not None else now)
         elif horizon is not None:
             now = max(now, horizon)
     records.sort(key=lambda r: r.send_s)

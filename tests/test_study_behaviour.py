@@ -1,0 +1,178 @@
+"""The search loop's behaviour, on the simulated server's own clock (tests/sim_study.py): seconds, not hours.
+
+The loop, sampler, scoring and leaderboard are the study's own; the simulated server is calibrated against
+the real one (docs/simulator.md), whose own tests (tests/test_cli.py, tests/test_lora.py) stay.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.sim_study import DATA, prepare_simulated, run_simulated
+from tuner.errors import StudyError
+from tuner.sim.model import NoiseModel
+
+AA_STUDIES = 200
+DEMO_SEEDS = 20
+
+
+def _binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured: 8 of 20 seeds. The demo's 5 trials sample the three knee configs (of 27) about half the "
+    "time, and 128/128 sits at the 0.8x prefill constraint; making the search get there is the issue "
+    "'Performance of the tuner itself' (search efficiency). Strict: it fails once the search lands.",
+)
+def test_the_demos_search_lands_in_the_knee_region_on_at_least_18_of_20_seeds(tmp_path: Path) -> None:
+    # The demo's study as shipped (its full n_batch x n_ubatch space, TPE, 5 trials, 2 rounds, 3 pairs).
+    landed, outcomes = 0, []
+    for seed in range(DEMO_SEEDS):
+        prepared = prepare_simulated([f"seed={seed}", f"workload.seed={seed}"])
+        result = run_simulated(prepared, tmp_path / f"demo-{seed}", seed=seed)
+        baseline = next(r for r in result.board.rows if r.baseline)
+        chosen = result.board.recommendation.row
+        if chosen is None:
+            outcomes.append(f"seed {seed}: nothing recommended ({result.board.recommendation.message})")
+            continue
+        stall = chosen.metrics["stall_tok_s"][0] / baseline.metrics["stall_tok_s"][0]
+        prefill = chosen.metrics["prefill_tok_s"][0] / baseline.metrics["prefill_tok_s"][0]
+        knee = int(chosen.params["n_batch"]) <= 256 and stall >= 4 and prefill >= 0.8
+        landed += knee
+        outcomes.append(f"seed {seed}: {chosen.params} stall x{stall:.1f} prefill x{prefill:.2f} knee={knee}")
+    assert landed >= 18, "\n".join(outcomes)
+
+
+def test_the_same_config_under_noise_is_recommended_in_at_most_5_percent_of_studies(tmp_path: Path) -> None:
+    # A/A: every trial's setting changes nothing the workload can feel, so a recommendation is a false win.
+    # The demo's study on the smallest stall workload (two streams, one 1,500-token prompt), 3 trials a study.
+    overrides = [
+        f'search.space="{DATA / "aa-space.toml"}"',
+        'search.params=["cache_ram"]',
+        f'workload.path="{DATA / "stall-small.jsonl"}"',
+        "budget.trials=3",
+    ]
+    prepared = prepare_simulated(overrides)
+    false_wins = []
+    for seed in range(AA_STUDIES):
+        result = run_simulated(prepared, tmp_path / f"aa-{seed}", seed=seed)
+        if result.board.recommendation.row is not None:
+            false_wins.append(seed)
+    # With a true rate of 5%, 17 or more false wins in 200 studies happen with probability under 3%.
+    assert _binomial_tail(17, AA_STUDIES, 0.05) < 0.03
+    assert len(false_wins) <= 16, f"{len(false_wins)} of {AA_STUDIES} A/A studies recommended something: {false_wins}"
+
+
+def _small_study(*extra: str) -> list[str]:
+    # Two trials around the knee, measured together: small enough to read every step of.
+    return [f'search.space="{DATA / "knee-space.toml"}"', 'search.sampler="random"', "budget.trials=2", *extra]
+
+
+def test_rounds_of_a_batch_are_interleaved_and_the_server_restarts_for_each(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study("interleave=2", "rounds=2", "extra_rounds_if_noisy=0", "confirm.top=0"))
+    result = run_simulated(prepared, tmp_path / "s", seed=1, noise=NoiseModel())
+    starts = result.runner.starts_by_settings
+    trials = [tuple(sorted(s.items())) for s in starts[2:]]
+    # The baseline's two rounds alone first, then round 1 of each trial, then round 2 of each.
+    assert starts[:2] == [{}, {}]
+    assert len(trials) == 4 and trials[0] != trials[1] and trials[:2] == trials[2:]
+    assert result.runner.rounds_measured == 6
+
+
+def test_the_confirmation_alternates_baseline_and_candidate_pair_by_pair(tmp_path: Path) -> None:
+    prepared = prepare_simulated(
+        _small_study("interleave=2", "confirm.top=1", "confirm.pairs=3", "extra_rounds_if_noisy=0")
+    )
+    result = run_simulated(prepared, tmp_path / "s", seed=2, noise=NoiseModel())
+    confirming = ["baseline" if not s else "candidate" for s in result.runner.starts_by_settings[6:]]
+    assert confirming == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    confirmation = next(v for k, v in result.study.user_attrs.items() if k.startswith("confirmation_"))
+    assert len(confirmation["differences"]) == 3
+    assert result.board.recommendation.row is not None
+    assert "paired score difference" in result.board.recommendation.message
+
+
+def test_a_trial_whose_rounds_differ_by_20_percent_gets_its_extra_rounds(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study("rounds=2", "extra_rounds_if_noisy=2", "confirm.top=0"))
+    # Large restart-to-restart noise: rounds of one config differ by far more than 20%.
+    result = run_simulated(prepared, tmp_path / "s", seed=3, noise=NoiseModel(restart=0.6))
+    measured = [t for t in result.study.get_trials() if t.user_attrs.get("deployed") and t.state == TrialState.COMPLETE]
+    noisy = [t for t in measured if t.user_attrs.get("noisy")]
+    assert noisy, "no trial was flagged noisy under 60% restart noise"
+    assert all(len(t.user_attrs["rounds"]) == 4 for t in noisy)
+    assert all(len(t.user_attrs["rounds"]) == 2 for t in measured if not t.user_attrs.get("noisy"))
+
+
+def test_a_quiet_machine_flags_nothing_noisy(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study("rounds=2", "extra_rounds_if_noisy=2", "confirm.top=0"))
+    result = run_simulated(prepared, tmp_path / "s", seed=3, noise=NoiseModel())
+    assert all(not t.user_attrs.get("noisy") for t in result.study.get_trials() if t.user_attrs.get("deployed"))
+
+
+def test_a_trial_far_below_the_others_is_pruned_after_its_first_round_and_the_time_saved_is_told(
+    tmp_path: Path,
+) -> None:
+    # 32/32 prefills at about half the speed, which the prefill objective (weight 2) punishes: after three
+    # first rounds are known, a config whose first round is below their median stops there.
+    prepared = prepare_simulated(["budget.trials=8", "rounds=3", "confirm.top=0", 'search.sampler="random"', "seed=5"])
+    result = run_simulated(prepared, tmp_path / "s", seed=5)
+    pruned = [t for t in result.study.get_trials() if t.user_attrs.get("prune_reason")]
+    assert pruned, [t.user_attrs.get("score") for t in result.study.get_trials()]
+    for trial in pruned:
+        assert trial.state == TrialState.PRUNED and len(trial.user_attrs["rounds"]) == 1
+        assert trial.user_attrs["saved_s"] > 0
+    assert result.board.pruned == len(pruned) and result.board.pruning_saved_s > 0
+
+
+def test_invalid_and_repeated_proposals_cost_no_restart(tmp_path: Path) -> None:
+    # knee-space has two valid settings besides the baseline's; asking for three makes the sampler repeat
+    # itself and propose n_ubatch > n_batch.
+    prepared = prepare_simulated(_small_study("budget.trials=3", "confirm.top=0", "extra_rounds_if_noisy=0"))
+    result = run_simulated(prepared, tmp_path / "s", seed=6, noise=NoiseModel())
+    trials = result.study.get_trials()
+    deployed = [t for t in trials if t.user_attrs.get("deployed")]
+    skipped = [t for t in trials if t.user_attrs.get("skip_reason") or "duplicate_of" in t.user_attrs]
+    reasons = {t.user_attrs.get("skip_reason") or f"duplicate of {t.user_attrs['duplicate_of']}" for t in skipped}
+    assert "violates n_ubatch <= n_batch" in reasons, reasons
+    assert any(reason.startswith("duplicate of") for reason in reasons), reasons
+    assert len(result.runner.starts_by_settings) == 2 * len(deployed)  # two rounds each, nothing else
+    assert {tuple(sorted(t.user_attrs["settings"].items())) for t in deployed} == {
+        (("n_batch", 2048), ("n_ubatch", 512)),
+        (("n_batch", 256), ("n_ubatch", 256)),
+        (("n_batch", 2048), ("n_ubatch", 256)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("n_batch=256:refuse-start", "before it was healthy"),
+        ("n_batch=256:die-after=1", "the server died during round 1/2"),
+        ("n_batch=256:hang-after=0", "no request of round 1/2 succeeded"),
+    ],
+)
+def test_a_config_that_cannot_start_dies_or_hangs_fails_with_its_reason_and_the_study_goes_on(
+    tmp_path: Path, fault: str, reason: str
+) -> None:
+    prepared = prepare_simulated(_small_study("confirm.top=0"))
+    result = run_simulated(prepared, tmp_path / "s", seed=7, faults=[fault])
+    failed = [r for r in result.board.rows if r.state == "FAIL"]
+    assert [r.params["n_batch"] for r in failed] == [256]
+    assert failed[0].reason is not None and reason in failed[0].reason
+    assert failed[0].score is None and not failed[0].metrics  # no partial score
+    assert [r.params for r in result.board.rows if r.state == "COMPLETE" and not r.baseline] == [
+        {"n_batch": 2048, "n_ubatch": 256}
+    ]
+
+
+def test_a_baseline_that_cannot_be_measured_ends_the_study_with_its_reason(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study())
+    with pytest.raises(StudyError, match=r"the baseline could not be measured: .*no request of round 1/2 succeeded"):
+        run_simulated(prepared, tmp_path / "s", seed=8, faults=["n_batch=2048:hang-after=0"])

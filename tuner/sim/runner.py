@@ -1,0 +1,176 @@
+"""`SimulatedTrialRunner`: the trial runner on the simulated server's own clock, for the search loop's tests.
+
+Everything but the sockets is the study's own: the engine's launch (its `LLAMA_ARG_*` variables and
+flags, read back by the simulated server's command-line parser), the round's requests
+(`tuner.trial_runner.round_requests`), the correctness probes as the engine builds them, the server's
+log lines through the engine's parser, and the round's metrics (`tuner.trial_runner.round_metrics`).
+A round of the demo's workload takes a few milliseconds, so hundreds of studies run in seconds.
+
+Faults make chosen configs misbehave as on a real host: `refuse-start` (the deployer's start fails),
+`die-after=N` (the server dies after N requests of a round), `hang-after=N` (it stops answering after N
+requests while its health check would still pass, so the requests time out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuner.config import ParamValue
+from tuner.errors import MeasurementError, ServerNotReady
+from tuner.models import ReplayRequest, RequestRecord, RequestStatus
+from tuner.observers import NullObserver, StudyObserver
+from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, answer_tokens, format_log_line, load_cost_model
+from tuner.sim.server import Fault, _parse_fault, _text_tokens, parse_command_line
+from tuner.sim.virtual import replay_virtual
+from tuner.trial_runner import RoundResult, check_round, round_metrics, round_requests, warm_up_request
+
+if TYPE_CHECKING:
+    from tuner.study import PreparedStudy
+
+__all__ = ["SimulatedTrialRunner", "parse_faults"]
+
+_BETWEEN_ROUNDS_S = 1.0  # the server's clock between the warm-up or a round and the next round
+_REQUESTS: dict[tuple[int, int, tuple[tuple[str, ParamValue], ...]], list[ReplayRequest]] = {}
+
+
+def parse_faults(specs: Sequence[str]) -> tuple[Fault, ...]:
+    """The simulated server's `--sim-fault` specs, e.g. `n_batch=64:die-after=3`."""
+    return tuple(_parse_fault(spec) for spec in specs)
+
+
+@dataclass(kw_only=True)
+class _Started:
+    server: SimulatedLlamaServer
+    log: list[str]
+    clock_s: float
+    faults: tuple[Fault, ...]
+
+
+class SimulatedTrialRunner:
+    def __init__(
+        self,
+        prepared: PreparedStudy,
+        *,
+        seed: int,
+        noise: NoiseModel | None = None,
+        cost: CostModel | None = None,
+        faults: Sequence[Fault] = (),
+        observer: StudyObserver | None = None,
+    ) -> None:
+        self.prepared = prepared
+        self.cost = cost or load_cost_model()
+        self.noise = noise or NoiseModel()
+        self.faults = tuple(faults)
+        self.observer = observer or NullObserver()
+        self._seed = seed
+        self._starts = 0
+        self._started: _Started | None = None
+        self.rounds_measured = 0
+        self.starts_by_settings: list[dict[str, ParamValue]] = []
+
+    @property
+    def started(self) -> _Started:
+        assert self._started is not None, "start() first"
+        return self._started
+
+    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+        engine = self.prepared.engine
+        launch = engine.launch_spec(settings)
+        command = parse_command_line(launch.args, launch.env)
+        values = {**command.values, **vars(command.settings)}
+        faults = tuple(f for f in self.faults if f.applies(values))
+        self.starts_by_settings.append(dict(settings))
+        if any(f.kind == "refuse-start" for f in faults):
+            raise ServerNotReady("the server exited with status 1 before it was healthy; server log: simulated fault")
+        self._starts += 1
+        log: list[str] = []
+        server = SimulatedLlamaServer(
+            command.settings,
+            cost=self.cost,
+            noise=self.noise,
+            seed=self._seed * 1_000_003 + self._starts,  # restart to restart, as on a real host
+            log=lambda at, line: log.append(format_log_line(at, line)),
+        )
+        self._started = _Started(server=server, log=log, clock_s=self.cost.load_s, faults=faults)
+        self.observer.server_ready(number=number, seconds=self.cost.load_s)
+        warm = replay_virtual(
+            [warm_up_request(engine)], server, engine=engine, start_s=self.cost.load_s, request_timeout_s=60
+        )
+        if not warm.records[0].ok:
+            raise MeasurementError(f"the warm-up request failed: {warm.records[0].error}")
+        self.started.clock_s = warm.ended_s + _BETWEEN_ROUNDS_S
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]:
+        from tuner.gate import PROBE_PROMPTS
+
+        engine, server = self.prepared.engine, self.started.server
+        answers = []
+        for prompt in PROBE_PROMPTS:
+            body = engine.probe_request(prompt, tokens=tokens, lora=lora).json or {}
+            field = body.get("lora")
+            pairs = [(int(i["id"]), float(i["scale"])) for i in field] if isinstance(field, list) else None
+            answers.append(
+                tuple(answer_tokens(_text_tokens(str(body["prompt"])), server.normalize_lora(pairs), tokens))
+            )
+        return answers
+
+    async def measure_round(
+        self,
+        *,
+        settings: Mapping[str, ParamValue],
+        number: int,
+        prompts_index: int,
+        label: str,
+        records_name: str | None,
+    ) -> RoundResult:
+        prepared, engine, started = self.prepared, self.prepared.engine, self.started
+        # Synthesizing a round's prompts is most of a simulated round's time, and every trial of a study (and
+        # every study of one prepared spec) replays the same ones for the same index.
+        key = (id(prepared), prompts_index, tuple(sorted(settings.items())))
+        requests = _REQUESTS.get(key)
+        if requests is None:
+            requests = _REQUESTS[key] = round_requests(prepared, settings, prompts_index=prompts_index)
+            if len(_REQUESTS) > 4096:
+                _REQUESTS.pop(next(iter(_REQUESTS)))
+        mark = len(started.log)
+        done = replay_virtual(
+            requests,
+            started.server,
+            engine=engine,
+            start_s=started.clock_s,
+            request_timeout_s=prepared.spec.workload.request_timeout_s,
+        )
+        started.clock_s = done.ended_s + _BETWEEN_ROUNDS_S
+        self.rounds_measured += 1
+        records = self._apply_faults(done.records, started.faults, label)
+        check_round(records, label)
+        tasks = engine.parse_log(started.log[mark:])
+        metrics, _ = round_metrics(prepared.spec, engine, records, tasks)
+        failures = sum(1 for r in records if not r.ok)
+        self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
+        return RoundResult(metrics=metrics, records=records)
+
+    def _apply_faults(self, records: list[RequestRecord], faults: tuple[Fault, ...], label: str) -> list[RequestRecord]:
+        for fault in faults:
+            if fault.kind == "die-after" and len(records) > fault.after:
+                raise MeasurementError(f"the server died during {label}: the process was killed by SIGKILL")
+            if fault.kind == "hang-after":
+                timeout = self.prepared.spec.workload.request_timeout_s
+                records = [
+                    r
+                    if index < fault.after
+                    else r.model_copy(
+                        update={
+                            "status": RequestStatus.TIMEOUT,
+                            "error": f"no complete answer within {timeout:g} s",
+                            "token_s": (),
+                            "timings": None,
+                        }
+                    )
+                    for index, r in enumerate(records)
+                ]
+        return records

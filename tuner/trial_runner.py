@@ -1,0 +1,232 @@
+"""The trial runner: one config on a server, from deployment to a measured round's metrics.
+
+The search loop (`tuner.study`) decides what to measure and in which order; a runner does the measuring:
+start the server with the settings and warm it up (`start`), ask the correctness probes
+(`probe_answers`), replay one round of the workload and derive its metrics, the client's and the
+server's (`measure_round`). `ServerTrialRunner` does it on a real host through a deployer;
+`tuner.sim.runner.SimulatedTrialRunner` does it on the simulated server's own clock, so that the search
+loop's behaviour can be tested over hundreds of studies in seconds. Both derive a round's metrics with
+`round_metrics`, so the figures the loop sees have one definition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from tuner.config import ParamValue, StudySpec
+from tuner.deployers.base import Deployer
+from tuner.engines.base import Engine
+from tuner.errors import DeployError, MeasurementError
+from tuner.gate import ask_probes
+from tuner.gpu import GpuMemorySampler
+from tuner.loadgen import replay, scrape_prometheus
+from tuner.metrics import compute_metrics, join_server_tasks, server_metrics
+from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
+from tuner.observers import NullObserver, StudyObserver
+from tuner.runs import RunDirectory
+from tuner.transports.base import Transport
+from tuner.workloads import synthesize_requests
+
+if TYPE_CHECKING:
+    from tuner.study import PreparedStudy
+
+__all__ = ["RoundResult", "ServerTrialRunner", "TrialRunner", "round_metrics", "round_requests", "warm_up_request"]
+
+_LOG_SETTLE_S = 0.3
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundResult:
+    metrics: dict[str, float | None]
+    records: list[RequestRecord]
+
+
+class TrialRunner(Protocol):
+    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+        """Starts the server with `settings` over the engine's base settings and warms it up.
+        `DeployError` if it does not come up or ignores a setting, `MeasurementError` if the warm-up fails."""
+        ...
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]:
+        """The greedy answers to the correctness probes; `MeasurementError` if a probe fails."""
+        ...
+
+    async def measure_round(
+        self,
+        *,
+        settings: Mapping[str, ParamValue],
+        number: int,
+        prompts_index: int,
+        label: str,
+        records_name: str | None,
+    ) -> RoundResult:
+        """One replay of the workload with its metrics; `MeasurementError` if the server died or no request
+        of the round succeeded."""
+        ...
+
+
+def warm_up_request(engine: Engine) -> ReplayRequest:
+    """One short request first, so that no round pays for the server's cold start."""
+    low, _ = engine.prompt_token_range()
+    return ReplayRequest(
+        request_id="warm-up",
+        session="warm-up",
+        offset_s=0.0,
+        prompt_token_ids=tuple(range(low, low + 16)),
+        output_tokens=8,
+        tag="warm-up",
+    )
+
+
+def round_requests(
+    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int
+) -> list[ReplayRequest]:
+    """The round's requests. Every trial replays the same prompts for the same `prompts_index`, so that
+    trials differ only in their settings; rounds of one trial get fresh prompts, so that no round hits
+    another's cache."""
+    spec, engine = prepared.spec, prepared.engine
+    requests = synthesize_requests(
+        prepared.trace,
+        token_range=engine.prompt_token_range(),
+        seed=spec.workload.seed,
+        round_index=prompts_index,
+        time_scale=spec.workload.time_scale,
+    )
+    return engine.apply_request_settings(requests, settings)
+
+
+def check_round(records: Sequence[RequestRecord], label: str) -> None:
+    if not any(r.ok for r in records):
+        first_error = next((r.error for r in records if r.error), "unknown")
+        raise MeasurementError(f"no request of {label} succeeded (first error: {first_error})")
+
+
+def round_metrics(
+    spec: StudySpec,
+    engine: Engine,
+    records: Sequence[RequestRecord],
+    tasks: Sequence[TaskTimeline],
+    *,
+    counters: tuple[Mapping[str, float], Mapping[str, float]] | None = None,
+) -> tuple[dict[str, float | None], list[tuple[RequestRecord, TaskTimeline]]]:
+    """A round's metrics from what the client recorded and what the server logged (and its counters
+    before and after, where it has them); also the requests paired with their server tasks."""
+    metrics = compute_metrics(
+        records,
+        long_prompt_tokens=spec.metrics.long_prompt_tokens,
+        min_overlap_s=spec.metrics.min_overlap_s,
+        slo=spec.metrics.slo,
+    )
+    if counters is not None and counters[0] and counters[1]:
+        metrics.update(engine.round_counters(counters[0], counters[1]))
+    metrics.update(
+        server_metrics(
+            tasks, long_prompt_tokens=spec.metrics.long_prompt_tokens, min_overlap_s=spec.metrics.min_overlap_s
+        )
+    )
+    client_stall, server_stall = metrics.get("stall_tok_s"), metrics.get("server_stall_tok_s")
+    metrics["stall_agreement"] = server_stall / client_stall if client_stall and server_stall is not None else None
+    joined = join_server_tasks(records, tasks)
+    metrics["server_joined_share"] = len(joined) / len(records) if records else None
+    return metrics, joined
+
+
+class ServerTrialRunner:
+    """A runner on a real host: the deployer starts the server, the load generator replays the rounds."""
+
+    def __init__(
+        self,
+        prepared: PreparedStudy,
+        *,
+        deployer: Deployer,
+        transport: Transport,
+        run_dir: RunDirectory | None = None,
+        observer: StudyObserver | None = None,
+    ) -> None:
+        self.prepared = prepared
+        self.deployer = deployer
+        self.transport = transport  # GPU memory is read on the host
+        self.run_dir = run_dir
+        self.observer = observer or NullObserver()
+        self._base_url: str | None = None
+        self._log_mark = 0
+
+    @property
+    def base_url(self) -> str:
+        assert self._base_url is not None, "start() first"
+        return self._base_url
+
+    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+        engine = self.prepared.engine
+        deployment = await self.deployer.apply(engine.launch_spec(settings), log_path=log_path)
+        self.observer.server_ready(number=number, seconds=deployment.started_in_s)
+        startup_log, log_mark = await self.deployer.read_log(0)
+        ignored = engine.ignored_settings(startup_log)
+        if ignored is not None:
+            raise DeployError(ignored)
+        self._base_url = deployment.base_url
+        records = await replay(
+            [warm_up_request(engine)],
+            engine=engine,
+            base_url=deployment.base_url,
+            request_timeout_s=self.prepared.spec.workload.request_timeout_s,
+        )
+        if not records[0].ok:
+            raise MeasurementError(f"the warm-up request failed: {records[0].error}")
+        _, self._log_mark = await self.deployer.read_log(log_mark)
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]:
+        timeout = self.prepared.spec.workload.request_timeout_s
+        answers = await ask_probes(self.prepared.engine, self.base_url, tokens=tokens, timeout_s=timeout, lora=lora)
+        _, self._log_mark = await self.deployer.read_log(self._log_mark)  # the probes are not the round's
+        return answers
+
+    async def measure_round(
+        self,
+        *,
+        settings: Mapping[str, ParamValue],
+        number: int,
+        prompts_index: int,
+        label: str,
+        records_name: str | None,
+    ) -> RoundResult:
+        prepared, engine = self.prepared, self.prepared.engine
+        requests = round_requests(prepared, settings, prompts_index=prompts_index)
+        counters_before = await scrape_prometheus(engine, self.base_url)
+        async with GpuMemorySampler(self.transport) as gpu:
+            records = await replay(
+                requests,
+                engine=engine,
+                base_url=self.base_url,
+                request_timeout_s=prepared.spec.workload.request_timeout_s,
+            )
+        if self.run_dir is not None and records_name is not None:
+            self.run_dir.save_records(number, records_name, records)
+        gone = await self.deployer.check_alive()
+        if gone is not None:
+            raise MeasurementError(f"the server died during {label}: {gone}")
+        check_round(records, label)
+        # The server logs a task's release just after its last chunk is sent.
+        await asyncio.sleep(_LOG_SETTLE_S)
+        counters_after = await scrape_prometheus(engine, self.base_url)
+        log_text, self._log_mark = await self.deployer.read_log(self._log_mark)
+        tasks = engine.parse_log(log_text.splitlines())
+        metrics, joined = round_metrics(
+            prepared.spec, engine, records, tasks, counters=(counters_before, counters_after)
+        )
+        if gpu.peak_mib is not None:
+            predicted = engine.memory_need({**prepared.baseline_params, **settings})
+            metrics["gpu_memory_peak_mib"] = gpu.peak_mib
+            metrics["predicted_memory_mib"] = predicted / 2**20 if predicted is not None else None
+        if self.run_dir is not None and records_name is not None:
+            self.run_dir.save_server_tasks(number, records_name, joined)
+        failures = sum(1 for r in records if not r.ok)
+        self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
+        return RoundResult(metrics=metrics, records=records)
