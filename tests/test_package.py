@@ -16,7 +16,8 @@ LAYERS = [
     {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
-    {"study", "report", "apply"},
+    {"trial_runner"},
+    {"study", "report", "apply", "sim"},
     {"console"},
     {"cli", "__main__", "__init__"},
 ]

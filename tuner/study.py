@@ -37,8 +37,8 @@ from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import TRANSPORTS, create_transport
-from tuner.trial_runner import ServerTrialRunner, TrialRunner
-from tuner.workloads import Trace, load_trace, thin_sessions
+from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
+from tuner.workloads import load_trace, thin_sessions
 
 __all__ = [
     "PreparedStudy",
@@ -79,17 +79,6 @@ _SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "qmc": _qmc_sampler,
     "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreparedStudy:
-    """A study file resolved and checked: everything is validated before the host is touched."""
-
-    spec: StudySpec
-    engine: Engine
-    space: SearchSpace
-    baseline_params: dict[str, ParamValue]
-    trace: Trace
 
 
 def _check_sampler(name: str) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from tuner.config import ParamValue, StudySpec
+from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import Deployer
 from tuner.engines.base import Engine
 from tuner.errors import DeployError, MeasurementError
@@ -28,14 +28,30 @@ from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
 from tuner.transports.base import Transport
-from tuner.workloads import synthesize_requests
+from tuner.workloads import Trace, synthesize_requests
 
-if TYPE_CHECKING:
-    from tuner.study import PreparedStudy
-
-__all__ = ["RoundResult", "ServerTrialRunner", "TrialRunner", "round_metrics", "round_requests", "warm_up_request"]
+__all__ = [
+    "PreparedStudy",
+    "RoundResult",
+    "ServerTrialRunner",
+    "TrialRunner",
+    "round_metrics",
+    "round_requests",
+    "warm_up_request",
+]
 
 _LOG_SETTLE_S = 0.3
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedStudy:
+    """A study file resolved and checked: everything is validated before the host is touched."""
+
+    spec: StudySpec
+    engine: Engine
+    space: SearchSpace
+    baseline_params: dict[str, ParamValue]
+    trace: Trace
 
 
 @dataclass(frozen=True, kw_only=True)

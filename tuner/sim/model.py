@@ -644,7 +644,6 @@ class SimulatedLlamaServer:
     def startup_lines(self) -> list[str]:
         s = self.settings
         return [
-            "I srv  llama_server: initializing ...",
             "I srv    load_model: loading model 'simulated'",
             f"I srv    load_model: initializing, n_slots = {s.n_parallel}, n_ctx_slot = {s.n_ctx_slot}, "
             f"kv_unified = '{str(s.kv_unified).lower()}'",

@@ -1,0 +1,199 @@
+"""The simulated llama-server as a program (`tuner-sim-llama-server`): what the tuner reads from it is what
+it reads from the real server, and a whole study runs on it through the process deployer in seconds.
+
+The simulator is a test aid calibrated against the real server (docs/simulator.md); the real-server tests
+(tests/test_cli.py and others) stay the ground truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.stand_in import free_port
+from tuner.config import PluginSpec
+from tuner.engines import create_engine
+from tuner.engines.llama_server_log import parse_llama_server_log
+from tuner.loadgen import replay, scrape_prometheus
+from tuner.models import ReplayRequest
+from tuner.report import build_leaderboard
+from tuner.runs import RunDirectory
+from tuner.sim.server import CommandLineError, parse_command_line
+from tuner.study import open_optuna_study_readonly
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+_READY_DEADLINE_S = 30.0  # generous for a busy 2-core machine; never a speed check
+
+
+def _processes_with(marker: str) -> list[int]:
+    """PIDs whose command line has `marker` as an argument (a seed no other run uses)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def sim_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "LLAMA_ARG_PORT": str(port),
+        "LLAMA_ARG_N_PARALLEL": "2",
+        "LLAMA_ARG_CTX_SIZE": "8192",
+        "LLAMA_ARG_ENDPOINT_METRICS": "1",
+    }
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tuner.sim.server", "--sim-speed", "20"], env=env, stdout=sink, stderr=sink
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + _READY_DEADLINE_S
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the simulated server never became healthy"
+        time.sleep(0.05)
+    try:
+        yield base_url, log
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_load_generator_and_the_log_parser_read_the_simulated_server_as_the_real_one(
+    sim_server: tuple[str, Path],
+) -> None:
+    base_url, log = sim_server
+    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
+    requests = [
+        ReplayRequest(
+            request_id="a", session="a", offset_s=0.0, prompt_token_ids=tuple(range(100, 140)), output_tokens=30
+        ),
+        ReplayRequest(
+            request_id="b", session="b", offset_s=0.05, prompt_token_ids=tuple(range(200, 900)), output_tokens=5
+        ),
+    ]
+
+    async def measure() -> tuple[list[object], dict[str, float], dict[str, float]]:
+        before = await scrape_prometheus(engine, base_url)
+        records = await replay(requests, engine=engine, base_url=base_url, request_timeout_s=60)
+        after = await scrape_prometheus(engine, base_url)
+        return list(records), before, after
+
+    records, before, after = asyncio.run(measure())
+    by_id = {r.request_id: r for r in records}  # type: ignore[attr-defined]
+    assert all(r.ok for r in by_id.values()), [r.error for r in by_id.values()]
+    assert len(by_id["a"].token_s) == 30 and len(by_id["b"].token_s) == 5
+    assert by_id["b"].timings is not None and by_id["b"].timings.prompt_n == 700
+    counters = engine.round_counters(before, after)
+    assert counters["server_decode_calls"] is not None and counters["server_decode_calls"] > 0
+    deadline = time.monotonic() + _READY_DEADLINE_S
+    while log.read_text().count("stop processing") < 2:
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    tasks = [t for t in parse_llama_server_log(log.read_text().splitlines()) if t.eval_n]
+    assert sorted((t.prompt_tokens, t.eval_n) for t in tasks) == [(40, 30), (700, 5)]
+    with urllib.request.urlopen(f"{base_url}/slots", timeout=10) as response:
+        slots = json.loads(response.read())
+    assert [s["id"] for s in slots] == [0, 1] and all(s["n_ctx"] == 4096 for s in slots)
+
+
+def test_a_flag_over_its_variable_is_logged_as_the_real_server_logs_it_and_the_engine_names_it() -> None:
+    command = parse_command_line(["-b", "64"], {"LLAMA_ARG_BATCH": "512"})
+    assert command.settings.n_batch == 64
+    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
+    named = engine.ignored_settings("\n".join(command.warnings))
+    assert named is not None and "n_batch (LLAMA_ARG_BATCH)" in named and "-b" in named
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["-b", "0"], "invalid value for n_batch"),
+        (["-b", "abc"], "invalid value for -b"),
+        (["--sim-speed", "0"], "--sim-speed must be above 0"),
+        (["--sim-speed", "nan"], "--sim-speed must be above 0"),
+        (["--sim-fault", "garbage"], "--sim-fault 'garbage'"),
+        (["--no-such-flag"], "invalid argument: --no-such-flag"),
+        (["-c"], "expected value for argument -c"),
+    ],
+)
+def test_a_bad_command_line_is_refused_as_the_real_server_refuses_it(argv: list[str], error: str) -> None:
+    with pytest.raises(CommandLineError, match=error.replace("(", r"\(")):
+        parse_command_line(argv, {})
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.sim.server", *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1 and done.stderr.startswith("error: "), done.stderr
+
+
+def _sim_study(tmp_path: Path, *extra: str) -> Path:
+    text = (DATA / "tiny-study.toml").read_text()
+    text = text.replace(
+        'kind = "llama-server"\n',
+        'kind = "llama-server"\nbinary = "simulated"\nextra_args = ["--sim-speed", "20"]\n',
+        1,
+    )
+    text = text.replace(
+        'path = "stall-small.jsonl"\n', f'path = "{DATA / "stall-small.jsonl"}"\ntime_scale = 0.05\n', 1
+    )
+    text = text.replace('space = "batch-space.toml"', f'space = "{DATA / "batch-space.toml"}"')
+    text = text.replace("long_prompt_tokens = 1000", "long_prompt_tokens = 1000\nmin_overlap_s = 0.02")
+    study = tmp_path / "sim-study.toml"
+    study.write_text(text + "".join(f"{line}\n" for line in extra))
+    return study
+
+
+def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer(tmp_path: Path) -> None:
+    study = _sim_study(tmp_path)
+    marker = str(os.getpid())
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _processes_with(marker) == [], "a simulated server was left running"
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny")))
+    by_settings = {(r.params["n_batch"], r.params["n_ubatch"]): r for r in board.rows}
+    assert set(by_settings) == {(2048, 512), (64, 64), (2048, 64)}
+    baseline, small = by_settings[(2048, 512)], by_settings[(64, 64)]
+    # The mechanism the demo finds: a small batch keeps streams moving during a long prefill.
+    assert small.metrics["stall_tok_s"][0] >= 4 * baseline.metrics["stall_tok_s"][0]
+    assert "server_stall_tok_s" in baseline.metrics or "server_wait_max_s" in baseline.metrics
+    assert (tmp_path / "runs" / "tiny" / "trials" / "0000" / "server.log").read_text().count("processing task") > 0
+
+
+def test_a_baseline_whose_objective_has_no_data_ends_the_run_with_one_line(tmp_path: Path) -> None:
+    # No prompt of the workload is this long, so the stall and prefill objectives have nothing to measure.
+    study = _sim_study(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "metrics.long_prompt_tokens=100000"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the baseline could not be measured: metric"), lines
