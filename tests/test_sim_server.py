@@ -24,7 +24,7 @@ from tuner.config import PluginSpec
 from tuner.engines import create_engine
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.loadgen import replay, scrape_prometheus
-from tuner.models import ReplayRequest
+from tuner.models import ReplayRequest, RequestRecord
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.sim.server import CommandLineError, parse_command_line
@@ -96,14 +96,14 @@ def test_the_load_generator_and_the_log_parser_read_the_simulated_server_as_the_
         ),
     ]
 
-    async def measure() -> tuple[list[object], dict[str, float], dict[str, float]]:
+    async def measure() -> tuple[list[RequestRecord], dict[str, float], dict[str, float]]:
         before = await scrape_prometheus(engine, base_url)
         records = await replay(requests, engine=engine, base_url=base_url, request_timeout_s=60)
         after = await scrape_prometheus(engine, base_url)
         return list(records), before, after
 
     records, before, after = asyncio.run(measure())
-    by_id = {r.request_id: r for r in records}  # type: ignore[attr-defined]
+    by_id = {r.request_id: r for r in records}
     assert all(r.ok for r in by_id.values()), [r.error for r in by_id.values()]
     assert len(by_id["a"].token_s) == 30 and len(by_id["b"].token_s) == 5
     assert by_id["b"].timings is not None and by_id["b"].timings.prompt_n == 700
