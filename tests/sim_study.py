@@ -58,6 +58,6 @@ def run_simulated(
     runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise, faults=parse_faults(faults), observer=observer)
     with RunDirectory(run_path, notice=lambda _line: None) as run_dir:
         storage = optuna.storages.InMemoryStorage() if in_memory else None
-        study = open_optuna_study(run_dir, prepared.spec, storage=storage)
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
         asyncio.run(run_search(prepared, run_dir, study, runner, observer=observer or NullObserver()))
     return SimulatedStudy(study=study, board=build_leaderboard(study), runner=runner)

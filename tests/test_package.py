@@ -17,6 +17,7 @@ LAYERS = [
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},
+    {"sampling"},
     {"study", "report", "apply", "sim"},
     {"console"},
     {"cli", "__main__", "__init__"},

@@ -35,6 +35,7 @@ from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
+from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.transports.base import TRANSPORTS, create_transport
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
@@ -56,6 +57,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # the sampler has nothing new to offer.
 _MAX_SKIPPED_PROPOSALS = 200
 
+# TPE's first trials: a space-filling design (tuner.sampling), then the model.
+_TPE_STARTUP = 3
+
 # Samplers whose Optuna implementation needs a package serve-tuner does not depend on.
 _SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
 
@@ -73,11 +77,13 @@ def _qmc_sampler(seed: int) -> optuna.samplers.BaseSampler:
 # The samplers read a trial's constraints from the trial itself (`Trial.set_constraint`, called when a
 # trial is scored); their `constraints_func` argument is deprecated since Optuna 5 and warned about in
 # every run that passed it.
-_SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "qmc": _qmc_sampler,
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+_SAMPLERS: dict[str, Callable[[int, SearchSpace], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed, space: SpaceFillingStart(
+        optuna.samplers.TPESampler(seed=seed, n_startup_trials=_TPE_STARTUP), space, startup=_TPE_STARTUP, seed=seed
+    ),
+    "random": lambda seed, _space: optuna.samplers.RandomSampler(seed=seed),
+    "qmc": lambda seed, _space: _qmc_sampler(seed),
+    "gp": lambda seed, _space: optuna.samplers.GPSampler(seed=seed),
 }
 
 
@@ -195,13 +201,17 @@ _PRUNERS: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
 
 
 def open_optuna_study(
-    run_dir: RunDirectory, spec: StudySpec, *, storage: optuna.storages.BaseStorage | None = None
+    run_dir: RunDirectory,
+    spec: StudySpec,
+    space: SearchSpace,
+    *,
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> optuna.Study:
     """The run directory's study (its journal), or one in `storage` (the simulated studies' memory)."""
     return optuna.create_study(
         study_name=spec.name,
         storage=storage if storage is not None else run_dir.storage(),
-        sampler=_SAMPLERS[spec.search.sampler](spec.seed),
+        sampler=_SAMPLERS[spec.search.sampler](spec.seed, space),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
@@ -707,7 +717,7 @@ async def run_study(
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
     with RunDirectory(run_path) as run_dir:
         run_dir.check_spec(spec.model_dump(mode="json"), measured=has_measured_trials(run_dir))
-        study = open_optuna_study(run_dir, spec)
+        study = open_optuna_study(run_dir, spec, prepared.space)
         loop = _StudyRun(prepared, run_dir, study, observer)
         loop.begin()
         async with create_transport(spec.host) as transport:
