@@ -396,7 +396,9 @@ class SimulatedLlamaServer:
                 f"f_sim_best = {best_sim:.3f} (> {_SIMILARITY_THRESHOLD:.3f} thold), f_keep = {keep:.3f}",
             )
             return best
-        chosen = min(idle, key=lambda s: (s.last_used, s.id))
+        # Least recently used; among slots never used, the highest id (llama-server's `<=` scan): a request
+        # that arrives later gets a lower slot, and slots are filled with prompt tokens in id order.
+        chosen = min(idle, key=lambda s: (s.last_used, -s.id))
         self._log(
             now, f"I slot get_availabl: id {chosen.id:2d} | task -1 | selected slot by LRU, t_last = {chosen.last_used}"
         )
