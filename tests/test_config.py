@@ -102,10 +102,10 @@ def test_a_sampler_whose_dependency_is_missing_is_refused_with_the_fix(monkeypat
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else real_find_spec(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
     )
-    spec, base = load_study(DEMO, ['search.sampler="qmc"'])
-    with pytest.raises(ConfigError, match=r"needs scipy: .*pip install scipy"):
+    spec, base = load_study(DEMO, ['search.sampler="gp"'])
+    with pytest.raises(ConfigError, match=r"needs torch: .*pip install torch"):
         prepare_study(spec, base)
 
 

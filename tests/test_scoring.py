@@ -210,27 +210,25 @@ def test_the_difference_interval_is_the_t_interval_when_that_is_wider() -> None:
 
     values = [1.6, 1.9, 1.7]
     mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
-    half = 4.303 * sd / math.sqrt(3)  # t for 2 degrees of freedom
+    half = 4.302653 * sd / math.sqrt(3)  # t for 2 degrees of freedom
     assert difference_ci(values) == pytest.approx((mean - half, mean + half))
     low, high = difference_ci([0.14, 0.22])
     assert math.isfinite(low) and math.isfinite(high)
-    assert (low, high) == pytest.approx((0.18 - 12.706 * 0.04 / 1.0, 0.18 + 12.706 * 0.04 / 1.0))
+    assert (low, high) == pytest.approx((0.18 - 12.706205 * 0.04 / 1.0, 0.18 + 12.706205 * 0.04 / 1.0))
 
 
-def test_the_difference_interval_uses_the_next_larger_table_entry_and_the_normal_value_beyond() -> None:
+def test_the_difference_interval_uses_the_exact_t_quantile_for_any_number_of_pairs() -> None:
+    # A table read at its next row would give 2.179 for 11 degrees of freedom and 1.96 beyond 30: a little
+    # too narrow, so a little too eager to call a win.
     import numpy as np
 
     from tuner.scoring import difference_ci
 
-    twelve = [0.1 * (i % 4) for i in range(12)]  # 11 degrees of freedom: not in the table, 12's value
-    mean, sd = float(np.mean(twelve)), float(np.std(twelve, ddof=1))
-    low, high = difference_ci(twelve)
-    assert high - low == pytest.approx(2 * 2.179 * sd / math.sqrt(12))
-    forty = [0.1 * (i % 5) for i in range(40)]  # beyond the table: 1.96
-    mean, sd = float(np.mean(forty)), float(np.std(forty, ddof=1))
-    low, high = difference_ci(forty)
-    assert low <= mean - 1.96 * sd / math.sqrt(40) + 1e-12
-    assert high - low == pytest.approx(2 * 1.96 * sd / math.sqrt(40), rel=0.03)
+    for pairs, t in ((12, 2.200985), (40, 2.022691)):
+        values = [0.1 * (i % 4) for i in range(pairs)]
+        sd = float(np.std(values, ddof=1))
+        low, high = difference_ci(values)
+        assert high - low == pytest.approx(2 * t * sd / math.sqrt(pairs), rel=1e-5)
 
 
 def test_no_rounds_on_either_side_is_not_a_win_and_says_why() -> None:

@@ -61,7 +61,7 @@ _MAX_SKIPPED_PROPOSALS = 200
 _TPE_STARTUP = 3
 
 # Samplers whose Optuna implementation needs a package serve-tuner does not depend on.
-_SAMPLER_NEEDS = {"qmc": ("scipy",), "gp": ("scipy", "torch")}
+_SAMPLER_NEEDS = {"gp": ("torch",)}
 
 
 def _qmc_sampler(seed: int) -> optuna.samplers.BaseSampler:
