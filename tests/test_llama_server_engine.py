@@ -238,3 +238,20 @@ def test_the_correctness_probe_reads_the_token_ids_of_a_whole_answer() -> None:
         answer = httpx.post(f"{server.base_url}{call.path}", json=call.json, timeout=10)
     assert answer.status_code == 200, answer.text
     assert engine.parse_probe_answer(answer.json()) == (1000, 1001, 1002, 1003)
+
+
+def test_prometheus_text_with_timestamps_escaped_labels_and_infinities_is_read_as_written() -> None:
+    text = (
+        "# TYPE llamacpp:n_decode_total counter\n"
+        "llamacpp:n_decode_total 12 1700000000000\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{model_name="a \\"b\\" c",le="+Inf"} 7\n'
+        'vllm:time_to_first_token_seconds_count{model_name="a \\"b\\" c"} 7\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="a \\"b\\" c"} 1.5\n'
+    )
+    values = parse_prometheus_text(text)
+    # The timestamp is not the value (a split on the last space would read 1700000000000).
+    assert values["llamacpp:n_decode_total"] == 12.0
+    assert values['vllm:time_to_first_token_seconds_sum{model_name="a \\"b\\" c"}'] == 1.5
+    assert values['vllm:time_to_first_token_seconds_bucket{model_name="a \\"b\\" c",le="+Inf"}'] == 7.0
+    assert parse_prometheus_text("this is { not prometheus\n") == {}

@@ -153,9 +153,13 @@ def test_a_metric_at_zero_in_both_trials_is_no_change_and_from_zero_up_is_the_cl
 def test_the_missing_metric_error_says_what_the_workload_may_lack() -> None:
     with pytest.raises(MeasurementError) as missing:
         score_round({"stall_tok_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES)
-    assert str(missing.value) == (
-        "metric ttft_p95_s had no data in this round; the workload may lack what it measures (long prompts for "
-        "stall_tok_s and prefill_tok_s)"
+    assert str(missing.value) == "metric ttft_p95_s had no data in this round; the workload may lack what it measures"
+    with pytest.raises(MeasurementError) as stall:
+        score_round({"ttft_p95_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES)
+    assert str(stall.value) == (
+        "metric stall_tok_s had no data in this round; it needs a stream decoding for at least "
+        "metrics.min_overlap_s while another request's prompt of at least metrics.long_prompt_tokens new tokens "
+        "is prefilled"
     )
 
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,8 +134,10 @@ def test_a_flag_over_its_variable_is_logged_as_the_real_server_logs_it_and_the_e
     [
         (["-b", "0"], "invalid value for n_batch"),
         (["-b", "abc"], "invalid value for -b"),
-        (["--sim-speed", "0"], "--sim-speed must be above 0"),
-        (["--sim-speed", "nan"], "--sim-speed must be above 0"),
+        (["--sim-speed", "0"], "--sim-speed must be a finite number above 0"),
+        (["--sim-speed", "nan"], "--sim-speed must be a finite number above 0"),
+        (["--sim-speed", "inf"], "--sim-speed must be a finite number above 0"),
+        (["-c", "-5"], "invalid value for ctx_size"),
         (["--sim-fault", "garbage"], "--sim-fault 'garbage'"),
         (["--no-such-flag"], "invalid argument: --no-such-flag"),
         (["-c"], "expected value for argument -c"),
@@ -197,3 +200,88 @@ def test_a_baseline_whose_objective_has_no_data_ends_the_run_with_one_line(tmp_p
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the baseline could not be measured: metric"), lines
+
+
+def _post(base_url: str, path: str, body: object) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        f"{base_url}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"prompt": [1, 2], "n_predict": "x"}, "n_predict must be an integer"),
+        ({"prompt": [1, 2], "n_predict": 4, "lora": [3]}, "lora must be a list of"),
+        ({"prompt": [1, 2], "n_predict": 4, "lora": [{"id": 0, "scale": "big"}]}, "each scale must be a number"),
+        ({"prompt": [1, 2], "n_predict": 4, "lora": [{"id": 0}]}, "each scale must be a number"),
+        ({"prompt": [1, 2], "n_predict": 4, "lora": [{"id": 7, "scale": 1}]}, "invalid adapter id 7"),
+        ({"prompt": [1, -2], "n_predict": 4}, "token ids must be integers"),
+        ({"prompt": {"a": 1}, "n_predict": 4}, "prompt must be a string or a list of token ids"),
+        ({"prompt": list(range(100, 5000)), "n_predict": 4}, "exceeds the available context size"),
+    ],
+)
+def test_a_malformed_request_gets_a_400_naming_the_field_and_the_server_stays_up(
+    sim_server: tuple[str, Path], body: object, error: str
+) -> None:
+    base_url, log = sim_server
+    status, reply = _post(base_url, "/completion", body)
+    assert status == 400 and error in str(reply["error"]), reply
+    assert "Traceback" not in log.read_text()
+    assert _post(base_url, "/completion", {"prompt": [1, 2], "n_predict": 3})[1]["tokens_predicted"] == 3
+
+
+def test_an_answer_never_outgrows_the_context_and_minus_one_fills_it(sim_server: tuple[str, Path]) -> None:
+    base_url, _ = sim_server
+    status, huge = _post(base_url, "/completion", {"prompt": [1, 2], "n_predict": 10**12, "stream": "false"})
+    assert status == 200 and huge["tokens_predicted"] == 4096 - 2 and huge["truncated"] is False
+    status, full = _post(base_url, "/completion", {"prompt": list(range(100, 4000)), "n_predict": -1})
+    assert status == 200 and full["tokens_predicted"] == 4096 - 3900
+    with urllib.request.urlopen(f"{base_url}/health", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_global_adapter_scales_are_set_through_lora_adapters(tmp_path: Path) -> None:
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "LLAMA_ARG_PORT": str(port)}
+    argv = [sys.executable, "-m", "tuner.sim.server", "--sim-speed", "20", "--lora-scaled", "a.gguf:0"]
+    with subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL) as process:
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + _READY_DEADLINE_S
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base_url}/health", timeout=2):
+                        break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            assert _post(base_url, "/lora-adapters", [{"id": 0, "scale": 0.5}]) == (200, {"success": True})
+            with urllib.request.urlopen(f"{base_url}/lora-adapters", timeout=10) as response:
+                assert [a["scale"] for a in json.loads(response.read())] == [0.5]
+            plain = _post(base_url, "/completion", {"prompt": [5, 6], "n_predict": 4, "return_tokens": True})[1]
+            off = _post(base_url, "/completion", {"prompt": [5, 6], "n_predict": 4, "return_tokens": True, "lora": []})[
+                1
+            ]
+            assert plain["tokens"] != off["tokens"]  # the global scale applies where the request names none
+        finally:
+            process.terminate()
+
+
+def test_sigterm_while_the_model_loads_stops_the_server_at_once() -> None:
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "LLAMA_ARG_PORT": str(port)}
+    # At a thousandth of real time the "model" takes about six minutes to load.
+    argv = [sys.executable, "-m", "tuner.sim.server", "--sim-speed", "0.001"]
+    with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "load_model: initializing" in line:
+                break
+        process.terminate()
+        assert process.wait(timeout=30) == 0

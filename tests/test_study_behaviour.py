@@ -6,15 +6,21 @@ the real one (docs/simulator.md), whose own tests (tests/test_cli.py, tests/test
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from optuna.trial import TrialState
 
 from tests.sim_study import DATA, prepare_simulated, run_simulated
 from tuner.errors import StudyError
+from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
+from tuner.sim.runner import SimulatedTrialRunner
+from tuner.study import open_optuna_study, run_search
+from tuner.trial_runner import RoundResult
 
 AA_STUDIES = 200
 DEMO_SEEDS = 20
@@ -60,9 +66,10 @@ def test_the_same_config_under_noise_is_recommended_in_at_most_5_percent_of_stud
         result = run_simulated(prepared, tmp_path / f"aa-{seed}", seed=seed)
         if result.board.recommendation.row is not None:
             false_wins.append(seed)
-    # With a true rate of 5%, 17 or more false wins in 200 studies happen with probability under 3%.
-    assert _binomial_tail(17, AA_STUDIES, 0.05) < 0.03
-    assert len(false_wins) <= 16, f"{len(false_wins)} of {AA_STUDIES} A/A studies recommended something: {false_wins}"
+    # The smallest count that a true rate of 5% reaches with probability under 3% (17 of 200): at or above
+    # it, the rate is above 5% (bench/sim_search.py measured 0.5% over 1,000 studies).
+    limit = next(k for k in range(AA_STUDIES + 1) if _binomial_tail(k, AA_STUDIES, 0.05) < 0.03)
+    assert len(false_wins) < limit, f"{len(false_wins)} of {AA_STUDIES} A/A studies recommended something: {false_wins}"
 
 
 def _small_study(*extra: str) -> list[str]:
@@ -171,3 +178,35 @@ def test_a_baseline_that_cannot_be_measured_ends_the_study_with_its_reason(tmp_p
     prepared = prepare_simulated(_small_study())
     with pytest.raises(StudyError, match=r"the baseline could not be measured: .*no request of round 1/2 succeeded"):
         run_simulated(prepared, tmp_path / "s", seed=8, faults=["n_batch=2048:hang-after=0"])
+
+
+class _InterruptedAt(SimulatedTrialRunner):
+    """Ctrl-C during the n-th measured round."""
+
+    def __init__(self, *args: Any, at_round: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._at_round = at_round
+
+    async def measure_round(self, **kwargs: Any) -> RoundResult:
+        if self.rounds_measured + 1 == self._at_round:
+            raise KeyboardInterrupt
+        return await super().measure_round(**kwargs)
+
+
+def test_an_interruption_in_a_batch_costs_only_the_trials_that_started(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study("interleave=2", "confirm.top=0"))
+    # The baseline's two rounds, then the first trial of the batch is interrupted in its first round, before
+    # the second trial's first start.
+    runner = _InterruptedAt(prepared, seed=9, noise=NoiseModel(), at_round=3)
+    with pytest.raises(KeyboardInterrupt), RunDirectory(tmp_path / "s", notice=lambda _line: None) as run_dir:
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space)
+        asyncio.run(run_search(prepared, run_dir, study, runner))
+    interrupted = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(interrupted) == 2 and all("interrupted" in t.user_attrs["fail_reason"] for t in interrupted)
+    assert [bool(t.user_attrs.get("deployed")) for t in interrupted] == [True, False]
+
+    resumed = run_simulated(prepared, tmp_path / "s", seed=9, noise=NoiseModel(), in_memory=False)
+    measured = [r for r in resumed.board.rows if r.state == "COMPLETE" and not r.baseline]
+    # The budget of 2 is one interrupted trial that started and one measured now; the one that never started
+    # is not on the board.
+    assert len(measured) == 1 and [r.state for r in resumed.board.rows].count("FAIL") == 1

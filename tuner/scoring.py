@@ -64,16 +64,27 @@ def _log_ratio(value: float, reference: float) -> float:
     return max(-math.log(RATIO_CLAMP), min(math.log(RATIO_CLAMP), math.log(value / reference)))
 
 
+# What a metric needs from a round, for the error when it had no data.
+_STALL_NEEDS = (
+    "it needs a stream decoding for at least metrics.min_overlap_s while another request's prompt of at least "
+    "metrics.long_prompt_tokens new tokens is prefilled"
+)
+_NEEDS = {
+    "stall_tok_s": _STALL_NEEDS,
+    "unstalled_tok_s": _STALL_NEEDS,
+    "server_stall_tok_s": _STALL_NEEDS,
+    "prefill_tok_s": "it needs a prompt of at least metrics.long_prompt_tokens new tokens",
+}
+
+
 def objective_terms(metrics: Metrics, reference: Metrics, objectives: Sequence[ObjectiveSpec]) -> list[float]:
     """Per objective, the signed log-ratio against the reference: > 0 is better, whatever the direction."""
     terms = []
     for objective in objectives:
         value, base = metrics.get(objective.metric), reference.get(objective.metric)
         if value is None or base is None:
-            raise MeasurementError(
-                f"metric {objective.metric} had no data in this round; the workload may lack what it "
-                "measures (long prompts for stall_tok_s and prefill_tok_s)"
-            )
+            needs = _NEEDS.get(objective.metric, "the workload may lack what it measures")
+            raise MeasurementError(f"metric {objective.metric} had no data in this round; {needs}")
         sign = 1.0 if objective.direction == "maximize" else -1.0
         terms.append(sign * _log_ratio(value, base))
     return terms

@@ -149,7 +149,7 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
             f"search space {spec.search.space} is for {space.engine!r}, the study's engine is {engine.kind!r}"
         )
     _check_space_against_knobs(space, engine, base_dir / spec.search.space)
-    _check_settings_consistency(full_space, getattr(engine, "base_settings", {}))
+    _check_settings_consistency(full_space, engine.base_settings)
     for objective in spec.objectives:
         if objective.metric not in METRICS:
             raise ConfigError(f"objective metric {objective.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}")
@@ -158,7 +158,7 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
             raise ConfigError(
                 f"constraint metric {constraint.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}"
             )
-    base_settings: Mapping[str, ParamValue] = getattr(engine, "base_settings", {})
+    base_settings = engine.base_settings
     baseline: dict[str, ParamValue] = {}
     for name, param in space.params.items():
         value = base_settings.get(name, param.default)
@@ -420,7 +420,6 @@ class _StudyRun:
         round, so that no config keeps a warm state from its previous round and a slow drift of the
         machine spreads over all configs instead of landing on one."""
         for pending in batch:
-            pending.trial.set_user_attr("deployed", True)
             self.observer.trial_started(number=pending.trial.number, params=pending.params, baseline=pending.baseline)
         active = list(batch)
         try:
@@ -457,6 +456,10 @@ class _StudyRun:
         trial = pending.trial
         round_started = time.monotonic()
         settings = {} if pending.baseline else pending.params
+        if round_index == 0:
+            # Counted against the budget from its first start: a trial of the batch that an interruption
+            # kept from starting was never deployed, and a resumed study measures it.
+            trial.set_user_attr("deployed", True)
         await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
         if round_index == 0:
             await self.check_answers(trial, baseline=pending.baseline)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from tuner.config import ParamValue, PluginSpec, validate_options
@@ -142,6 +143,11 @@ class Engine(Protocol):
     kind: str
     knobs: Mapping[str, Knob]
 
+    @property
+    def base_settings(self) -> Mapping[str, ParamValue]:
+        """The study-wide settings (`engine.settings`): the baseline's, and every trial's base."""
+        ...
+
     def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
         """Raises `ConfigError` for an unknown knob or an invalid value."""
         ...
@@ -233,16 +239,19 @@ def create_engine(spec: PluginSpec) -> Engine:
 
 
 def parse_prometheus_text(text: str) -> dict[str, float]:
-    """Series name (labels included, as written) to value, from Prometheus' text format."""
+    """Series name (with its labels, `name{a="x",b="y"}`) to value, from Prometheus' text format, read by
+    prometheus_client's parser (timestamps, escaped label values, `+Inf` and the rest). An exposition it
+    cannot read gives nothing: a round's server counters are evidence, never required."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, rest = line.rpartition(" ")
-        if not name:
-            continue
-        try:
-            values[name.strip()] = float(rest)
-        except ValueError:
-            continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{name}="{_escape_label(value)}"' for name, value in sample.labels.items())
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+    except ValueError:
+        return {}
     return values
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -304,16 +304,19 @@ class SimulatedLlamaServer:
     def submit(
         self, prompt: Sequence[int], n_predict: int, *, now: float, lora: Sequence[tuple[int, float]] | None = None
     ) -> SimTask:
+        limit = self.settings.n_ctx_slot
+        # -1 (or any negative) generates until the slot's context is full, as on the real server; a larger
+        # request stops there too, so no answer is ever longer than the context.
+        room = max(1, limit - len(prompt))
         task = SimTask(
             id=self._next_task,
             prompt=tuple(prompt),
-            n_predict=max(1, n_predict),
+            n_predict=room if n_predict < 0 else max(1, min(n_predict, room)),
             lora=self.normalize_lora(lora),
             arrival_s=now,
         )
         # Task ids advance by more than one per request on the real server (it counts internal tasks too).
-        self._next_task += 1 + n_predict // 50
-        limit = self.settings.n_ctx_slot
+        self._next_task += 1 + task.n_predict // 50
         if len(task.prompt) >= limit:
             task.error = (
                 f"request ({len(task.prompt)} tokens) exceeds the available context size ({limit} tokens), "

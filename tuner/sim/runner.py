@@ -7,15 +7,16 @@ log lines through the engine's parser, and the round's metrics (`tuner.trial_run
 A round of the demo's workload takes a few milliseconds, so hundreds of studies run in seconds.
 
 Faults make chosen configs misbehave as on a real host: `refuse-start` (the deployer's start fails),
-`die-after=N` (the server dies after N requests of a round), `hang-after=N` (it stops answering after N
-requests while its health check would still pass, so the requests time out).
+`die-after=N` (the server dies during a round of more than N requests), `hang-after=N` (the requests of a
+round after its first N time out, as if the server stopped answering while its health check passed).
+Here N counts a round's requests; the program's `--sim-fault` counts every request since the start,
+warm-up and probes included, so one spec can hit a different request in the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tuner.config import ParamValue
 from tuner.errors import MeasurementError, ServerNotReady
@@ -24,15 +25,12 @@ from tuner.observers import NullObserver, StudyObserver
 from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, answer_tokens, format_log_line, load_cost_model
 from tuner.sim.server import Fault, _parse_fault, _text_tokens, parse_command_line
 from tuner.sim.virtual import replay_virtual
-from tuner.trial_runner import RoundResult, check_round, round_metrics, round_requests, warm_up_request
-
-if TYPE_CHECKING:
-    from tuner.study import PreparedStudy
+from tuner.trial_runner import PreparedStudy, RoundResult, check_round, round_metrics, round_requests, warm_up_request
 
 __all__ = ["SimulatedTrialRunner", "parse_faults"]
 
 _BETWEEN_ROUNDS_S = 1.0  # the server's clock between the warm-up or a round and the next round
-_REQUESTS: dict[tuple[int, int, tuple[tuple[str, ParamValue], ...]], list[ReplayRequest]] = {}
+_REQUESTS: dict[tuple[int, int, tuple[tuple[str, ParamValue], ...]], tuple[PreparedStudy, list[ReplayRequest]]] = {}
 
 
 def parse_faults(specs: Sequence[str]) -> tuple[Fault, ...]:
@@ -131,9 +129,12 @@ class SimulatedTrialRunner:
         # Synthesizing a round's prompts is most of a simulated round's time, and every trial of a study (and
         # every study of one prepared spec) replays the same ones for the same index.
         key = (id(prepared), prompts_index, tuple(sorted(settings.items())))
-        requests = _REQUESTS.get(key)
-        if requests is None:
-            requests = _REQUESTS[key] = round_requests(prepared, settings, prompts_index=prompts_index)
+        cached = _REQUESTS.get(key)
+        if cached is not None and cached[0] is prepared:  # an id is reused once its object is gone
+            requests = cached[1]
+        else:
+            requests = round_requests(prepared, settings, prompts_index=prompts_index)
+            _REQUESTS[key] = (prepared, requests)
             if len(_REQUESTS) > 4096:
                 _REQUESTS.pop(next(iter(_REQUESTS)))
         mark = len(started.log)

@@ -17,7 +17,9 @@ or `[KNOB=VALUE:]hang-after=N` (stop answering after N requests while `/health` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -250,8 +252,8 @@ class _Parser:
             changes["kv_unified"] = False  # only -np auto turns the unified KV buffer on
         if changes.get("ctx_size") == 0:
             changes["ctx_size"] = SimSettings().ctx_size  # 0: the model's own, here the default
-        for name in ("n_batch", "n_ubatch", "n_parallel"):
-            if changes.get(name, 1) < 1:
+        for name, lowest in (("n_batch", 1), ("n_ubatch", 1), ("n_parallel", 1), ("ctx_size", 0), ("cache_ram", -1)):
+            if changes.get(name, lowest) < lowest:
                 raise CommandLineError(f"invalid value for {name}: {changes[name]}")
         changes["lora_adapters"], changes["lora_scales"] = tuple(self.lora_paths), tuple(self.lora_scales)
         return replace(SimSettings(), **changes)
@@ -269,8 +271,10 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLi
         )
     except ValueError as exc:
         raise CommandLineError(f"invalid value for a --sim- option: {exc}") from None
-    if not speed > 0 or noise.restart < 0 or noise.iteration < 0:
-        raise CommandLineError("--sim-speed must be above 0 and the --sim-noise- options at least 0")
+    if not (math.isfinite(speed) and speed > 0):
+        raise CommandLineError("--sim-speed must be a finite number above 0")
+    if not all(math.isfinite(x) and x >= 0 for x in (noise.restart, noise.iteration)):
+        raise CommandLineError("the --sim-noise- options must be finite numbers of at least 0")
     return CommandLine(
         settings=parser.settings(),
         values=values,
@@ -285,6 +289,17 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLi
         faults=tuple(parser.faults),
         warnings=tuple(parser.warnings),
     )
+
+
+_VOCABULARY = 49152  # SmolLM2's
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found", 501: b"Not Implemented",
+            503: b"Service Unavailable"}  # fmt: skip
+
+
+def _integer(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer")
+    return value
 
 
 def _text_tokens(text: str) -> list[int]:
@@ -422,7 +437,8 @@ class SimHttpServer:
 
     async def _respond(self, connection: h11.Connection, writer: asyncio.StreamWriter, response: _Response) -> None:
         headers = [("content-type", response.content_type), ("content-length", str(len(response.body)))]
-        await self._send(writer, connection, h11.Response(status_code=response.status, headers=headers))
+        reason = _REASONS.get(response.status, b"")
+        await self._send(writer, connection, h11.Response(status_code=response.status, headers=headers, reason=reason))
         await self._send(writer, connection, h11.Data(data=response.body))
         await self._send(writer, connection, h11.EndOfMessage())
 
@@ -463,6 +479,8 @@ class SimHttpServer:
                 )
             ]
             await self._respond(connection, writer, _Response(200, adapters))
+        elif path == "/lora-adapters" and method == "POST":
+            await self._respond(connection, writer, self._set_global_scales(body))
         elif path == "/props" and method == "GET":
             props = {
                 "total_slots": self.model.settings.n_parallel,
@@ -474,6 +492,18 @@ class SimHttpServer:
             await self._generate(connection, writer, path, body)
         else:
             await self._respond(connection, writer, self._error(404, "File Not Found", "not_found_error"))
+
+    def _set_global_scales(self, body: bytes) -> _Response:
+        """`[{"id": N, "scale": S}, ...]`: the scales a request without `lora` runs with; unlisted adapters 0."""
+        try:
+            pairs = self._lora(json.loads(body or b"null"))
+        except ValueError as exc:
+            return self._error(400, str(exc), "invalid_request_error")
+        scales = [0.0] * len(self.model.settings.lora_adapters)
+        for adapter, scale in pairs or []:
+            scales[adapter] = scale
+        self.model.settings = replace(self.model.settings, lora_scales=tuple(scales))
+        return _Response(200, {"success": True})
 
     def _slots(self) -> list[dict[str, Any]]:
         out = []
@@ -538,21 +568,21 @@ class SimHttpServer:
         except ValueError as exc:
             await self._respond(connection, writer, self._error(400, f"invalid JSON: {exc}", "invalid_request_error"))
             return
+        try:
+            prompt = self._prompt(payload, chat=path == "/v1/chat/completions")
+            n_predict = _integer(payload.get("n_predict", payload.get("max_tokens", -1)), "n_predict")
+            lora_pairs = self._lora(payload.get("lora"))
+        except ValueError as exc:
+            await self._respond(connection, writer, self._error(400, str(exc), "invalid_request_error"))
+            return
         self._check_faults()
         chat = path.startswith("/v1/")
-        prompt = self._prompt(payload, chat=path == "/v1/chat/completions")
-        n_predict = int(payload.get("n_predict", payload.get("max_tokens", 16)) or 16)
-        lora = payload.get("lora")
-        lora_pairs = [(int(item["id"]), float(item["scale"])) for item in lora] if isinstance(lora, list) else None
-        if lora_pairs is not None and any(not 0 <= i < len(self.model.settings.lora_adapters) for i, _ in lora_pairs):
-            await self._respond(connection, writer, self._error(400, "invalid adapter id", "invalid_request_error"))
-            return
         task = self.model.submit(prompt, n_predict, now=self.model_s(), lora=lora_pairs)
         if task.error is not None:
             await self._respond(connection, writer, self._error(400, task.error, "exceed_context_size_error"))
             return
         self._work.set()
-        stream = bool(payload.get("stream", False))
+        stream = payload.get("stream") is True
         try:
             if stream:
                 await self._stream(connection, writer, task, chat=chat, payload=payload)
@@ -574,9 +604,31 @@ class SimHttpServer:
             text = "".join(f"<|{m.get('role', '')}|>{m.get('content', '')}" for m in messages if isinstance(m, dict))
             return _text_tokens(text)
         prompt = payload.get("prompt", "")
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list):
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _VOCABULARY for t in prompt):
+                raise ValueError(f"prompt: token ids must be integers from 0 to {_VOCABULARY - 1}")
             return list(prompt) or [1]
-        return _text_tokens(str(prompt))
+        if not isinstance(prompt, str):
+            raise ValueError("prompt must be a string or a list of token ids")
+        return _text_tokens(prompt)
+
+    def _lora(self, field: object) -> list[tuple[int, float]] | None:
+        """A request's `lora`: [{"id": N, "scale": S}, ...] naming loaded adapters, or None (the global scales)."""
+        if field is None:
+            return None
+        if not isinstance(field, list) or not all(isinstance(item, dict) for item in field):
+            raise ValueError('lora must be a list of {"id": N, "scale": S}')
+        pairs = []
+        for item in field:
+            adapter, scale = item.get("id"), item.get("scale")
+            if not isinstance(adapter, int) or isinstance(adapter, bool):
+                raise ValueError("lora: each id must be an integer")
+            if not isinstance(scale, int | float) or isinstance(scale, bool) or not math.isfinite(scale):
+                raise ValueError("lora: each scale must be a number")
+            if not 0 <= adapter < len(self.model.settings.lora_adapters):
+                raise ValueError(f"lora: invalid adapter id {adapter}")
+            pairs.append((adapter, float(scale)))
+        return pairs
 
     async def _stream(
         self,
@@ -588,7 +640,7 @@ class SimHttpServer:
         payload: Mapping[str, Any],
     ) -> None:
         headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
-        await self._send(writer, connection, h11.Response(status_code=200, headers=headers))
+        await self._send(writer, connection, h11.Response(status_code=200, headers=headers, reason=b"OK"))
         sent = 0
         while True:
             while sent < len(task.generated) and task.token_s[sent] <= self.released_s:
@@ -694,7 +746,11 @@ async def _serve(command: CommandLine) -> int:
         loop.add_signal_handler(number, stop.set)
     for line in server.model.startup_lines():
         server.log(line)
-    await asyncio.sleep(server.load_s)
+    # The "model" loads; a SIGTERM meanwhile ends the server at once, as it would the real one.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=server.load_s)
+    if stop.is_set():
+        return 0
     server.loaded = True
     server.log("I srv  llama_server: model loaded")
     server.log(f"I srv  llama_server: listening on http://{command.host}:{port}")
