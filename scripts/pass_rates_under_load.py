@@ -61,13 +61,29 @@ def _run_once(test: str) -> tuple[bool, float, str]:
     return passed, time.monotonic() - started, failure
 
 
+def _table(runs: dict[str, list[dict[str, object]]]) -> str:
+    lines = ["| test | passed | runs | median time |", "|---|---|---|---|"]
+    for test, results in runs.items():
+        if not results:
+            continue
+        seconds = sorted(float(str(r["seconds"])) for r in results)
+        passed = sum(1 for r in results if r["passed"])
+        name = test.removeprefix("tests/")
+        lines.append(f"| `{name}` | {passed} | {len(results)} | {seconds[len(seconds) // 2]:.0f} s |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/pass-rates-under-load.json")
     parser.add_argument("--pause-file", type=Path, default=ROOT / ".pass-rates-pause")
     parser.add_argument("--only", action="append", default=[], help="a substring of the tests to run")
+    parser.add_argument("--report", action="store_true", help="print the results file as a Markdown table")
     args = parser.parse_args()
+    if args.report:
+        print(_table(json.loads(args.out.read_text())["runs"]))
+        return 0
     tests = [t for t in STUDY_TESTS if not args.only or any(o in t for o in args.only)]
     results: dict[str, list[dict[str, object]]] = {t: [] for t in tests}
     if args.out.exists():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: lint, format, types, tests. `.ci/run` calls exactly this.
-# The first run builds llama-server (about 10 minutes on 2 cores); tests that need it skip, saying
-# why, only if it cannot be built here.
+# The first run builds llama-server (about 10 minutes on 2 cores). A test whose real part is missing
+# (the build, sshd, sudo, the systemd host) fails naming it under CI=true, and elsewhere skips, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh dev
@@ -18,7 +18,7 @@ if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
   echo "installing$missing for the ssh and systemd tests ..."
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
-    || echo "warning: could not install$missing; the tests that need them will skip, saying why" >&2
+    || echo "warning: could not install$missing; the tests that need them fail under CI=true and skip elsewhere, saying why" >&2
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

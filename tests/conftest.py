@@ -141,12 +141,16 @@ def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFac
 # ---- which real parts ran ------------------------------------------------------------------------
 
 _PART_OUTCOMES: dict[str, dict[str, str]] = {}  # part -> test id -> passed | failed | skipped
-_REPORT_PARTS: dict[str, list[str]] = {}  # test id -> the parts it needs
+_REPORTS_SEEN: list[bool] = []  # set once any test reported: the summary is printed then
 
 
 def _parts_of(item: pytest.Item) -> list[str]:
+    """The real parts a test needs: through its fixtures, or named by `@pytest.mark.real_part("name")` where
+    the test asks `need_real_part` itself."""
     fixtures = getattr(item, "fixturenames", ())
-    return sorted({part for fixture, part in FIXTURE_PARTS.items() if fixture in fixtures})
+    parts = {part for fixture, part in FIXTURE_PARTS.items() if fixture in fixtures}
+    parts.update(str(marker.args[0]) for marker in item.iter_markers("real_part"))
+    return sorted(parts)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -157,7 +161,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    for part in _REPORT_PARTS.get(report.nodeid, []):
+    # The parts travel in the report's user properties, so that the controller of a pytest-xdist run, where
+    # no test is set up, counts them too.
+    _REPORTS_SEEN.append(True)
+    parts = next((value for key, value in report.user_properties if key == "real_parts"), [])
+    for part in parts:  # type: ignore[attr-defined]
         seen = _PART_OUTCOMES.setdefault(part, {})
         if report.skipped:
             seen[report.nodeid] = "skipped"
@@ -168,12 +176,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    _REPORT_PARTS[item.nodeid] = _parts_of(item)
+    item.user_properties.append(("real_parts", _parts_of(item)))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How many tests ran against each real part: a run that exercised none of them says so."""
-    if not _REPORT_PARTS:
+    if not _REPORTS_SEEN:
         return
     terminalreporter.section("real parts")
     for part in (*REQUIRED_PARTS, *OPT_IN_PARTS):

@@ -349,6 +349,7 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
     assert ollama.memory_check({"context_length": 4096, "num_parallel": 4, "kv_cache_type": "q4_0"}) is None
 
 
+@pytest.mark.real_part("llama-server")
 def test_the_memory_check_reads_the_real_models_header(tmp_path: Path) -> None:
     from tuner import assets
     from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token

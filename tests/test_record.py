@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -263,9 +264,16 @@ def test_a_recording_killed_mid_way_leaves_the_last_checkpoint_whole(tmp_path: P
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for n in range(2):
                 await chat(client, [{"role": "user", "content": f"question {n}"}])
-        await asyncio.sleep(0.4)
-        # What a SIGKILL now would leave behind: the last checkpoint, a whole trace.
-        seen_mid_way.append(len(load_trace(tmp_path / "rec.jsonl").requests))
+        # Wait for the checkpoint that holds both (a generous deadline, never a speed check), reading the
+        # file as a SIGKILL would leave it each time: it must always be a whole trace.
+        deadline = time.monotonic() + 30
+        while True:
+            trace = tmp_path / "rec.jsonl"
+            held = len(load_trace(trace).requests) if trace.exists() else 0
+            if held == 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        seen_mid_way.append(held)
         assert [p.name for p in tmp_path.iterdir()] == ["rec.jsonl"]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

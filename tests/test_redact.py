@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
 from tuner.models import LaunchSpec, ReplayRequest, RequestRecord, RequestStatus
 from tuner.redact import REDACTED, RedactingFilter, forget_secrets, looks_like_secret, redact, remember_secret
 
-CANARY = f"sk-canary-{uuid.uuid4().hex}"
+# Fixed, so that the parametrized test ids are the same in every process (pytest-xdist compares them).
+CANARY = "sk-canary-6f1d3c0b9e8a47d2a5c4b3e2f1a09876"
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def no_remembered_secrets() -> Iterator[None]:
     forget_secrets()
 
 
-OPAQUE_TOKEN = f"tok.{uuid.uuid4().hex}"  # no known key shape: only its place after Bearer gives it away
+OPAQUE_TOKEN = "tok.9a8b7c6d5e4f40312a1b2c3d4e5f6a7b"  # no known key shape: only its place after Bearer gives it away
 
 
 @pytest.mark.parametrize(
