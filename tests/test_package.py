@@ -86,3 +86,11 @@ def test_only_the_ssh_transport_may_import_asyncssh() -> None:
         if imports_package(p, "asyncssh") and p.name != "ssh.py"
     ]
     assert offenders == []
+
+
+def test_the_search_loops_class_stays_at_most_300_lines() -> None:
+    # The search loop (ask, skip, batch, tell, prune) apart from what it calls: the trial runner, the
+    # gates, the confirmation (docs/architecture.md).
+    tree = ast.parse((PACKAGE / "study.py").read_text())
+    (loop,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_StudyRun"]
+    assert loop.end_lineno is not None and loop.end_lineno - loop.lineno + 1 <= 300

@@ -10,16 +10,21 @@ wrong conversation (llama.cpp issue 27148, with --cache-ram), and no threshold e
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
+from tuner.config import ParamValue
 from tuner.engines.base import Engine
 from tuner.errors import MeasurementError
+from tuner.models import ReplayRequest
 from tuner.redact import redact
+from tuner.workloads import Trace
 
-__all__ = ["PROBE_PROMPTS", "GateResult", "ask_probes", "judge"]
+__all__ = ["PROBE_PROMPTS", "GateResult", "Prober", "ask_probes", "judge", "lora_answer_changes"]
 
 PROBE_PROMPTS = (
     "The capital of France is",
@@ -88,3 +93,56 @@ def judge(answers: Sequence[Sequence[int]], reference: Sequence[Sequence[int]], 
             reason=f"answers agree with the baseline's on {mean:.0%} of their tokens, below {min_agreement:.0%}",
         )
     return GateResult(passed=True, agreement=agreement, reason=f"answers agree with the baseline's on {mean:.0%}")
+
+
+class Prober(Protocol):
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]: ...
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Where two answers part, or None if they are the same."""
+    for position, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _lora_label(lora: tuple[tuple[str, float], ...]) -> str:
+    return "+".join(f"{name}@{scale:g}" for name, scale in lora) or "no adapter"
+
+
+async def lora_answer_changes(
+    prober: Prober, trace: Trace, engine: Engine, settings: Mapping[str, ParamValue], *, tokens: int
+) -> tuple[float, str] | None:
+    """Asks the probes with each LoRA setting of the workload and with what `settings` turn it into; the
+    share of the workload's requests whose answers would change, and a note per setting. None when the
+    workload has no adapter setting to change."""
+    recorded = Counter(tuple(sorted((use.adapter, use.scale) for use in request.lora)) for request in trace.requests)
+    if len(recorded) < 2 and () in recorded:
+        return None
+    samples = [
+        ReplayRequest(
+            request_id=f"lora-{i}", session="lora", offset_s=0, prompt_token_ids=(1,), output_tokens=1, lora=lora
+        )
+        for i, lora in enumerate(recorded)
+    ]
+    changed_requests, notes = 0.0, []
+    for sample, applied in zip(samples, engine.apply_request_settings(samples, settings), strict=True):
+        before, after = tuple(sorted(sample.lora or ())), tuple(sorted(applied.lora or ()))
+        if before == after:
+            continue
+        as_recorded = await prober.probe_answers(tokens=tokens, lora=before)
+        as_trial = await prober.probe_answers(tokens=tokens, lora=after)
+        diverge = [_first_difference(a, b) for a, b in zip(as_recorded, as_trial, strict=True)]
+        differing = [position for position in diverge if position is not None]
+        changed_requests += recorded[before] * len(differing) / len(as_recorded)
+        where = f" (first different token: {', '.join(str(p + 1) for p in differing)} of {tokens})" if differing else ""
+        notes.append(
+            f"{_lora_label(before)} -> {_lora_label(after)} ({recorded[before]} requests): "
+            f"{len(differing)} of {len(as_recorded)} probe answers differ{where}"
+        )
+    if not notes:
+        return None
+    return changed_requests / len(trace.requests), "; ".join(notes)

@@ -14,8 +14,7 @@ import math
 import statistics
 import time
 import warnings
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,8 @@ from tuner.deployers.base import DEPLOYERS, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
-from tuner.gate import judge
+from tuner.gate import judge, lora_answer_changes
 from tuner.metrics import METRICS
-from tuner.models import ReplayRequest
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
@@ -241,18 +239,6 @@ def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
     return optuna.load_study(study_name=names[0], storage=storage)
 
 
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Where two answers part, or None if they are the same."""
-    for position, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return position
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _lora_label(lora: tuple[tuple[str, float], ...]) -> str:
-    return "+".join(f"{name}@{scale:g}" for name, scale in lora) or "no adapter"
-
-
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
     return bool(trial.user_attrs.get("baseline"))
 
@@ -310,7 +296,7 @@ class _StudyRun:
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         self._runner = runner
         await self.run(deadline)
-        await self.confirm()
+        await _Confirmation(self).run()
 
     def fail_interrupted_trials(self) -> None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -462,9 +448,7 @@ class _StudyRun:
             trial.set_user_attr("deployed", True)
         await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
         if round_index == 0:
-            await self.check_answers(trial, baseline=pending.baseline)
-            if not pending.baseline:
-                await self.check_lora_answers(trial, pending.params)
+            await _Gates(self).check(trial, pending.params, baseline=pending.baseline)
         measured = await self.runner.measure_round(
             settings=settings,
             number=trial.number,
@@ -499,76 +483,6 @@ class _StudyRun:
     def log_path(self, number: int, name: str) -> str:
         return str(self.run_dir.trial_dir(number) / name)
 
-    async def check_answers(self, trial: optuna.Trial, *, baseline: bool) -> None:
-        """The correctness gate; the baseline's answers become the reference. `MeasurementError` on failure."""
-        gate = self.spec.gate
-        if not gate.enabled:
-            return
-        answers = await self.runner.probe_answers(tokens=gate.tokens)
-        if baseline:
-            self.study.set_user_attr("reference_answers", [list(a) for a in answers])
-            return
-        reference = self.study.user_attrs.get("reference_answers")
-        if reference is None:
-            return
-        result = judge(answers, reference, min_agreement=gate.min_agreement)
-        trial.set_user_attr("answer_agreement", result.agreement)
-        if not result.passed:
-            raise MeasurementError(f"correctness gate: {result.reason}")
-
-    async def check_lora_answers(self, trial: optuna.Trial, params: Mapping[str, ParamValue]) -> None:
-        """Asks the probes with each LoRA setting of the workload and with what the trial's settings turn it
-        into; records the share of the workload's requests whose answers would change, and an example."""
-        recorded = Counter(
-            tuple(sorted((use.adapter, use.scale) for use in request.lora)) for request in self.prepared.trace.requests
-        )
-        if len(recorded) < 2 and () in recorded:
-            return
-        samples = [
-            ReplayRequest(
-                request_id=f"lora-{i}", session="lora", offset_s=0, prompt_token_ids=(1,), output_tokens=1, lora=lora
-            )
-            for i, lora in enumerate(recorded)
-        ]
-        changed_requests, notes = 0.0, []
-        for sample, applied in zip(samples, self.prepared.engine.apply_request_settings(samples, params), strict=True):
-            before, after = tuple(sorted(sample.lora or ())), tuple(sorted(applied.lora or ()))
-            if before == after:
-                continue
-            tokens = self.spec.gate.tokens
-            as_recorded = await self.runner.probe_answers(tokens=tokens, lora=before)
-            as_trial = await self.runner.probe_answers(tokens=tokens, lora=after)
-            diverge = [_first_difference(a, b) for a, b in zip(as_recorded, as_trial, strict=True)]
-            differing = [position for position in diverge if position is not None]
-            changed_requests += recorded[before] * len(differing) / len(as_recorded)
-            where = (
-                f" (first different token: {', '.join(str(p + 1) for p in differing)} of {tokens})" if differing else ""
-            )
-            notes.append(
-                f"{_lora_label(before)} -> {_lora_label(after)} ({recorded[before]} requests): "
-                f"{len(differing)} of {len(as_recorded)} probe answers differ{where}"
-            )
-        if notes:
-            trial.set_user_attr("answers_changed", changed_requests / len(self.prepared.trace.requests))
-            trial.set_user_attr("answers_changed_note", "; ".join(notes))
-
-    def check_constraints(
-        self, trial: optuna.Trial, medians: Mapping[str, float | None], reference: Mapping[str, float | None]
-    ) -> None:
-        """Records which metric constraints the trial breaks; the baseline is its own reference."""
-        amounts, broken = [], []
-        for constraint in self.spec.constraints:
-            violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
-            amounts.append(max((amount for _, amount in violations), default=0.0))
-            broken += [text for text, _ in violations]
-        trial.set_user_attr("constraint_violations", amounts)
-        # For the samplers (TPE and GP steer away from infeasible trials); named "0", "1", ... as the
-        # deprecated constraints_func stored them, so a study begun with it reads the same on resume.
-        for index, amount in enumerate(amounts):
-            trial.set_constraint(str(index), amount)
-        if broken:
-            trial.set_user_attr("violates", broken)
-
     def noisy(self, rounds: list[dict[str, float | None]]) -> bool:
         """True if the rounds differ by 20% or more on an objective metric: such a trial is measured more."""
         flagged = noisy_metrics(rounds, [o.metric for o in self.spec.objectives])
@@ -595,58 +509,6 @@ class _StudyRun:
         self.study.tell(trial, state=TrialState.PRUNED)
         self.observer.trial_pruned(number=trial.number, reason=reason, saved_s=saved_s)
 
-    async def confirm(self) -> None:
-        """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores
-        the paired score differences with their 95% interval in the study's user attributes.
-
-        Alternating the order keeps a slow drift of the machine from favouring either side, and both
-        members of a pair replay the same prompts.
-        """
-        baseline = self.baseline_trial()
-        if baseline is None or self.spec.confirm.top == 0:
-            return
-        reference = median_metrics(baseline.user_attrs["rounds"])
-        for candidate in self.confirmation_candidates():
-            key = f"confirmation_{candidate.number}"
-            settings: dict[str, ParamValue] = dict(candidate.user_attrs["settings"])
-            self.observer.confirm_started(number=candidate.number, params=settings, pairs=self.spec.confirm.pairs)
-            differences = []
-            for pair in range(self.spec.confirm.pairs):
-                order = [(baseline.number, {}), (candidate.number, settings)]
-                if pair % 2:
-                    order.reverse()
-                scores: dict[int, float] = {}
-                for number, tuned in order:
-                    log_path = self.log_path(number, f"confirm-{candidate.number}-server.log")
-                    await self.runner.start(tuned, number=number, log_path=log_path)
-                    measured = await self.runner.measure_round(
-                        settings=tuned,
-                        number=number,
-                        prompts_index=self.spec.rounds + pair,
-                        label=f"pair {pair + 1}/{self.spec.confirm.pairs}"
-                        + (" (baseline)" if number == baseline.number else ""),
-                        records_name=f"confirm-{candidate.number}-{pair + 1}",
-                    )
-                    scores[number] = score_round(measured.metrics, reference, self.spec.objectives)
-                differences.append(scores[candidate.number] - scores[baseline.number])
-            low, high = difference_ci(differences)
-            mean = statistics.fmean(differences)
-            self.study.set_user_attr(key, {"differences": differences, "mean": mean, "ci": [low, high]})
-            self.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
-
-    def confirmation_candidates(self) -> list[FrozenTrial]:
-        """The best measured trials that scored above the baseline and were not re-measured yet."""
-        measured = [
-            t
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("deployed")
-            and not _is_baseline(t)
-            and t.user_attrs.get("score", 0.0) > 0
-            and not t.user_attrs.get("violates")
-        ]
-        best = sorted(measured, key=lambda t: -float(t.user_attrs["score"]))[: self.spec.confirm.top]
-        return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
-
     def finish_trial(self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, baseline: bool) -> None:
         """Scores the rounds and tells Optuna; `MeasurementError` if an objective metric had no data."""
         objectives = self.spec.objectives
@@ -665,7 +527,7 @@ class _StudyRun:
                 f"{exc}; {failed} requests failed, see {self.run_dir.trial_dir(trial.number)}/round-*.jsonl"
             ) from None
         noisy = noisy_metrics(rounds, [o.metric for o in objectives])
-        self.check_constraints(trial, median_metrics(rounds), reference)
+        record_constraints(trial, self.spec, median_metrics(rounds), reference)
         trial.set_user_attr("round_scores", scores)
         trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
@@ -679,6 +541,129 @@ class _StudyRun:
                 trial.report(value, step=0)  # the pruner compares later first rounds with it
             self.study.tell(trial, value if math.isfinite(value) else None)
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
+
+
+def record_constraints(
+    trial: optuna.Trial, spec: StudySpec, medians: Mapping[str, float | None], reference: Mapping[str, float | None]
+) -> None:
+    """Records which metric constraints the trial breaks; the baseline is its own reference."""
+    amounts, broken = [], []
+    for constraint in spec.constraints:
+        violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
+        amounts.append(max((amount for _, amount in violations), default=0.0))
+        broken += [text for text, _ in violations]
+    trial.set_user_attr("constraint_violations", amounts)
+    # For the samplers (TPE and GP steer away from infeasible trials); named "0", "1", ... as the
+    # deprecated constraints_func stored them, so a study begun with it reads the same on resume.
+    for index, amount in enumerate(amounts):
+        trial.set_constraint(str(index), amount)
+    if broken:
+        trial.set_user_attr("violates", broken)
+
+
+class _Gates:
+    """What a trial's answers say before it is measured: the correctness gate (the baseline's answers are
+    the reference; `MeasurementError` when a trial's differ too much) and, for a LoRA policy, the share of
+    the workload's requests whose answers it would change."""
+
+    def __init__(self, loop: _StudyRun) -> None:
+        self.loop = loop
+        self.gate = loop.spec.gate
+        self.study = loop.study
+
+    async def check(self, trial: optuna.Trial, params: Mapping[str, ParamValue], *, baseline: bool) -> None:
+        await self.correctness(trial, baseline=baseline)
+        if not baseline:
+            prepared = self.loop.prepared
+            changed = await lora_answer_changes(
+                self.loop.runner, prepared.trace, prepared.engine, params, tokens=self.gate.tokens
+            )
+            if changed is not None:
+                trial.set_user_attr("answers_changed", changed[0])
+                trial.set_user_attr("answers_changed_note", changed[1])
+
+    async def correctness(self, trial: optuna.Trial, *, baseline: bool) -> None:
+        if not self.gate.enabled:
+            return
+        answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
+        if baseline:
+            self.study.set_user_attr("reference_answers", [list(a) for a in answers])
+            return
+        reference = self.study.user_attrs.get("reference_answers")
+        if reference is None:
+            return
+        result = judge(answers, reference, min_agreement=self.gate.min_agreement)
+        trial.set_user_attr("answer_agreement", result.agreement)
+        if not result.passed:
+            raise MeasurementError(f"correctness gate: {result.reason}")
+
+
+class _Confirmation:
+    """Re-measures the best trials against the baseline, alternating B C C B B C ..., and stores the paired
+    score differences with their 95% interval in the study's user attributes.
+
+    Alternating the order keeps a slow drift of the machine from favouring either side, and both members
+    of a pair replay the same prompts.
+    """
+
+    def __init__(self, loop: _StudyRun) -> None:
+        self.loop = loop
+        self.spec = loop.spec
+        self.study = loop.study
+
+    async def run(self) -> None:
+        baseline = self.loop.baseline_trial()
+        if baseline is None or self.spec.confirm.top == 0:
+            return
+        reference = median_metrics(baseline.user_attrs["rounds"])
+        for candidate in self.candidates():
+            settings: dict[str, ParamValue] = dict(candidate.user_attrs["settings"])
+            self.loop.observer.confirm_started(number=candidate.number, params=settings, pairs=self.spec.confirm.pairs)
+            differences = []
+            for pair in range(self.spec.confirm.pairs):
+                order = [(baseline.number, {}), (candidate.number, settings)]
+                if pair % 2:
+                    order.reverse()
+                scores: dict[int, float] = {}
+                for number, tuned in order:
+                    metrics = await self.measure(
+                        number, tuned, candidate=candidate.number, pair=pair, baseline=baseline
+                    )
+                    scores[number] = score_round(metrics, reference, self.spec.objectives)
+                differences.append(scores[candidate.number] - scores[baseline.number])
+            low, high = difference_ci(differences)
+            mean = statistics.fmean(differences)
+            self.study.set_user_attr(
+                f"confirmation_{candidate.number}", {"differences": differences, "mean": mean, "ci": [low, high]}
+            )
+            self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
+
+    async def measure(
+        self, number: int, tuned: Mapping[str, ParamValue], *, candidate: int, pair: int, baseline: FrozenTrial
+    ) -> dict[str, float | None]:
+        runner = self.loop.runner
+        await runner.start(tuned, number=number, log_path=self.loop.log_path(number, f"confirm-{candidate}-server.log"))
+        measured = await runner.measure_round(
+            settings=tuned,
+            number=number,
+            prompts_index=self.spec.rounds + pair,
+            label=f"pair {pair + 1}/{self.spec.confirm.pairs}" + (" (baseline)" if number == baseline.number else ""),
+            records_name=f"confirm-{candidate}-{pair + 1}",
+        )
+        return measured.metrics
+
+    def candidates(self) -> list[FrozenTrial]:
+        """The best measured trials that scored above the baseline and were not re-measured yet."""
+        measured = [
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("deployed")
+            and not _is_baseline(t)
+            and t.user_attrs.get("score", 0.0) > 0
+            and not t.user_attrs.get("violates")
+        ]
+        best = sorted(measured, key=lambda t: -float(t.user_attrs["score"]))[: self.spec.confirm.top]
+        return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
 
 
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:
