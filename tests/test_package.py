@@ -94,3 +94,12 @@ def test_the_search_loops_class_stays_at_most_300_lines() -> None:
     tree = ast.parse((PACKAGE / "study.py").read_text())
     (loop,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_StudyRun"]
     assert loop.end_lineno is not None and loop.end_lineno - loop.lineno + 1 <= 300
+
+
+def test_every_subcommand_has_its_function_in_the_dispatch_table() -> None:
+    import argparse
+
+    from tuner.cli import _COMMANDS, _parser
+
+    (subcommands,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subcommands.choices) == set(_COMMANDS)

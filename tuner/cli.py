@@ -11,7 +11,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -557,6 +557,41 @@ def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) 
                 signal.signal(signum, handler)
 
 
+def _leaderboard(args: argparse.Namespace, console: Console) -> int:
+    if not (args.run_dir / "optuna.journal").is_file():
+        raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
+    _show(args.run_dir, console, csv=args.csv)
+    return 0
+
+
+def _setup(_args: argparse.Namespace, console: Console) -> int:
+    console.print(f"model: {assets.ensure_model()}")
+    console.print(f"llama-server: {assets.ensure_llama_server()}")
+    console.print(f"test LoRA adapter: {assets.ensure_test_lora()}")
+    return 0
+
+
+def _kinds(_args: argparse.Namespace, console: Console) -> int:
+    console.print(f"host:   {', '.join(TRANSPORTS.kinds())}")
+    console.print(f"deploy: {', '.join(DEPLOYERS.kinds())}")
+    console.print(f"engine: {', '.join(ENGINES.kinds())}")
+    return 0
+
+
+# Each subcommand of `_parser()` and the function that runs it.
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
+    "run": _run,
+    "apply": _apply,
+    "restore": _restore,
+    "leaderboard": _leaderboard,
+    "workload": _workload,
+    "record": _record,
+    "trust-host": _trust_host,
+    "setup": _setup,
+    "kinds": _kinds,
+}
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -565,35 +600,7 @@ def _main(argv: Sequence[str] | None) -> int:
     console = make_console()
     err = make_console(stderr=True)
     try:
-        if args.command == "run":
-            return _run(args, console)
-        if args.command == "apply":
-            return _apply(args, console)
-        if args.command == "restore":
-            return _restore(args, console)
-        if args.command == "leaderboard":
-            if not (args.run_dir / "optuna.journal").is_file():
-                raise StudyError(
-                    f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo"
-                )
-            _show(args.run_dir, console, csv=args.csv)
-            return 0
-        if args.command == "workload":
-            return _workload(args, console)
-        if args.command == "record":
-            return _record(args, console)
-        if args.command == "trust-host":
-            return _trust_host(args, console)
-        if args.command == "setup":
-            console.print(f"model: {assets.ensure_model()}")
-            console.print(f"llama-server: {assets.ensure_llama_server()}")
-            console.print(f"test LoRA adapter: {assets.ensure_test_lora()}")
-            return 0
-        if args.command == "kinds":
-            console.print(f"host:   {', '.join(TRANSPORTS.kinds())}")
-            console.print(f"deploy: {', '.join(DEPLOYERS.kinds())}")
-            console.print(f"engine: {', '.join(ENGINES.kinds())}")
-            return 0
+        return _COMMANDS[args.command](args, console)
     except TunerError as exc:
         # The last line out: server text an error quotes is scrubbed here whatever raised it.
         err.print(f"error: {redact(str(exc))}", markup=False, highlight=False, soft_wrap=True)
@@ -609,7 +616,6 @@ def _main(argv: Sequence[str] | None) -> int:
     except asyncio.CancelledError:
         err.print(f"terminated{_after_stop(args)}", markup=False, highlight=False)
         return EXIT_TERMINATED
-    return 2
 
 
 if __name__ == "__main__":
