@@ -443,3 +443,12 @@ def test_a_non_finite_number_for_a_union_knob_is_named_as_such_not_as_a_wrong_ty
     with pytest.raises(ConfigError) as refused:
         load_search_space(path)
     assert str(refused.value) == f"{path}: params.threads.low: Input should be a valid integer (got 'one')"
+
+
+def test_an_engines_own_counter_is_a_metric_of_that_engine_only() -> None:
+    # server_preemptions comes from vLLM's /metrics; llama-server has none, so a study on it cannot score it.
+    spec, base = load_study(DEMO, ['objectives=[{metric = "server_preemptions", direction = "minimize"}]'])
+    with pytest.raises(ConfigError, match=r"objective metric 'server_preemptions' is unknown for llama-server"):
+        prepare_study(spec, base)
+    spec, base = load_study(DEMO, ['objectives=[{metric = "server_tokens_per_decode", direction = "maximize"}]'])
+    assert prepare_study(spec, base).spec.objectives[0].metric == "server_tokens_per_decode"

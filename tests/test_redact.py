@@ -97,7 +97,7 @@ def test_the_cli_scrubs_an_error_line_and_its_log_lines(
         logging.getLogger("asyncssh").warning("channel data: Authorization: Bearer %s", CANARY)
         raise DeployError(f"the unit failed; journal ends: invalid api key Bearer {CANARY}")
 
-    monkeypatch.setattr(tuner.cli, "_run", leaky)
+    monkeypatch.setitem(tuner.cli._COMMANDS, "run", leaky)
     root = logging.getLogger()
     handlers = root.handlers[:]
     root.handlers = []  # so that the CLI's basicConfig installs its own handler, as in a real run

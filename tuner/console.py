@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.config import ParamValue
-from tuner.metrics import METRICS
+from tuner.engines import ENGINES
+from tuner.metrics import METRICS, MetricInfo
 from tuner.observers import NullObserver
 from tuner.report import Leaderboard, LeaderboardRow
 from tuner.workloads import TraceSummary
@@ -43,8 +44,16 @@ def _fmt(value: float | None) -> str:
     return f"{value:.2f}"
 
 
+def _metric_info(name: str) -> MetricInfo | None:
+    """A common metric, or one an engine's counters add (each engine declares its own)."""
+    if name in METRICS:
+        return METRICS[name]
+    engines = [ENGINES.get(kind) for kind in ENGINES.kinds()]
+    return next((engine.metrics[name] for engine in engines if name in engine.metrics), None)
+
+
 def _label(name: str) -> str:
-    info = METRICS.get(name)
+    info = _metric_info(name)
     short = name.removesuffix("_s").removesuffix("_ms").removesuffix("_tok").replace("_", " ")
     return f"{short} ({info.unit})" if info and info.unit else short
 

@@ -6,7 +6,7 @@ Nothing here does I/O or looks at a clock, so every metric can be checked on a h
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +20,7 @@ _SERVER_WINDOW_TOLERANCE_S = 0.1
 
 __all__ = [
     "METRICS",
+    "engine_metrics",
     "MetricInfo",
     "OverlapWindow",
     "compute_metrics",
@@ -138,18 +139,6 @@ METRICS: dict[str, MetricInfo] = {
             "token counts: how much of the round the server-side figures cover.",
         ),
         MetricInfo(
-            name="server_decode_calls",
-            unit="",
-            better="lower",
-            description="Server loop iterations (llama_decode calls) during the round, from /metrics.",
-        ),
-        MetricInfo(
-            name="server_tokens_per_decode",
-            unit="tok",
-            better="higher",
-            description="Prompt and generated tokens per decode call: the average batch the server ran.",
-        ),
-        MetricInfo(
             name="lora_wait_p95_s",
             unit="s",
             better="lower",
@@ -199,42 +188,6 @@ METRICS: dict[str, MetricInfo] = {
             description="What the memory pre-check predicted (weights plus KV cache), to compare with the peak.",
         ),
         MetricInfo(
-            name="server_preemptions",
-            unit="",
-            better="lower",
-            description="Requests vLLM preempted (KV cache full) during the round, from /metrics.",
-        ),
-        MetricInfo(
-            name="server_ttft_mean_s",
-            unit="s",
-            better="lower",
-            description="vLLM's own time to first token, mean over the round (its histogram, /metrics).",
-        ),
-        MetricInfo(
-            name="server_queue_mean_s",
-            unit="s",
-            better="lower",
-            description="vLLM's time in the waiting queue, mean over the round (/metrics).",
-        ),
-        MetricInfo(
-            name="server_prefix_hit_share",
-            unit="",
-            better="higher",
-            description="vLLM's prefix-cache hits over queries during the round (/metrics).",
-        ),
-        MetricInfo(
-            name="server_kv_cache_usage",
-            unit="",
-            better="lower",
-            description="vLLM's KV cache usage (0-1) when the round ended (/metrics).",
-        ),
-        MetricInfo(
-            name="server_waiting",
-            unit="",
-            better="lower",
-            description="Requests waiting in vLLM's queue when the round ended (/metrics).",
-        ),
-        MetricInfo(
             name="slo_pass",
             unit="",
             better="higher",
@@ -253,6 +206,11 @@ class OverlapWindow:
     start_s: float
     end_s: float
     new_tokens: int
+
+
+def engine_metrics(engine_metrics: Mapping[str, MetricInfo]) -> dict[str, MetricInfo]:
+    """Every metric a study on an engine can score: the common ones and the engine's own (its counters)."""
+    return {**METRICS, **engine_metrics}
 
 
 def _new_prompt_tokens(record: RequestRecord) -> int:

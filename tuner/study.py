@@ -29,7 +29,7 @@ from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
 from tuner.gate import judge, lora_answer_changes
-from tuner.metrics import METRICS
+from tuner.metrics import engine_metrics
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
@@ -148,14 +148,15 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
         )
     _check_space_against_knobs(space, engine, base_dir / spec.search.space)
     _check_settings_consistency(full_space, engine.base_settings)
+    known = engine_metrics(engine.metrics)
     for objective in spec.objectives:
-        if objective.metric not in METRICS:
-            raise ConfigError(f"objective metric {objective.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}")
+        if objective.metric not in known:
+            valid = ", ".join(sorted(known))
+            raise ConfigError(f"objective metric {objective.metric!r} is unknown for {engine.kind}; valid: {valid}")
     for constraint in spec.constraints:
-        if constraint.metric not in METRICS:
-            raise ConfigError(
-                f"constraint metric {constraint.metric!r} is unknown; valid: {', '.join(sorted(METRICS))}"
-            )
+        if constraint.metric not in known:
+            valid = ", ".join(sorted(known))
+            raise ConfigError(f"constraint metric {constraint.metric!r} is unknown for {engine.kind}; valid: {valid}")
     base_settings = engine.base_settings
     baseline: dict[str, ParamValue] = {}
     for name, param in space.params.items():

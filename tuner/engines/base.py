@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from tuner.config import ParamValue, PluginSpec, validate_options
 from tuner.errors import ConfigError
+from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 from tuner.registry import Registry
 
@@ -144,6 +145,11 @@ class Engine(Protocol):
     knobs: Mapping[str, Knob]
 
     @property
+    def metrics(self) -> Mapping[str, MetricInfo]:
+        """What its `round_counters` adds to a round, beside the common METRICS."""
+        ...
+
+    @property
     def base_settings(self) -> Mapping[str, ParamValue]:
         """The study-wide settings (`engine.settings`): the baseline's, and every trial's base."""
         ...
@@ -223,6 +229,8 @@ class Engine(Protocol):
 
 
 class EngineFactory(Protocol):
+    metrics: Mapping[str, MetricInfo]
+
     @property
     def options_model(self) -> type[BaseModel]: ...
 

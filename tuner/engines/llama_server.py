@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
@@ -26,6 +26,7 @@ from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEve
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
+from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
@@ -152,6 +153,26 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
     )
 }
 
+# What `round_counters` adds to a round, from llama-server's /metrics.
+LLAMA_SERVER_METRICS: dict[str, MetricInfo] = {
+    info.name: info
+    for info in (
+        MetricInfo(
+            name="server_decode_calls",
+            unit="",
+            better="lower",
+            description="Server loop iterations (llama_decode calls) during the round, from /metrics.",
+        ),
+        MetricInfo(
+            name="server_tokens_per_decode",
+            unit="tok",
+            better="higher",
+            description="Prompt and generated tokens per decode call: the average batch the server ran.",
+        ),
+    )
+}
+
+
 # A partial chunk as this build sends it (keys in this order), read without a JSON parser: one arrives per
 # token, and at a thousand streams parsing them is most of the client's work. Anything else (the final
 # chunk, errors, another key order) goes through the JSON parser. Quotes inside `content` are escaped,
@@ -238,6 +259,7 @@ def _free_port(host: str) -> int:
 class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     kind = "llama-server"
     knobs: Mapping[str, Knob] = LLAMA_SERVER_KNOBS
+    metrics: ClassVar[Mapping[str, MetricInfo]] = LLAMA_SERVER_METRICS
     options_model = LlamaServerOptions
 
     def __init__(self, options: LlamaServerOptions) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -26,6 +26,7 @@ from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.engines.text_prompts import WORDS, ids_to_text
 from tuner.errors import ConfigError
+from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
 
 __all__ = ["OLLAMA_KNOBS", "OllamaEngine", "OllamaOptions"]
@@ -107,6 +108,7 @@ class OllamaOptions(StrictModel):
 @ENGINES.register("ollama")
 class OllamaEngine(KnobbedEngine[OllamaOptions]):
     kind = "ollama"
+    metrics: ClassVar[Mapping[str, MetricInfo]] = {}  # Ollama has no /metrics; its per-request figures are common ones
     knobs: Mapping[str, Knob] = OLLAMA_KNOBS
     options_model = OllamaOptions
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -20,6 +20,7 @@ from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEve
 from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.errors import ConfigError
+from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, TaskTimeline
 
 __all__ = ["VLLM_KNOBS", "VllmEngine", "VllmOptions", "sum_series"]
@@ -104,9 +105,54 @@ def _flag_args(knob: Knob, value: ParamValue) -> list[str]:
     return [knob.flag, str(value)]
 
 
+# What `round_counters` adds to a round, from vLLM's /metrics.
+VLLM_METRICS: dict[str, MetricInfo] = {
+    info.name: info
+    for info in (
+        MetricInfo(
+            name="server_preemptions",
+            unit="",
+            better="lower",
+            description="Requests vLLM preempted (KV cache full) during the round, from /metrics.",
+        ),
+        MetricInfo(
+            name="server_ttft_mean_s",
+            unit="s",
+            better="lower",
+            description="vLLM's own time to first token, mean over the round (its histogram, /metrics).",
+        ),
+        MetricInfo(
+            name="server_queue_mean_s",
+            unit="s",
+            better="lower",
+            description="vLLM's time in the waiting queue, mean over the round (/metrics).",
+        ),
+        MetricInfo(
+            name="server_prefix_hit_share",
+            unit="",
+            better="higher",
+            description="vLLM's prefix-cache hits over queries during the round (/metrics).",
+        ),
+        MetricInfo(
+            name="server_kv_cache_usage",
+            unit="",
+            better="lower",
+            description="vLLM's KV cache usage (0-1) when the round ended (/metrics).",
+        ),
+        MetricInfo(
+            name="server_waiting",
+            unit="",
+            better="lower",
+            description="Requests waiting in vLLM's queue when the round ended (/metrics).",
+        ),
+    )
+}
+
+
 @ENGINES.register("vllm")
 class VllmEngine(KnobbedEngine[VllmOptions]):
     kind = "vllm"
+    metrics: ClassVar[Mapping[str, MetricInfo]] = VLLM_METRICS
     knobs: Mapping[str, Knob] = VLLM_KNOBS
     options_model = VllmOptions
 
