@@ -278,3 +278,32 @@ def test_the_vllm_stand_in_refuses_what_vllm_would_so_the_study_tests_cannot_pas
     assert wrong_model == (400, json.dumps({"error": "model 'other' is not the served model 'stand-in/model'"}))
     assert no_prompt[0] == 400 and "prompt is neither" in no_prompt[1]
     assert no_tokens[0] == 400 and "max_tokens 0 is not a positive integer" in no_tokens[1]
+
+
+def test_a_state_file_naming_another_process_stops_nothing(tmp_path: Path) -> None:
+    # The id a killed run kept may belong to an unrelated process by now: its start time differs, so it runs on.
+    import asyncio
+    import json
+    import subprocess
+
+    from tuner.deployers.process import ProcessDeployer, ProcessOptions
+    from tuner.transports import LocalTransport
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        state = tmp_path / "deployer-state.json"
+        state.write_text(json.dumps({"pid": bystander.pid, "start": "1"}))
+
+        async def enter() -> None:
+            async with LocalTransport() as transport:
+                deployer = ProcessDeployer(ProcessOptions(), transport=transport)
+                deployer.remember_in(state)
+                async with deployer:
+                    pass
+
+        asyncio.run(enter())
+        assert bystander.poll() is None, "an unrelated process was stopped"
+        assert not state.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -154,11 +154,9 @@ def test_a_bad_command_line_is_refused_as_the_real_server_refuses_it(argv: list[
 
 def _sim_study(tmp_path: Path, *extra: str) -> Path:
     text = (DATA / "tiny-study.toml").read_text()
-    text = text.replace(
-        'kind = "llama-server"\n',
-        'kind = "llama-server"\nbinary = "simulated"\nextra_args = ["--sim-speed", "20"]\n',
-        1,
-    )
+    # The seed marks this run's servers among whatever else runs on the machine (_processes_with).
+    engine = f'binary = "simulated"\nextra_args = ["--sim-speed", "20", "--sim-seed", "{os.getpid()}"]\n'
+    text = text.replace('kind = "llama-server"\n', 'kind = "llama-server"\n' + engine, 1)
     text = text.replace(
         'path = "stall-small.jsonl"\n', f'path = "{DATA / "stall-small.jsonl"}"\ntime_scale = 0.05\n', 1
     )
@@ -285,3 +283,28 @@ def test_sigterm_while_the_model_loads_stops_the_server_at_once() -> None:
                 break
         process.terminate()
         assert process.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("step", ["after-restart", "mid-replay", "before-tell", "mid-restore"])
+def test_a_controller_killed_at_any_step_leaves_no_server_once_the_same_command_runs_again(
+    tmp_path: Path, step: str
+) -> None:
+    # The process deployer's server runs in a process group of its own: a SIGKILLed controller cannot stop
+    # it. The next run finds it by the process id and start time the killed run kept, and stops it first.
+    study = _sim_study(tmp_path)
+    marker = str(os.getpid())
+    command = [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")]
+    command += ["--set", "budget.trials=1", "--set", "confirm.top=0"]
+    killed = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "SERVE_TUNER_CRASH_AT": step},
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    if step != "mid-restore":  # killed while its server ran
+        assert _processes_with(marker), "the killed run's server was already gone: nothing to recover"
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _processes_with(marker) == [], "a killed run's server is still running"
+    assert not (tmp_path / "runs" / "tiny" / "deployer-state.json").exists()
+    study_state = open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny"))
+    assert sum(1 for t in study_state.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE") == 1

@@ -24,7 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
-from tuner.deployers.base import DEPLOYERS, create_deployer
+from tuner.deployers.base import DEPLOYERS, RecoveringDeployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
@@ -711,6 +711,8 @@ async def run_study(
         loop.begin()
         async with create_transport(spec.host) as transport:
             deployer = create_deployer(spec.deploy, transport=transport)
+            if isinstance(deployer, RecoveringDeployer):
+                deployer.remember_in(run_dir.path / "deployer-state.json")
             async with deployer:
                 runner = ServerTrialRunner(
                     prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer

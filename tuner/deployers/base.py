@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
@@ -24,6 +25,7 @@ __all__ = [
     "DeployerFactory",
     "Deployment",
     "PersistentDeployer",
+    "RecoveringDeployer",
     "create_deployer",
     "wait_until_healthy",
 ]
@@ -62,6 +64,16 @@ class Deployer(Protocol):
         ...
 
     async def restore(self) -> None: ...
+
+
+@runtime_checkable
+class RecoveringDeployer(Protocol):
+    """A deployer whose server would outlive a SIGKILLed controller unless the next run stops it: it keeps
+    what identifies that server in a file of the run directory (docs/reliability.md P2)."""
+
+    def remember_in(self, state_file: Path) -> None:
+        """Where to keep it; set before the deployer is entered, whose entry stops a killed run's server."""
+        ...
 
 
 @runtime_checkable
