@@ -285,7 +285,7 @@ def test_sigterm_while_the_model_loads_stops_the_server_at_once() -> None:
         assert process.wait(timeout=30) == 0
 
 
-@pytest.mark.parametrize("step", ["after-restart", "mid-replay", "before-tell", "mid-restore"])
+@pytest.mark.parametrize("step", ["after-restart", "mid-health-wait", "mid-replay", "before-tell", "mid-restore"])
 def test_a_controller_killed_at_any_step_leaves_no_server_once_the_same_command_runs_again(
     tmp_path: Path, step: str
 ) -> None:
