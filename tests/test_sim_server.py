@@ -308,3 +308,31 @@ def test_a_controller_killed_at_any_step_leaves_no_server_once_the_same_command_
     assert not (tmp_path / "runs" / "tiny" / "deployer-state.json").exists()
     study_state = open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny"))
     assert sum(1 for t in study_state.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE") == 1
+
+
+@pytest.mark.parametrize(
+    ("after", "reason"),
+    [
+        (5, "no request of round 1/2 succeeded (first error: no complete answer within 3 s)"),  # after its probes
+        (1, "correctness probe got no answer within 3 s"),  # after its warm-up
+    ],
+)
+def test_a_server_that_hangs_while_its_health_check_passes_fails_its_trial_by_the_request_deadline(
+    tmp_path: Path, after: int, reason: str
+) -> None:
+    # The 64/64 server stops answering after `after` requests (a warm-up, then 4 probes) while /health stays
+    # 200: the trial fails with the deadline as its reason, and the study goes on.
+    study = _sim_study(tmp_path)
+    fault = f'"--sim-speed", "20", "--sim-fault", "n_batch=64:hang-after={after}"'
+    text = study.read_text().replace('"--sim-speed", "20"', fault)
+    study.write_text(text.replace("request_timeout_s = 120", "request_timeout_s = 3"))
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "confirm.top=0"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny")))
+    hung = next(r for r in board.rows if r.params.get("n_batch") == 64)
+    assert hung.state == "FAIL" and hung.reason is not None and reason in hung.reason, hung.reason
+    assert any(r.state == "COMPLETE" and not r.baseline for r in board.rows)

@@ -55,6 +55,8 @@ async def ask_probes(
             call = engine.probe_request(prompt, tokens=tokens, lora=lora)
             try:
                 response = await client.request(call.method, call.path, json=call.json)
+            except httpx.TimeoutException:
+                raise MeasurementError(f"correctness probe got no answer within {timeout_s:g} s") from None
             except httpx.HTTPError as exc:
                 raise MeasurementError(f"correctness probe failed: {type(exc).__name__}: {exc}") from None
             if response.status_code != 200:
