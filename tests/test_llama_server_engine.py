@@ -255,3 +255,5 @@ def test_prometheus_text_with_timestamps_escaped_labels_and_infinities_is_read_a
     assert values['vllm:time_to_first_token_seconds_sum{model_name="a \\"b\\" c"}'] == 1.5
     assert values['vllm:time_to_first_token_seconds_bucket{model_name="a \\"b\\" c",le="+Inf"}'] == 7.0
     assert parse_prometheus_text("this is { not prometheus\n") == {}
+    # A line it cannot read costs that line only; a counter keeps the name it was written with.
+    assert parse_prometheus_text('a 1\nb{x="1"} nope\n# TYPE c counter\nc 3\n') == {"a": 1.0, "c": 3.0}

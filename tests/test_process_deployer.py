@@ -292,7 +292,8 @@ def test_a_state_file_naming_another_process_stops_nothing(tmp_path: Path) -> No
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         state = tmp_path / "deployer-state.json"
-        state.write_text(json.dumps({"pid": bystander.pid, "start": "1"}))
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        state.write_text(json.dumps({"pid": bystander.pid, "boot": boot, "start": "1"}))  # its start differs
 
         async def enter() -> None:
             async with LocalTransport() as transport:
@@ -307,3 +308,40 @@ def test_a_state_file_naming_another_process_stops_nothing(tmp_path: Path) -> No
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_killed_runs_server_that_ignores_sigterm_is_killed_and_waited_for(tmp_path: Path) -> None:
+    import asyncio
+    import json
+    import subprocess
+    import time
+
+    from tuner.deployers.process import ProcessDeployer, ProcessOptions
+    from tuner.transports import LocalTransport
+
+    stubborn = subprocess.Popen(["sh", "-c", 'trap "" TERM; while true; do sleep 1; done'], start_new_session=True)
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        start = Path(f"/proc/{stubborn.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        state = tmp_path / "deployer-state.json"
+        state.write_text(json.dumps({"pid": stubborn.pid, "boot": boot, "start": start}))
+
+        async def enter() -> None:
+            async with LocalTransport() as transport:
+                deployer = ProcessDeployer(ProcessOptions(stop_grace_s=0.5), transport=transport)
+                deployer.remember_in(state)
+                async with deployer:
+                    pass
+
+        asyncio.run(enter())
+        # Gone before the deployer goes on (a zombie only waits for this test, its parent, to reap it).
+        fields = Path(f"/proc/{stubborn.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert fields[0] == "Z", f"still running, state {fields[0]}"
+        assert not state.exists()
+        deadline = time.monotonic() + 30
+        while stubborn.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stubborn.returncode == -9  # it took SIGKILL: SIGTERM was ignored
+    finally:
+        stubborn.kill()
+        stubborn.wait()

@@ -262,3 +262,10 @@ def test_the_verdict_says_by_how_much_and_what_was_needed() -> None:
 def test_a_gap_exactly_at_the_minimum_effect_is_not_a_win() -> None:
     assert not verdict([1.0, 1.0], [0.5, 0.5], min_effect=0.5).better
     assert verdict([1.0, 1.0], [0.5, 0.5], min_effect=0.49).better
+
+
+def test_a_nan_metric_is_no_data_not_the_best_score() -> None:
+    with pytest.raises(MeasurementError, match="metric stall_tok_s had no data"):
+        score_round(
+            {"stall_tok_s": float("nan"), "ttft_p95_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES
+        )

@@ -82,7 +82,8 @@ def objective_terms(metrics: Metrics, reference: Metrics, objectives: Sequence[O
     terms = []
     for objective in objectives:
         value, base = metrics.get(objective.metric), reference.get(objective.metric)
-        if value is None or base is None:
+        # NaN is no figure either: min() and max() pass it through, and it would clamp to the best score.
+        if value is None or base is None or math.isnan(value) or math.isnan(base):
             needs = _NEEDS.get(objective.metric, "the workload may lack what it measures")
             raise MeasurementError(f"metric {objective.metric} had no data in this round; {needs}")
         sign = 1.0 if objective.direction == "maximize" else -1.0

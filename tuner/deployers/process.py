@@ -26,7 +26,7 @@ from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
-from tuner.errors import ServerNotReady, TransportError
+from tuner.errors import DeployError, ServerNotReady, TransportError
 from tuner.faults import crash_point
 from tuner.files import write_atomic
 from tuner.models import LaunchSpec
@@ -136,24 +136,38 @@ class ProcessDeployer:
             await self._scrub_log()
             self._forget()
 
-    async def _start_time(self, pid: int) -> str | None:
-        """Field 22 of /proc/PID/stat (clock ticks since boot), or None if no such process runs."""
-        found = await self._transport.run(["cat", f"/proc/{pid}/stat"], timeout_s=30, check=False)
-        if found.exit_status != 0 or ")" not in found.stdout:
+    async def _identity(self, pid: int) -> tuple[str, str] | None:
+        """(boot id, start time in clock ticks since boot) of a live process, or None if no such process
+        runs (a zombie has exited: only its parent's wait is missing)."""
+        found = await self._transport.run(
+            ["cat", "/proc/sys/kernel/random/boot_id", f"/proc/{pid}/stat"], timeout_s=30, check=False
+        )
+        boot, _, stat = found.stdout.partition("\n")
+        if found.exit_status != 0 or ")" not in stat:
             return None
-        fields = found.stdout.rsplit(")", 1)[1].split()  # the command name before it may hold spaces
-        return fields[19] if len(fields) > 19 else None
+        fields = stat.rsplit(")", 1)[1].split()  # the command name before it may hold spaces and parentheses
+        if len(fields) < 20 or fields[0] in ("Z", "X"):
+            return None
+        return boot.strip(), fields[19]
 
     async def _remember(self, pid: int) -> None:
         if self._state_file is None:
             return
-        started = await self._start_time(pid)
-        state = {"pid": pid, "start": started, "written": time.time()}
-        write_atomic(self._state_file, json.dumps(state).encode())
+        identity = await self._identity(pid)
+        state = {"pid": pid, "boot": identity[0] if identity else None, "start": identity[1] if identity else None}
+        try:
+            write_atomic(self._state_file, json.dumps(state).encode())
+        except OSError as exc:
+            await self._stop_child()
+            raise DeployError(
+                f"cannot record the server's process in {self._state_file} ({exc.strerror}); a controller killed "
+                "now would leave it running: free the run directory's disk and run again"
+            ) from None
 
     def _forget(self) -> None:
         if self._state_file is not None:
-            self._state_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # never in the way of the error being raised
+                self._state_file.unlink(missing_ok=True)
 
     async def _stop_leftover(self) -> None:
         """A killed run's server, if it still runs: its process group is stopped before anything starts."""
@@ -161,19 +175,26 @@ class ProcessDeployer:
             return
         try:
             state = json.loads(self._state_file.read_text())
-            pid, started = int(state["pid"]), state["start"]
+            pid, identity = int(state["pid"]), (state["boot"], state["start"])
         except (ValueError, KeyError, TypeError):
             self._forget()  # not ours to act on: a damaged file names no process we can trust
             return
-        if started is not None and await self._start_time(pid) == started:
-            _LOG.warning("stopping the server a killed run left behind (process group %d)", pid)
-            await self._transport.run(["kill", "-TERM", "--", f"-{pid}"], timeout_s=30, check=False)
-            deadline = time.monotonic() + self._options.stop_grace_s
-            while await self._start_time(pid) == started and time.monotonic() < deadline:
+        if None in identity or await self._identity(pid) != identity:
+            self._forget()  # gone, or the id now belongs to another process (another boot, another start)
+            return
+        _LOG.warning("stopping the server a killed run left behind (process group %d)", pid)
+        for signal_name, wait_s in (("TERM", self._options.stop_grace_s), ("KILL", 10.0)):
+            await self._transport.run(["kill", f"-{signal_name}", "--", f"-{pid}"], timeout_s=30, check=False)
+            deadline = time.monotonic() + wait_s
+            while await self._identity(pid) == identity and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
-            if await self._start_time(pid) == started:
-                await self._transport.run(["kill", "-KILL", "--", f"-{pid}"], timeout_s=30, check=False)
-        self._forget()
+            if await self._identity(pid) != identity:
+                self._forget()
+                return
+        raise DeployError(
+            f"the server a killed run left behind (process group {pid}) still runs after SIGKILL; stop it "
+            f"yourself (kill -KILL -- -{pid}), then run again"
+        )
 
     async def _scrub_log(self) -> None:
         """The server's log stays in the run directory as evidence: a key it logged (its own, or a

@@ -248,16 +248,21 @@ def create_engine(spec: PluginSpec) -> Engine:
 
 def parse_prometheus_text(text: str) -> dict[str, float]:
     """Series name (with its labels, `name{a="x",b="y"}`) to value, from Prometheus' text format, read by
-    prometheus_client's parser (timestamps, escaped label values, `+Inf` and the rest). An exposition it
-    cannot read gives nothing: a round's server counters are evidence, never required."""
+    prometheus_client's parser (timestamps, escaped label values, `+Inf`). Each sample line is read on its
+    own, so a line it cannot read costs that line only, and every series keeps the name it was written
+    with (the parser would add `_total` to a counter's name that lacks it)."""
     values: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            families = list(text_string_to_metric_families(line + "\n"))
+        except ValueError:
+            continue
+        for family in families:
             for sample in family.samples:
                 labels = ",".join(f'{name}="{_escape_label(value)}"' for name, value in sample.labels.items())
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
-    except ValueError:
-        return {}
     return values
 
 
