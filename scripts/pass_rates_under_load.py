@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def _run_once(test: str) -> tuple[bool, float, str]:
     tail = (result.stdout + result.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " in " in line and ("passed" in line or "failed" in line)), "")
     passed = result.returncode == 0 and "passed" in summary and "skipped" not in summary
-    failure = "" if passed else "\n".join(tail[-15:])
+    # Kept in the results file, which is committed: this machine's paths are left out of it.
+    failure = (
+        "" if passed else "\n".join(tail[-15:]).replace(str(ROOT), "<repo>").replace(tempfile.gettempdir(), "<tmp>")
+    )
     return passed, time.monotonic() - started, failure
 
 
