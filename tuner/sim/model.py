@@ -28,7 +28,7 @@ import random
 import zlib
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -653,7 +653,3 @@ class SimulatedLlamaServer:
             f"I srv    load_model: initializing, n_slots = {s.n_parallel}, n_ctx_slot = {s.n_ctx_slot}, "
             f"kv_unified = '{str(s.kv_unified).lower()}'",
         ]
-
-
-def with_settings(settings: SimSettings, **changes: Any) -> SimSettings:
-    return replace(settings, **changes)
