@@ -17,6 +17,7 @@ from tests.real_parts import need_real_part
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
+from tuner.study_record import TrialRecord
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
@@ -59,7 +60,7 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     assert small.metrics["prefill_tok_s"][0] >= 0.5 * baseline.metrics["prefill_tok_s"][0]
     # The correctness gate compared each trial's greedy answers with the baseline's.
     small_trial = next(t for t in study_trials(tmp_path / "tiny") if t.number == small.number)
-    assert min(small_trial.user_attrs["answer_agreement"]) >= 0.5
+    assert min(TrialRecord.of(small_trial).answer_agreement or [0.0]) >= 0.5
     # Before recommending, 64/64 was measured again against the baseline in alternating order.
     assert board.recommendation.row is not None and board.recommendation.row.params == {"n_batch": 64, "n_ubatch": 64}
     assert "paired score difference" in board.recommendation.message
@@ -70,9 +71,9 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     assert again.returncode == 0, again.stderr
     assert "trial " not in again.stdout.split("leaderboard")[0], "a resumed, finished study ran trials again"
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
-    deployed = [t for t in study.get_trials() if t.user_attrs.get("deployed")]
+    deployed = [t for t in study.get_trials() if TrialRecord.of(t).deployed]
     assert len(deployed) == 3
-    assert sum(1 for t in deployed if t.user_attrs.get("baseline")) == 1
+    assert sum(1 for t in deployed if TrialRecord.of(t).baseline) == 1
 
 
 def study_trials(run_path: Path) -> list[optuna.trial.FrozenTrial]:
@@ -157,12 +158,12 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
     (interrupted,) = study.get_trials()
     assert interrupted.state.name == "FAIL"
-    assert "interrupted" in interrupted.user_attrs["fail_reason"]
+    assert "interrupted" in (TrialRecord.of(interrupted).fail_reason or "")
 
     resumed = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0")
     assert resumed.returncode == 0, resumed.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
-    baselines = [t for t in study.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]
+    baselines = [t for t in study.get_trials() if TrialRecord.of(t).baseline and t.state.name == "COMPLETE"]
     assert len(baselines) == 1
 
 
@@ -172,13 +173,14 @@ def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binar
     assert result.returncode == 0, result.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "validation"))
     (baseline,) = study.get_trials()
-    for metrics in baseline.user_attrs["rounds"]:
+    for metrics in TrialRecord.of(baseline).rounds:
         client, server = metrics["stall_tok_s"], metrics["server_stall_tok_s"]
         assert client is not None and server is not None, metrics
         assert abs(server - client) <= 0.25 * client, f"client {client:.2f} tok/s, server {server:.2f} tok/s"
         # The long prompt finds a free slot, so the client's prefill speed (tokens over time to first
         # token) must match the server's own prompt timings.
         measured, reported = metrics["client_prefill_tok_s"], metrics["prefill_tok_s"]
+        assert measured is not None and reported is not None, metrics
         assert abs(measured - reported) <= 0.05 * reported, f"client {measured:.0f} tok/s, server {reported:.0f}"
 
 
@@ -253,6 +255,6 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
         assert "No space left" in one_error_line(full)
         assert llama_server_processes(llama_server_binary) == before
         study = open_optuna_study_readonly(RunDirectory(runs / "tiny"))
-        assert [t.state.name for t in study.get_trials() if t.user_attrs.get("baseline")] == ["COMPLETE"]
+        assert [t.state.name for t in study.get_trials() if TrialRecord.of(t).baseline] == ["COMPLETE"]
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=False)

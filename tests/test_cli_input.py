@@ -25,6 +25,7 @@ from tuner.config import load_study
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
 from tuner.study import prepare_study
+from tuner.study_record import update_trial_record
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
@@ -76,7 +77,7 @@ def journal_with(run_dir: Path, *states: TrialState) -> None:
     study = optuna.create_study(study_name="tiny", storage=storage)
     for state in states:
         trial = study.ask()
-        trial.set_user_attr("deployed", True)
+        update_trial_record(trial, deployed=True)
         study.tell(trial, 1.0 if state == TrialState.COMPLETE else None, state=state)
 
 

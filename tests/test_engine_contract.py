@@ -229,6 +229,32 @@ def test_ollama_errors_in_the_stream_end_the_request_with_the_servers_message() 
     assert event is not None and event.done and event.error == "an error was encountered while running the model"
 
 
+# (engine, /metrics before a round, after it): transcripts of each engine that has the endpoint.
+METRICS_TEXTS = [
+    ("llama-server", DATA / "llama-server-metrics-before.txt", DATA / "llama-server-metrics-after.txt"),
+    ("vllm", TRANSCRIPTS / "vllm-metrics-before.txt", TRANSCRIPTS / "vllm-metrics-after.txt"),
+    ("vllm", TRANSCRIPTS / "vllm-cpu-metrics-before.txt", TRANSCRIPTS / "vllm-cpu-metrics-after.txt"),
+]
+
+
+@pytest.mark.parametrize(("kind", "before", "after"), METRICS_TEXTS, ids=lambda v: getattr(v, "name", v))
+def test_every_metric_an_engine_adds_to_a_round_is_declared(kind: str, before: Path, after: Path) -> None:
+    """Objectives and constraints may name only declared metrics, and the leaderboard labels them from
+    the declaration: a counter returned but not declared could be neither optimized nor shown right."""
+    engine = engine_of(kind)
+    counters = engine.round_counters(
+        parse_prometheus_text(before.read_text()), parse_prometheus_text(after.read_text())
+    )
+    assert counters, "the transcript yields no round figure"
+    assert set(counters) <= set(engine.metrics), set(counters) - set(engine.metrics)
+    assert ENGINES.get(kind).metrics == engine.metrics  # what the study's checks read before an engine exists
+
+
+def test_an_engine_without_a_metrics_endpoint_adds_no_metric() -> None:
+    engine = engine_of("ollama")
+    assert engine.metrics_path is None and engine.round_counters({}, {}) == {}
+
+
 def test_vllm_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:
     (event,) = read(engine_of("vllm"), TRANSCRIPTS / "vllm-error.sse")
     assert event.done and event.error is not None and "maximum context length" in event.error

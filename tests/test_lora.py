@@ -10,6 +10,7 @@ import pytest
 
 from tuner.metrics import lora_metrics
 from tuner.models import RequestRecord, RequestStatus, ServerTimings
+from tuner.study_record import update_study_record
 
 STYLE = (("style", 1.0),)
 
@@ -148,6 +149,6 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     assert trial.answers_changed == pytest.approx(0.5, abs=0.26)
     assert board.recommendation.row is None and "changes answers" in board.recommendation.message
     # ...until the study file says answers may change.
-    study.set_user_attr("allow_answer_changes", True)
+    update_study_record(study, allow_answer_changes=True)
     allowed = build_leaderboard(study).recommendation
     assert allowed.row is not None and allowed.row.number == trial.number, allowed.message

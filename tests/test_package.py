@@ -13,7 +13,7 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 LAYERS = [
     {"errors", "registry", "assets", "files", "adapters", "faults", "redact"},
     {"models", "config"},
-    {"metrics", "scoring", "transports", "workloads", "observers", "runs"},
+    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},

@@ -26,6 +26,7 @@ from tuner.deployers.process import ProcessOptions
 from tuner.errors import ServerNotReady
 from tuner.models import LaunchSpec
 from tuner.study import run_study
+from tuner.study_record import TrialRecord
 from tuner.transports import LocalTransport
 
 STAND_IN = Path(__file__).resolve().parent / "data" / "health_server.py"
@@ -229,15 +230,16 @@ def test_a_server_killed_mid_replay_fails_the_trial_with_the_reason_and_no_parti
     study = asyncio.run(run_study(spec, tmp_path, run_path))
 
     trials = study.get_trials(deepcopy=False)
-    (baseline,) = [t for t in trials if t.user_attrs.get("baseline")]
-    (trial,) = [t for t in trials if t.user_attrs.get("deployed") and not t.user_attrs.get("baseline")]
-    assert trial.user_attrs["settings"] == {"max_num_seqs": 16}
-    assert baseline.state == TrialState.COMPLETE and baseline.user_attrs["baseline"]
+    (baseline,) = [t for t in trials if TrialRecord.of(t).baseline]
+    (trial,) = [t for t in trials if TrialRecord.of(t).deployed and not TrialRecord.of(t).baseline]
+    assert TrialRecord.of(trial).settings == {"max_num_seqs": 16}
+    assert baseline.state == TrialState.COMPLETE and TrialRecord.of(baseline).baseline
     assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["fail_reason"] == "the server died during round 1/2: the process was killed by SIGKILL"
+    assert TrialRecord.of(trial).fail_reason == "the server died during round 1/2: the process was killed by SIGKILL"
     # No partial score: nothing for Optuna, no score, no rounds to rank it by.
     assert trial.values is None
-    assert not {"score", "round_scores", "rounds"} & set(trial.user_attrs)
+    record = TrialRecord.of(trial)
+    assert record.score is None and not record.round_scores and not record.rounds
     # It really died during the replay: the requests before the kill were answered, the rest failed.
     round_one = [json.loads(line) for line in (run_path / "trials" / f"{trial.number:04d}" / "round-1.jsonl").open()]
     assert sum(record["status"] == "ok" for record in round_one) == answered, round_one

@@ -54,11 +54,14 @@ def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -
     import optuna
 
     from tuner.runs import RunDirectory
+    from tuner.study_record import TrialRecord, new_trial_attrs
 
     run = tmp_path / "tiny"
     with RunDirectory(run) as run_dir:
         optuna.create_study(storage=run_dir.storage(), study_name="tiny").add_trial(
-            optuna.trial.create_trial(value=1.0, params={}, distributions={}, user_attrs={"baseline": True})
+            optuna.trial.create_trial(
+                value=1.0, params={}, distributions={}, user_attrs=new_trial_attrs(TrialRecord(baseline=True))
+            )
         )
     journal = (run / "optuna.journal").read_bytes()
     (run / "spec.json").write_text("{}\n")

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from tuner.config import ParamValue, load_search_space
 from tuner.sampling import SpaceFillingStart
 from tuner.study import _distribution
+from tuner.study_record import TrialRecord, new_trial_attrs, update_trial_record
 
 SPACE = load_search_space(Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml").restricted_to(
     ["n_batch", "n_ubatch"]
@@ -22,11 +23,13 @@ def _start(startup: int, seed: int = 0) -> tuple[optuna.Study, list[dict[str, Pa
     )
     study = optuna.create_study(sampler=sampler, direction="maximize")
     distributions = {name: _distribution(p) for name, p in SPACE.params.items()}
-    study.enqueue_trial(SPACE.encode({"n_batch": 2048, "n_ubatch": 512}), user_attrs={"deployed": True})
+    study.enqueue_trial(
+        SPACE.encode({"n_batch": 2048, "n_ubatch": 512}), user_attrs=new_trial_attrs(TrialRecord(deployed=True))
+    )
     proposed = []
     for number in range(startup + 1):
         trial = study.ask(distributions)
-        trial.set_user_attr("deployed", True)
+        update_trial_record(trial, deployed=True)
         settings = SPACE.decode(trial.params)
         proposed.append(settings)
         study.tell(trial, float(number))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.study_record import RECORD_KEY
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
@@ -122,7 +123,8 @@ def test_a_key_the_server_quotes_back_is_never_printed_logged_or_stored(
     assert CANARY.encode() not in everything_under(runs)
     journal = (runs / "tiny" / "optuna.journal").read_text().splitlines()
     stored = [json.loads(line) for line in journal]
-    reasons = [value for entry in stored for key, value in entry.get("user_attr", {}).items() if key == "fail_reason"]
+    records = [entry["user_attr"][RECORD_KEY] for entry in stored if RECORD_KEY in entry.get("user_attr", {})]
+    reasons = [record["fail_reason"] for record in records if record.get("fail_reason") is not None]
     assert len(reasons) == 1 and where_the_server_is_quoted in reasons[0]
 
 

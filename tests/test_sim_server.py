@@ -30,6 +30,7 @@ from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study import open_optuna_study_readonly
+from tuner.study_record import TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -306,7 +307,7 @@ def test_a_controller_killed_at_any_step_leaves_no_server_once_the_same_command_
     assert _processes_with(marker) == [], "a killed run's server is still running"
     assert not (tmp_path / "runs" / "tiny" / "deployer-state.json").exists()
     study_state = open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny"))
-    assert sum(1 for t in study_state.get_trials() if t.user_attrs.get("baseline") and t.state.name == "COMPLETE") == 1
+    assert sum(1 for t in study_state.get_trials() if TrialRecord.of(t).baseline and t.state.name == "COMPLETE") == 1
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
 from tuner.sim.runner import SimulatedTrialRunner
 from tuner.study import open_optuna_study, run_search
+from tuner.study_record import StudyRecord, TrialRecord
 from tuner.trial_runner import RoundResult
 
 AA_STUDIES = 200
@@ -95,8 +96,8 @@ def test_the_confirmation_alternates_baseline_and_candidate_pair_by_pair(tmp_pat
     result = run_simulated(prepared, tmp_path / "s", seed=2, noise=NoiseModel())
     confirming = ["baseline" if not s else "candidate" for s in result.runner.starts_by_settings[6:]]
     assert confirming == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
-    confirmation = next(v for k, v in result.study.user_attrs.items() if k.startswith("confirmation_"))
-    assert len(confirmation["differences"]) == 3
+    (confirmation,) = StudyRecord.of(result.study).confirmations.values()
+    assert len(confirmation.differences) == 3
     assert result.board.recommendation.row is not None
     assert "paired score difference" in result.board.recommendation.message
 
@@ -105,17 +106,17 @@ def test_a_trial_whose_rounds_differ_by_20_percent_gets_its_extra_rounds(tmp_pat
     prepared = prepare_simulated(_small_study("rounds=2", "extra_rounds_if_noisy=2", "confirm.top=0"))
     # Large restart-to-restart noise: rounds of one config differ by far more than 20%.
     result = run_simulated(prepared, tmp_path / "s", seed=3, noise=NoiseModel(restart=0.6))
-    measured = [t for t in result.study.get_trials() if t.user_attrs.get("deployed") and t.state == TrialState.COMPLETE]
-    noisy = [t for t in measured if t.user_attrs.get("noisy")]
+    measured = [t for t in result.study.get_trials() if TrialRecord.of(t).deployed and t.state == TrialState.COMPLETE]
+    noisy = [t for t in measured if TrialRecord.of(t).noisy]
     assert noisy, "no trial was flagged noisy under 60% restart noise"
-    assert all(len(t.user_attrs["rounds"]) == 4 for t in noisy)
-    assert all(len(t.user_attrs["rounds"]) == 2 for t in measured if not t.user_attrs.get("noisy"))
+    assert all(len(TrialRecord.of(t).rounds) == 4 for t in noisy)
+    assert all(len(TrialRecord.of(t).rounds) == 2 for t in measured if not TrialRecord.of(t).noisy)
 
 
 def test_a_quiet_machine_flags_nothing_noisy(tmp_path: Path) -> None:
     prepared = prepare_simulated(_small_study("rounds=2", "extra_rounds_if_noisy=2", "confirm.top=0"))
     result = run_simulated(prepared, tmp_path / "s", seed=3, noise=NoiseModel())
-    assert all(not t.user_attrs.get("noisy") for t in result.study.get_trials() if t.user_attrs.get("deployed"))
+    assert all(not TrialRecord.of(t).noisy for t in result.study.get_trials() if TrialRecord.of(t).deployed)
 
 
 def test_a_trial_far_below_the_others_is_pruned_after_its_first_round_and_the_time_saved_is_told(
@@ -125,11 +126,11 @@ def test_a_trial_far_below_the_others_is_pruned_after_its_first_round_and_the_ti
     # first rounds are known, a config whose first round is below their median stops there.
     prepared = prepare_simulated(["budget.trials=8", "rounds=3", "confirm.top=0", 'search.sampler="random"', "seed=5"])
     result = run_simulated(prepared, tmp_path / "s", seed=5)
-    pruned = [t for t in result.study.get_trials() if t.user_attrs.get("prune_reason")]
-    assert pruned, [t.user_attrs.get("score") for t in result.study.get_trials()]
+    pruned = [t for t in result.study.get_trials() if TrialRecord.of(t).prune_reason]
+    assert pruned, [TrialRecord.of(t).score for t in result.study.get_trials()]
     for trial in pruned:
-        assert trial.state == TrialState.PRUNED and len(trial.user_attrs["rounds"]) == 1
-        assert trial.user_attrs["saved_s"] > 0
+        assert trial.state == TrialState.PRUNED and len(TrialRecord.of(trial).rounds) == 1
+        assert TrialRecord.of(trial).saved_s > 0
     assert result.board.pruned == len(pruned) and result.board.pruning_saved_s > 0
 
 
@@ -139,13 +140,13 @@ def test_invalid_and_repeated_proposals_cost_no_restart(tmp_path: Path) -> None:
     prepared = prepare_simulated(_small_study("budget.trials=3", "confirm.top=0", "extra_rounds_if_noisy=0"))
     result = run_simulated(prepared, tmp_path / "s", seed=6, noise=NoiseModel())
     trials = result.study.get_trials()
-    deployed = [t for t in trials if t.user_attrs.get("deployed")]
-    skipped = [t for t in trials if t.user_attrs.get("skip_reason") or "duplicate_of" in t.user_attrs]
-    reasons = {t.user_attrs.get("skip_reason") or f"duplicate of {t.user_attrs['duplicate_of']}" for t in skipped}
+    deployed = [t for t in trials if TrialRecord.of(t).deployed]
+    skipped = [t for t in trials if TrialRecord.of(t).skip_reason or TrialRecord.of(t).duplicate_of is not None]
+    reasons = {TrialRecord.of(t).skip_reason or f"duplicate of {TrialRecord.of(t).duplicate_of}" for t in skipped}
     assert "violates n_ubatch <= n_batch" in reasons, reasons
     assert any(reason.startswith("duplicate of") for reason in reasons), reasons
     assert len(result.runner.starts_by_settings) == 2 * len(deployed)  # two rounds each, nothing else
-    assert {tuple(sorted(t.user_attrs["settings"].items())) for t in deployed} == {
+    assert {tuple(sorted((TrialRecord.of(t).settings or {}).items())) for t in deployed} == {
         (("n_batch", 2048), ("n_ubatch", 512)),
         (("n_batch", 256), ("n_ubatch", 256)),
         (("n_batch", 2048), ("n_ubatch", 256)),
@@ -202,8 +203,8 @@ def test_an_interruption_in_a_batch_costs_only_the_trials_that_started(tmp_path:
         study = open_optuna_study(run_dir, prepared.spec, prepared.space)
         asyncio.run(run_search(prepared, run_dir, study, runner))
     interrupted = [t for t in study.get_trials() if t.state == TrialState.FAIL]
-    assert len(interrupted) == 2 and all("interrupted" in t.user_attrs["fail_reason"] for t in interrupted)
-    assert [bool(t.user_attrs.get("deployed")) for t in interrupted] == [True, False]
+    assert len(interrupted) == 2 and all("interrupted" in (TrialRecord.of(t).fail_reason or "") for t in interrupted)
+    assert [bool(TrialRecord.of(t).deployed) for t in interrupted] == [True, False]
 
     resumed = run_simulated(prepared, tmp_path / "s", seed=9, noise=NoiseModel(), in_memory=False)
     measured = [r for r in resumed.board.rows if r.state == "COMPLETE" and not r.baseline]

@@ -42,6 +42,7 @@ from tuner.engines.base import Engine
 from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError, TunerError
 from tuner.faults import CRASH_POINTS
 from tuner.models import LaunchSpec, RequestRecord
+from tuner.study_record import TrialRecord
 from tuner.transports.base import CommandResult
 from tuner.transports.ssh import SshOptions, SshTransport
 
@@ -527,9 +528,9 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
     assert again.returncode == 0, again.stderr[-3000:]
     trials = open_optuna_study_readonly(RunDirectory(tmp_path / "unit")).get_trials()
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    assert len([t for t in trials if t.user_attrs.get("baseline") and t.state.name == "COMPLETE"]) == 1
+    assert len([t for t in trials if TrialRecord.of(t).baseline and t.state.name == "COMPLETE"]) == 1
     if step != "mid-restore":  # killed while restoring, the baseline had already been measured
-        assert any(t.state.name == "FAIL" and "interrupted" in t.user_attrs.get("fail_reason", "") for t in trials)
+        assert any(t.state.name == "FAIL" and "interrupted" in (TrialRecord.of(t).fail_reason or "") for t in trials)
 
 
 # ---- the other engines' launches on real units (servers: TRANSCRIPT-BASED stand-ins) ---------

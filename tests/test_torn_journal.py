@@ -19,6 +19,7 @@ import pytest
 from tests.real_parts import need_real_part
 from tuner.errors import StudyError
 from tuner.runs import RunDirectory
+from tuner.study_record import update_study_record, update_trial_record
 
 ROUNDS = [{"stall_tok_s": 1.0, "prefill_tok_s": 200.0}, {"stall_tok_s": 1.1, "prefill_tok_s": 190.0}]
 
@@ -32,15 +33,15 @@ def measure(study: optuna.Study, n_batch: int, score: float, *, baseline: bool =
     """One trial as the study loop records it: asked, its attributes set, told."""
     trial = study.ask({"n_batch": optuna.distributions.IntDistribution(1, 4096)})
     trial.suggest_int("n_batch", 1, 4096)  # the fixed distribution already holds it; this logs the param
-    for key, value in {
-        "deployed": True,
-        "baseline": baseline,
-        "settings": {"n_batch": n_batch},
-        "score": score,
-        "round_scores": [score - 0.01, score + 0.01],
-        "rounds": ROUNDS,
-    }.items():
-        trial.set_user_attr(key, value)
+    update_trial_record(
+        trial,
+        deployed=True,
+        baseline=baseline,
+        settings={"n_batch": n_batch},
+        score=score,
+        round_scores=[score - 0.01, score + 0.01],
+        rounds=ROUNDS,
+    )
     study.tell(trial, score)
 
 
@@ -48,7 +49,7 @@ def make_study(path: Path) -> bytes:
     """A run directory holding a baseline and two measured trials; returns its journal's bytes."""
     with RunDirectory(path) as run_dir:
         study = optuna.create_study(study_name="torn", storage=run_dir.storage(), direction="maximize")
-        study.set_user_attr("min_effect", 0.1)
+        update_study_record(study, min_effect=0.1)
         study.enqueue_trial({"n_batch": 2048})
         measure(study, 2048, 0.0, baseline=True)
         study.enqueue_trial({"n_batch": 256})

@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamValue
 from tuner.scoring import Verdict, verdict
+from tuner.study_record import StudyRecord, TrialRecord
 
 __all__ = ["Leaderboard", "LeaderboardRow", "Recommendation", "build_leaderboard", "leaderboard_frame"]
 
@@ -73,60 +74,66 @@ def _coefficients_of_variation(rounds: Sequence[dict[str, float | None]]) -> dic
     return result
 
 
-def _score(trial: FrozenTrial) -> float | None:
+def _score(trial: FrozenTrial, record: TrialRecord) -> float | None:
     if trial.state != TrialState.COMPLETE:
         return None
-    if "score" in trial.user_attrs:
-        return float(trial.user_attrs["score"])
+    if record.score is not None:
+        return record.score
     return trial.values[0] if trial.values and len(trial.values) == 1 else None
 
 
-def _row(trial: FrozenTrial, baseline_params: dict[str, ParamValue], front: set[int]) -> LeaderboardRow:
-    scores = list(trial.user_attrs.get("round_scores", []))
-    is_baseline = bool(trial.user_attrs.get("baseline"))
-    settings: dict[str, ParamValue] = dict(trial.user_attrs.get("settings", trial.params))
+def _settings_of(trial: FrozenTrial, record: TrialRecord) -> dict[str, ParamValue]:
+    # A baseline enqueued and deployed has no decoded settings only if the controller died in between.
+    return dict(record.settings if record.settings is not None else trial.params)
+
+
+def _row(
+    trial: FrozenTrial, record: TrialRecord, baseline_settings: dict[str, ParamValue], front: set[int]
+) -> LeaderboardRow:
+    scores = record.round_scores
+    settings = _settings_of(trial, record)
     return LeaderboardRow(
         number=trial.number,
-        baseline=is_baseline,
+        baseline=record.baseline,
         state=trial.state.name,
         params=settings,
-        changed={} if is_baseline else {k: v for k, v in settings.items() if baseline_params.get(k) != v},
-        score=_score(trial),
+        changed={} if record.baseline else {k: v for k, v in settings.items() if baseline_settings.get(k) != v},
+        score=_score(trial, record),
         score_range=(min(scores), max(scores)) if scores else None,
-        metrics=_metric_ranges(trial.user_attrs.get("rounds", [])),
-        cv=_coefficients_of_variation(trial.user_attrs.get("rounds", [])),
-        noisy=list(trial.user_attrs.get("noisy", [])),
-        reason=trial.user_attrs.get("fail_reason") or trial.user_attrs.get("prune_reason"),
-        violates=list(trial.user_attrs.get("violates", [])),
+        metrics=_metric_ranges(record.rounds),
+        cv=_coefficients_of_variation(record.rounds),
+        noisy=list(record.noisy),
+        reason=record.fail_reason or record.prune_reason,
+        violates=list(record.violates),
         pareto=trial.number in front,
-        answers_changed=trial.user_attrs.get("answers_changed"),
-        answers_changed_note=trial.user_attrs.get("answers_changed_note"),
+        answers_changed=record.answers_changed,
+        answers_changed_note=record.answers_changed_note,
     )
 
 
 def build_leaderboard(study: optuna.Study) -> Leaderboard:
     """Deployed trials, best first; failed trials last, with their reasons."""
-    trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("deployed")]
-    baseline_trial = next((t for t in trials if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
-    baseline_params = dict(baseline_trial.user_attrs.get("settings", baseline_trial.params)) if baseline_trial else {}
+    records = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
+    trials = [t for t in study.get_trials(deepcopy=False) if records[t.number].deployed]
+    baseline_trial = next((t for t in trials if records[t.number].baseline and t.state == TrialState.COMPLETE), None)
+    baseline = None if baseline_trial is None else records[baseline_trial.number]
+    baseline_settings = {} if baseline_trial is None or baseline is None else _settings_of(baseline_trial, baseline)
     front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
-    rows = [_row(t, baseline_params, front) for t in trials if t.state != TrialState.RUNNING]
+    rows = [_row(t, records[t.number], baseline_settings, front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
     return Leaderboard(
         study_name=study.study_name,
         rows=rows,
-        recommendation=_recommend(study, rows, baseline_trial, float(study.user_attrs.get("min_effect", 0.0))),
+        recommendation=_recommend(StudyRecord.of(study), rows, baseline),
         pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
-        pruning_saved_s=sum(float(t.user_attrs.get("saved_s", 0.0)) for t in trials),
+        pruning_saved_s=sum(records[t.number].saved_s for t in trials),
     )
 
 
-def _recommend(
-    study: optuna.Study, rows: list[LeaderboardRow], baseline_trial: FrozenTrial | None, min_effect: float
-) -> Recommendation:
+def _recommend(study: StudyRecord, rows: list[LeaderboardRow], baseline: TrialRecord | None) -> Recommendation:
     """The best setting that was re-measured against the baseline and won beyond noise; without a
     re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
-    if baseline_trial is None:
+    if baseline is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
     scored = [r for r in rows if not r.baseline and r.score is not None and r.changed]
     measured = [r for r in scored if not r.violates]
@@ -138,10 +145,10 @@ def _recommend(
             message=f"keep the baseline: every trial measured beside it breaks a constraint (best was trial "
             f"{best.number}, {_settings(best)}: {'; '.join(best.violates)})",
         )
-    allowed = bool(study.user_attrs.get("allow_answer_changes"))
+    allowed = study.allow_answer_changes
     candidates = [r for r in measured if allowed or not r.answers_changed]
     held_back = next((r for r in measured if r not in candidates), None)
-    recommendation = _recommend_among(study, candidates, baseline_trial, min_effect)
+    recommendation = _recommend_among(study, candidates, baseline)
     if held_back is None or (
         recommendation.row is not None and (recommendation.row.score or 0) >= (held_back.score or 0)
     ):
@@ -158,22 +165,17 @@ def _recommend(
     return Recommendation(row=recommendation.row, verdict=recommendation.verdict, message=message)
 
 
-def _recommend_among(
-    study: optuna.Study, candidates: list[LeaderboardRow], baseline_trial: FrozenTrial, min_effect: float
-) -> Recommendation:
+def _recommend_among(study: StudyRecord, candidates: list[LeaderboardRow], baseline: TrialRecord) -> Recommendation:
     if not candidates:
         return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
-    confirmed = [
-        (r, study.user_attrs[f"confirmation_{r.number}"])
-        for r in candidates
-        if f"confirmation_{r.number}" in study.user_attrs
-    ]
+    min_effect = study.min_effect
+    confirmed = [(r, study.confirmations[r.number]) for r in candidates if r.number in study.confirmations]
     if confirmed:
-        winners = [(r, c) for r, c in confirmed if c["ci"][0] > min_effect]
-        row, result = max(winners or confirmed, key=lambda rc: float(rc[1]["mean"]))
-        low, high = result["ci"]
+        winners = [(r, c) for r, c in confirmed if c.ci[0] > min_effect]
+        row, result = max(winners or confirmed, key=lambda rc: rc[1].mean)
+        low, high = result.ci
         evidence = (
-            f"paired score difference {result['mean']:+.2f} over {len(result['differences'])} alternating "
+            f"paired score difference {result.mean:+.2f} over {len(result.differences)} alternating "
             f"re-measurements against the baseline, 95% interval {low:+.2f}..{high:+.2f}"
         )
         decision = Verdict(better=bool(winners), reason=evidence)
@@ -188,7 +190,7 @@ def _recommend_among(
             f"{_settings(row)}, trial {row.number}: {evidence}, not above the minimum effect {min_effect:.2f})",
         )
     best = candidates[0]
-    baseline_scores = list(baseline_trial.user_attrs.get("round_scores", []))
+    baseline_scores = baseline.round_scores
     best_scores = [best.score_range[0], best.score_range[1]] if best.score_range else []
     decision = verdict(best_scores, baseline_scores, min_effect=min_effect)
     if decision.better:

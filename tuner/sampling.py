@@ -24,6 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import SearchSpace
+from tuner.study_record import TrialRecord
 
 __all__ = ["SpaceFillingStart"]
 
@@ -39,7 +40,7 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
 
     def _in_startup(self, study: optuna.Study) -> bool:
         scored = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return sum(1 for t in scored if t.user_attrs.get("deployed")) < self._startup + 1  # + the baseline
+        return sum(1 for t in scored if TrialRecord.of(t).deployed) < self._startup + 1  # + the baseline
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         if self._in_startup(study):

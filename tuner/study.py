@@ -35,6 +35,14 @@ from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
+from tuner.study_record import (
+    Confirmation,
+    StudyRecord,
+    TrialRecord,
+    new_trial_attrs,
+    update_study_record,
+    update_trial_record,
+)
 from tuner.transports.base import TRANSPORTS, create_transport
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
 from tuner.workloads import load_trace, thin_sessions
@@ -228,7 +236,7 @@ def has_measured_trials(run_dir: RunDirectory) -> bool:
         return False
     study = optuna.load_study(study_name=names[0], storage=storage)
     measured = (TrialState.COMPLETE, TrialState.PRUNED)
-    return any(t.user_attrs.get("deployed") for t in study.get_trials(deepcopy=False, states=measured))
+    return any(TrialRecord.of(t).deployed for t in study.get_trials(deepcopy=False, states=measured))
 
 
 def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
@@ -241,7 +249,7 @@ def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
 
 
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
-    return bool(trial.user_attrs.get("baseline"))
+    return TrialRecord.of(trial).baseline
 
 
 @dataclass(kw_only=True)
@@ -282,8 +290,9 @@ class _StudyRun:
     def begin(self) -> None:
         """What a (re)start does before the host is reached: interrupted trials marked, the baseline queued."""
         spec, study = self.spec, self.study
-        study.set_user_attr("min_effect", min_effect(spec.objectives))
-        study.set_user_attr("allow_answer_changes", spec.gate.allow_answer_changes)
+        update_study_record(
+            study, min_effect=min_effect(spec.objectives), allow_answer_changes=spec.gate.allow_answer_changes
+        )
         self.fail_interrupted_trials()
         self.ensure_baseline_queued()
         self.observer.study_started(
@@ -301,8 +310,9 @@ class _StudyRun:
 
     def fail_interrupted_trials(self) -> None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            optuna.Trial(self.study, trial._trial_id).set_user_attr(
-                "fail_reason", "interrupted: the controller stopped during this trial"
+            update_trial_record(
+                optuna.Trial(self.study, trial._trial_id),
+                fail_reason="interrupted: the controller stopped during this trial",
             )
             self.study.tell(trial.number, state=TrialState.FAIL)
 
@@ -312,7 +322,8 @@ class _StudyRun:
         queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
         if not done and not queued:
             self.study.enqueue_trial(
-                self.prepared.space.encode(self.prepared.baseline_params), user_attrs={"baseline": True}
+                self.prepared.space.encode(self.prepared.baseline_params),
+                user_attrs=new_trial_attrs(TrialRecord(baseline=True)),
             )
 
     def baseline_trial(self) -> FrozenTrial | None:
@@ -323,14 +334,17 @@ class _StudyRun:
 
     def deployed_trials(self) -> int:
         return sum(
-            1 for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("deployed") and not _is_baseline(t)
+            1
+            for record in map(TrialRecord.of, self.study.get_trials(deepcopy=False))
+            if record.deployed and not record.baseline
         )
 
     def measured_params(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if trial.user_attrs.get("deployed"):
-                measured.setdefault(tuple(sorted(trial.user_attrs["settings"].items())), trial)
+            record = TrialRecord.of(trial)
+            if record.deployed and record.settings is not None:
+                measured.setdefault(tuple(sorted(record.settings.items())), trial)
         return measured
 
     async def run(self, deadline: float | None) -> None:
@@ -358,7 +372,7 @@ class _StudyRun:
         while len(batch) < size:
             trial = self.study.ask(self.distributions)
             params = self.prepared.space.decode(trial.params)
-            trial.set_user_attr("settings", params)
+            update_trial_record(trial, settings=params)
             reason = self.skip_reason(trial, params, pending=batch)
             if reason is not None:
                 skipped += 1
@@ -381,23 +395,23 @@ class _StudyRun:
             return None
         for constraint in self.prepared.space.constraints:
             if not constraint.holds(params):
-                trial.set_user_attr("skip_reason", f"violates {constraint.text}")
+                update_trial_record(trial, skip_reason=f"violates {constraint.text}")
                 self.study.tell(trial, state=TrialState.PRUNED)
                 return f"violates {constraint.text}"
         too_big = self.prepared.engine.memory_check({**self.prepared.baseline_params, **params})
         if too_big is not None:
-            trial.set_user_attr("skip_reason", f"would not fit: {too_big}")
+            update_trial_record(trial, skip_reason=f"would not fit: {too_big}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return f"would not fit: {too_big}"
         earlier = self.measured_params().get(tuple(sorted(params.items())))
         if earlier is not None and earlier.values is not None:
             # Telling the earlier values keeps the sampler informed without spending a restart.
-            trial.set_user_attr("duplicate_of", earlier.number)
+            update_trial_record(trial, duplicate_of=earlier.number)
             self.study.tell(trial, earlier.values)
             return f"same settings as trial {earlier.number}"
         twin = next((p for p in pending if p.params == params), None)
         if twin is not None:
-            trial.set_user_attr("skip_reason", f"same settings as trial {twin.trial.number}, being measured")
+            update_trial_record(trial, skip_reason=f"same settings as trial {twin.trial.number}, being measured")
             self.study.tell(trial, state=TrialState.PRUNED)
             return f"same settings as trial {twin.trial.number}, being measured"
         return None
@@ -435,7 +449,7 @@ class _StudyRun:
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
             for pending in active:
-                pending.trial.set_user_attr("fail_reason", "interrupted: the controller stopped during this trial")
+                update_trial_record(pending.trial, fail_reason="interrupted: the controller stopped during this trial")
                 self.study.tell(pending.trial, state=TrialState.FAIL)
             raise
 
@@ -446,7 +460,7 @@ class _StudyRun:
         if round_index == 0:
             # Counted against the budget from its first start: a trial of the batch that an interruption
             # kept from starting was never deployed, and a resumed study measures it.
-            trial.set_user_attr("deployed", True)
+            update_trial_record(trial, deployed=True)
         await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
         if round_index == 0:
             await _Gates(self).check(trial, pending.params, baseline=pending.baseline)
@@ -473,9 +487,7 @@ class _StudyRun:
         # Stored in the journal and shown: whatever server text the reason quotes is scrubbed here too,
         # also text from a deployer that did not scrub it (a systemd journal line).
         reason = redact(reason)
-        pending.trial.set_user_attr("fail_reason", reason)
-        if pending.rounds:
-            pending.trial.set_user_attr("rounds", pending.rounds)
+        update_trial_record(pending.trial, fail_reason=reason, rounds=pending.rounds)
         self.study.tell(pending.trial, state=TrialState.FAIL)
         self.observer.trial_failed(number=pending.trial.number, reason=reason)
         if pending.baseline:
@@ -496,7 +508,7 @@ class _StudyRun:
         reference_trial = self.baseline_trial()
         if reference_trial is None or self.spec.combine == "pareto":  # Optuna prunes single-objective studies only
             return None
-        score = score_round(metrics, median_metrics(reference_trial.user_attrs["rounds"]), self.spec.objectives)
+        score = score_round(metrics, median_metrics(TrialRecord.of(reference_trial).rounds), self.spec.objectives)
         trial.report(score, step=0)
         return score if trial.should_prune() else None
 
@@ -504,9 +516,7 @@ class _StudyRun:
         self, trial: optuna.Trial, rounds: list[dict[str, float | None]], *, score: float, saved_s: float
     ) -> None:
         reason = f"pruned after round 1: score {score:+.2f} is below the median of earlier trials"
-        trial.set_user_attr("rounds", rounds)
-        trial.set_user_attr("prune_reason", reason)
-        trial.set_user_attr("saved_s", saved_s)
+        update_trial_record(trial, rounds=rounds, prune_reason=reason, saved_s=saved_s)
         self.study.tell(trial, state=TrialState.PRUNED)
         self.observer.trial_pruned(number=trial.number, reason=reason, saved_s=saved_s)
 
@@ -514,10 +524,8 @@ class _StudyRun:
         """Scores the rounds and tells Optuna; `MeasurementError` if an objective metric had no data."""
         objectives = self.spec.objectives
         reference_trial = None if baseline else self.baseline_trial()
-        reference = (
-            median_metrics(rounds) if reference_trial is None else median_metrics(reference_trial.user_attrs["rounds"])
-        )
-        trial.set_user_attr("rounds", rounds)
+        reference = median_metrics(rounds if reference_trial is None else TrialRecord.of(reference_trial).rounds)
+        update_trial_record(trial, rounds=rounds)
         try:
             scores = [score_round(metrics, reference, objectives) for metrics in rounds]
         except MeasurementError as exc:
@@ -529,10 +537,8 @@ class _StudyRun:
             ) from None
         noisy = noisy_metrics(rounds, [o.metric for o in objectives])
         record_constraints(trial, self.spec, median_metrics(rounds), reference)
-        trial.set_user_attr("round_scores", scores)
-        trial.set_user_attr("noisy", noisy)
         value = statistics.median(scores)
-        trial.set_user_attr("score", value)
+        update_trial_record(trial, round_scores=scores, noisy=noisy, score=value)
         crash_point("before-tell")
         if self.spec.combine == "pareto":
             terms = [objective_terms(metrics, reference, objectives) for metrics in rounds]
@@ -553,13 +559,11 @@ def record_constraints(
         violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
         amounts.append(max((amount for _, amount in violations), default=0.0))
         broken += [text for text, _ in violations]
-    trial.set_user_attr("constraint_violations", amounts)
+    update_trial_record(trial, constraint_violations=amounts, violates=broken)
     # For the samplers (TPE and GP steer away from infeasible trials); named "0", "1", ... as the
     # deprecated constraints_func stored them, so a study begun with it reads the same on resume.
     for index, amount in enumerate(amounts):
         trial.set_constraint(str(index), amount)
-    if broken:
-        trial.set_user_attr("violates", broken)
 
 
 class _Gates:
@@ -580,21 +584,20 @@ class _Gates:
                 self.loop.runner, prepared.trace, prepared.engine, params, tokens=self.gate.tokens
             )
             if changed is not None:
-                trial.set_user_attr("answers_changed", changed[0])
-                trial.set_user_attr("answers_changed_note", changed[1])
+                update_trial_record(trial, answers_changed=changed[0], answers_changed_note=changed[1])
 
     async def correctness(self, trial: optuna.Trial, *, baseline: bool) -> None:
         if not self.gate.enabled:
             return
         answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
         if baseline:
-            self.study.set_user_attr("reference_answers", [list(a) for a in answers])
+            update_study_record(self.study, reference_answers=[list(a) for a in answers])
             return
-        reference = self.study.user_attrs.get("reference_answers")
+        reference = StudyRecord.of(self.study).reference_answers
         if reference is None:
             return
         result = judge(answers, reference, min_agreement=self.gate.min_agreement)
-        trial.set_user_attr("answer_agreement", result.agreement)
+        update_trial_record(trial, answer_agreement=result.agreement)
         if not result.passed:
             raise MeasurementError(f"correctness gate: {result.reason}")
 
@@ -616,9 +619,9 @@ class _Confirmation:
         baseline = self.loop.baseline_trial()
         if baseline is None or self.spec.confirm.top == 0:
             return
-        reference = median_metrics(baseline.user_attrs["rounds"])
+        reference = median_metrics(TrialRecord.of(baseline).rounds)
         for candidate in self.candidates():
-            settings: dict[str, ParamValue] = dict(candidate.user_attrs["settings"])
+            settings = dict(TrialRecord.of(candidate).settings or {})
             self.loop.observer.confirm_started(number=candidate.number, params=settings, pairs=self.spec.confirm.pairs)
             differences = []
             for pair in range(self.spec.confirm.pairs):
@@ -634,9 +637,9 @@ class _Confirmation:
                 differences.append(scores[candidate.number] - scores[baseline.number])
             low, high = difference_ci(differences)
             mean = statistics.fmean(differences)
-            self.study.set_user_attr(
-                f"confirmation_{candidate.number}", {"differences": differences, "mean": mean, "ci": [low, high]}
-            )
+            confirmed = Confirmation(differences=differences, mean=mean, ci=(low, high))
+            confirmations = StudyRecord.of(self.study).confirmations
+            update_study_record(self.study, confirmations={**confirmations, candidate.number: confirmed})
             self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
 
     async def measure(
@@ -655,16 +658,14 @@ class _Confirmation:
 
     def candidates(self) -> list[FrozenTrial]:
         """The best measured trials that scored above the baseline and were not re-measured yet."""
-        measured = [
-            t
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("deployed")
-            and not _is_baseline(t)
-            and t.user_attrs.get("score", 0.0) > 0
-            and not t.user_attrs.get("violates")
-        ]
-        best = sorted(measured, key=lambda t: -float(t.user_attrs["score"]))[: self.spec.confirm.top]
-        return [t for t in best if f"confirmation_{t.number}" not in self.study.user_attrs]
+        measured: list[tuple[float, FrozenTrial]] = []
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            record = TrialRecord.of(trial)
+            if record.deployed and not record.baseline and (record.score or 0.0) > 0 and not record.violates:
+                measured.append((record.score or 0.0, trial))
+        best = [t for _, t in sorted(measured, key=lambda st: -st[0])][: self.spec.confirm.top]
+        confirmed = StudyRecord.of(self.study).confirmations
+        return [t for t in best if t.number not in confirmed]
 
 
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:

@@ -1,0 +1,173 @@
+"""What a study stores about each trial and about itself: one typed, versioned record under one key of
+Optuna's user attributes, so that the search loop, the leaderboard and `tuner apply` read the same fields
+by the same names.
+
+Runs made before the records existed (serve-tuner 0.1.0) stored about twenty loose keys instead; reading
+a record falls back to those keys, so such a run still opens, resumes and shows its leaderboard. A record
+written by a newer serve-tuner (a higher `version`) is refused with a line that says to upgrade, instead
+of being read wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self, TypeVar
+
+import optuna
+from optuna.trial import FrozenTrial
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner.config import ParamValue
+from tuner.errors import StudyError
+
+__all__ = [
+    "RECORD_KEY",
+    "RECORD_VERSION",
+    "Confirmation",
+    "RoundMetrics",
+    "StudyRecord",
+    "TrialRecord",
+    "new_trial_attrs",
+    "update_study_record",
+    "update_trial_record",
+]
+
+RECORD_KEY = "serve_tuner"
+RECORD_VERSION = 1
+
+# One measured round: metric name -> value, None where the round had no data for it.
+RoundMetrics = dict[str, float | None]
+
+
+class _Record(BaseModel):
+    # Not a user's file (config.StrictModel): scores may be infinite (a metric at zero), and are kept as
+    # they were computed. Unknown keys are refused: they mean a newer writer or a damaged journal.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+
+    version: int = Field(default=RECORD_VERSION, description="The record's format; newer ones are refused.")
+
+    def stored(self) -> dict[str, Any]:
+        # Python mode, not JSON mode: Optuna serializes the value itself, and pydantic's JSON mode would
+        # turn an infinite score into null.
+        return self.model_dump()
+
+
+RecordT = TypeVar("RecordT", bound=_Record)
+
+
+class TrialRecord(_Record):
+    """One trial: what it set, whether it reached the host, what it measured and how it ended."""
+
+    baseline: bool = Field(default=False, description="Trial 0: the engine's base settings, nothing tuned.")
+    settings: dict[str, ParamValue] | None = Field(
+        default=None, description="The knobs the trial sets, decoded from Optuna's params; None until asked."
+    )
+    deployed: bool = Field(default=False, description="Started on the host; counts against the budget.")
+    rounds: list[RoundMetrics] = Field(default_factory=list, description="Each measured round's metrics.")
+    round_scores: list[float] = Field(default_factory=list, description="Each round's score.")
+    score: float | None = Field(default=None, description="The median of the round scores.")
+    noisy: list[str] = Field(default_factory=list, description="Objective metrics whose rounds differ by 20%+.")
+    fail_reason: str | None = None
+    prune_reason: str | None = None
+    saved_s: float = Field(default=0.0, description="Measurement time pruning saved.")
+    skip_reason: str | None = Field(default=None, description="Why a proposal was never deployed.")
+    duplicate_of: int | None = Field(default=None, description="The trial measured with the same settings.")
+    constraint_violations: list[float] = Field(default_factory=list, description="By how much, per constraint.")
+    violates: list[str] = Field(default_factory=list, description="The constraints the trial breaks, as text.")
+    answer_agreement: list[float] | None = Field(default=None, description="Per probe, against the baseline.")
+    answers_changed: float | None = Field(default=None, description="Share of requests a LoRA policy changes.")
+    answers_changed_note: str | None = None
+
+    @classmethod
+    def of(cls, trial: FrozenTrial | optuna.Trial) -> Self:
+        return _read(cls, trial.user_attrs, where=f"trial {trial.number}")
+
+    def updated(self, **changes: Any) -> Self:
+        return _validated(type(self), {**self.model_dump(), **changes}, where="an update")
+
+
+class Confirmation(BaseModel):
+    """The paired re-measurement of one candidate against the baseline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+
+    differences: list[float] = Field(description="Candidate's score minus the baseline's, per pair.")
+    mean: float
+    ci: tuple[float, float] = Field(description="95% interval of the mean difference.")
+
+
+class StudyRecord(_Record):
+    """The study as a whole: what its verdicts need beside the trials."""
+
+    min_effect: float = Field(default=0.0, description="The smallest score difference called a win.")
+    allow_answer_changes: bool = False
+    reference_answers: list[list[int]] | None = Field(
+        default=None, description="The baseline's answers to the correctness probes."
+    )
+    confirmations: dict[int, Confirmation] = Field(default_factory=dict, description="By candidate trial number.")
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> Self:
+        return _read(cls, study.user_attrs, where=f"study {study.study_name!r}")
+
+    def updated(self, **changes: Any) -> Self:
+        return _validated(type(self), {**self.model_dump(), **changes}, where="an update")
+
+
+def update_trial_record(trial: optuna.Trial, **changes: Any) -> TrialRecord:
+    """Stores the trial's record with `changes`; the whole record is rewritten under its one key."""
+    record = TrialRecord.of(trial).updated(**changes)
+    trial.set_user_attr(RECORD_KEY, record.stored())
+    return record
+
+
+def update_study_record(study: optuna.Study, **changes: Any) -> StudyRecord:
+    record = StudyRecord.of(study).updated(**changes)
+    study.set_user_attr(RECORD_KEY, record.stored())
+    return record
+
+
+def new_trial_attrs(record: TrialRecord) -> dict[str, Any]:
+    """The user attributes of a trial created with `record` (an enqueued baseline, a test's trial)."""
+    return {RECORD_KEY: record.stored()}
+
+
+def _read(model: type[RecordT], attrs: Mapping[str, Any], *, where: str) -> RecordT:
+    if RECORD_KEY not in attrs:
+        return _validated(model, _legacy_fields(model, attrs), where=where)
+    stored = attrs[RECORD_KEY]
+    version = stored.get("version") if isinstance(stored, dict) else None
+    if isinstance(version, int) and version > RECORD_VERSION:
+        raise StudyError(
+            f"{where} was stored by a newer serve-tuner (record version {version}, this one reads "
+            f"{RECORD_VERSION}); upgrade serve-tuner to open this run"
+        )
+    return _validated(model, stored, where=where)
+
+
+def _validated(model: type[RecordT], data: object, *, where: str) -> RecordT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = ".".join(str(part) for part in problem["loc"]) or "the record"
+        raise StudyError(
+            f"{where}: the stored {RECORD_KEY!r} record is damaged ({field}: {problem['msg']}); "
+            "the run's optuna.journal was changed by something other than serve-tuner"
+        ) from None
+
+
+# serve-tuner 0.1.0 stored each field as a user attribute of its own, and a confirmation as a study
+# attribute "confirmation_<trial number>".
+_LEGACY_CONFIRMATION = "confirmation_"
+
+
+def _legacy_fields(model: type[_Record], attrs: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {name: attrs[name] for name in model.model_fields if name != "version" and name in attrs}
+    if model is StudyRecord:
+        fields["confirmations"] = {
+            int(key.removeprefix(_LEGACY_CONFIRMATION)): value
+            for key, value in attrs.items()
+            if key.startswith(_LEGACY_CONFIRMATION) and key.removeprefix(_LEGACY_CONFIRMATION).isdigit()
+        }
+    return fields
