@@ -75,7 +75,7 @@ def main() -> int:
                 continue
             stall = chosen.metrics["stall_tok_s"][0] / baseline.metrics["stall_tok_s"][0]
             prefill = chosen.metrics["prefill_tok_s"][0] / baseline.metrics["prefill_tok_s"][0]
-            knee += int(chosen.params["n_batch"]) <= 256 and stall >= 4 and prefill >= 0.8
+            knee += int(chosen.settings["n_batch"]) <= 256 and stall >= 4 and prefill >= 0.8
     low, high = clopper_pearson(wins, args.aa)
     result = {
         "noise": {"restart_sigma": NOISE.restart, "iteration_sigma": NOISE.iteration},

@@ -48,7 +48,7 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     assert llama_server_processes(llama_server_binary) == before, "a llama-server was left running"
 
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "tiny")))
-    by_settings = {(r.params["n_batch"], r.params["n_ubatch"]): r for r in board.rows}
+    by_settings = {(r.settings["n_batch"], r.settings["n_ubatch"]): r for r in board.rows}
     assert set(by_settings) == {(2048, 512), (64, 64), (2048, 64)}
     baseline, small = by_settings[(2048, 512)], by_settings[(64, 64)]
     assert baseline.baseline and baseline.score is not None and small.score is not None
@@ -62,7 +62,7 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
     small_trial = next(t for t in study_trials(tmp_path / "tiny") if t.number == small.number)
     assert min(TrialRecord.of(small_trial).answer_agreement or [0.0]) >= 0.5
     # Before recommending, 64/64 was measured again against the baseline in alternating order.
-    assert board.recommendation.row is not None and board.recommendation.row.params == {"n_batch": 64, "n_ubatch": 64}
+    assert board.recommendation.row is not None and board.recommendation.row.settings == {"n_batch": 64, "n_ubatch": 64}
     assert "paired score difference" in board.recommendation.message
     assert (tmp_path / "tiny" / "trials" / "0000" / "server.log").stat().st_size > 0
     assert (tmp_path / "tiny" / "trials" / "0000" / "round-2.jsonl").is_file()

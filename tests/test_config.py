@@ -23,7 +23,7 @@ def write_study(tmp_path: Path, text: str) -> Path:
 def test_the_demo_study_and_its_search_space_are_valid() -> None:
     spec, base = load_study(DEMO)
     prepared = prepare_study(spec, base)
-    assert prepared.baseline_params == {"n_batch": 2048, "n_ubatch": 512}
+    assert prepared.baseline_settings == {"n_batch": 2048, "n_ubatch": 512}
     assert len(prepared.trace.requests) >= 5
 
 

@@ -140,7 +140,7 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     board = build_leaderboard(study)
     baseline = next(row for row in board.rows if row.baseline)
     (trial,) = [row for row in board.rows if not row.baseline]
-    assert trial.params["lora_policy"] in ("all_on", "all_off")
+    assert trial.settings["lora_policy"] in ("all_on", "all_off")
     # The baseline's mixed traffic waits for the other LoRA setting; one setting for all does not.
     assert baseline.metrics["lora_wait_p95_s"][0] > 1.0
     assert "lora_wait_p95_s" not in trial.metrics

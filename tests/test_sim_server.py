@@ -178,7 +178,7 @@ def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer
     assert done.returncode == 0, done.stderr[-3000:]
     assert _processes_with(marker) == [], "a simulated server was left running"
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny")))
-    by_settings = {(r.params["n_batch"], r.params["n_ubatch"]): r for r in board.rows}
+    by_settings = {(r.settings["n_batch"], r.settings["n_ubatch"]): r for r in board.rows}
     assert set(by_settings) == {(2048, 512), (64, 64), (2048, 64)}
     baseline, small = by_settings[(2048, 512)], by_settings[(64, 64)]
     # The mechanism the demo finds: a small batch keeps streams moving during a long prefill.
@@ -333,6 +333,6 @@ def test_a_server_that_hangs_while_its_health_check_passes_fails_its_trial_by_th
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny")))
-    hung = next(r for r in board.rows if r.params.get("n_batch") == 64)
+    hung = next(r for r in board.rows if r.settings.get("n_batch") == 64)
     assert hung.state == "FAIL" and hung.reason is not None and reason in hung.reason, hung.reason
     assert any(r.state == "COMPLETE" and not r.baseline for r in board.rows)

@@ -46,9 +46,9 @@ def test_the_demos_search_lands_in_the_knee_region_on_at_least_18_of_20_seeds(tm
             continue
         stall = chosen.metrics["stall_tok_s"][0] / baseline.metrics["stall_tok_s"][0]
         prefill = chosen.metrics["prefill_tok_s"][0] / baseline.metrics["prefill_tok_s"][0]
-        knee = int(chosen.params["n_batch"]) <= 256 and stall >= 4 and prefill >= 0.8
+        knee = int(chosen.settings["n_batch"]) <= 256 and stall >= 4 and prefill >= 0.8
         landed += knee
-        outcomes.append(f"seed {seed}: {chosen.params} stall x{stall:.1f} prefill x{prefill:.2f} knee={knee}")
+        outcomes.append(f"seed {seed}: {chosen.settings} stall x{stall:.1f} prefill x{prefill:.2f} knee={knee}")
     assert landed >= 18, "\n".join(outcomes)
 
 
@@ -167,10 +167,10 @@ def test_a_config_that_cannot_start_dies_or_hangs_fails_with_its_reason_and_the_
     prepared = prepare_simulated(_small_study("confirm.top=0"))
     result = run_simulated(prepared, tmp_path / "s", seed=7, faults=[fault])
     failed = [r for r in result.board.rows if r.state == "FAIL"]
-    assert [r.params["n_batch"] for r in failed] == [256]
+    assert [r.settings["n_batch"] for r in failed] == [256]
     assert failed[0].reason is not None and reason in failed[0].reason
     assert failed[0].score is None and not failed[0].metrics  # no partial score
-    assert [r.params for r in result.board.rows if r.state == "COMPLETE" and not r.baseline] == [
+    assert [r.settings for r in result.board.rows if r.state == "COMPLETE" and not r.baseline] == [
         {"n_batch": 2048, "n_ubatch": 256}
     ]
 

@@ -58,9 +58,7 @@ def test_a_run_made_by_0_1_0_shows_the_leaderboard_that_version_wrote(tmp_path: 
 def test_a_run_made_by_0_1_0_resumes_and_keeps_its_measurements(tmp_path: Path) -> None:
     run = old_run(tmp_path)
     before = build_leaderboard(open_optuna_study_readonly(RunDirectory(run)))
-    resumed = tuner(
-        "run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=6", "--set", "confirm.top=0"
-    )
+    resumed = tuner("run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=6", "--set", "confirm.top=0")
     assert resumed.returncode == 0, resumed.stderr
     study = open_optuna_study_readonly(RunDirectory(run))
     after = build_leaderboard(study)

@@ -477,7 +477,7 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline
     served = systemd_host.run("journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager").stdout
     assert "processing task" in served, "the server was restarted after its verification run"
     environment = systemd_host.process_environment()
-    for name, value in tuned.params.items():
+    for name, value in tuned.settings.items():
         variable = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
         assert environment[variable] == str(value)
     assert systemd_host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"

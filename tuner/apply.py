@@ -61,8 +61,8 @@ async def apply_settings(
     prepared = prepare_study(spec, base_dir)
     engine = prepared.engine
     row = _chosen_row(run_path, trial)
-    server = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "server"}
-    client = {k: v for k, v in row.params.items() if engine.knobs[k].scope == "request"}
+    server = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "server"}
+    client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
     engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
     log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}-server.log"
     async with create_transport(spec.host) as transport:
@@ -81,7 +81,7 @@ async def apply_settings(
                 await runner.start(server, number=row.number, log_path=str(log_path))
                 say("verification run: replaying the workload once with fresh prompts")
                 measured = await runner.measure_round(
-                    settings=row.params,
+                    settings=row.settings,
                     number=row.number,
                     prompts_index=_VERIFY_PROMPTS_INDEX,
                     label="the verification run",

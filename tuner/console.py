@@ -58,8 +58,8 @@ def _label(name: str) -> str:
     return f"{short} ({info.unit})" if info and info.unit else short
 
 
-def _settings(params: Mapping[str, ParamValue]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(baseline)"
+def _settings(settings: Mapping[str, ParamValue]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "(baseline)"
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -78,8 +78,8 @@ class ConsoleObserver(NullObserver):
         resumed = f", resuming: baseline and {trials_done} trials already measured" if baseline_done else ""
         self.console.print(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
 
-    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:
-        what = "baseline (the server's own settings)" if baseline else _settings(params)
+    def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
+        what = "baseline (the server's own settings)" if baseline else _settings(settings)
         self.console.print(f"[bold cyan]trial {number}[/]  {what}")
 
     def server_ready(self, *, number: int, seconds: float) -> None:
@@ -106,8 +106,8 @@ class ConsoleObserver(NullObserver):
     def remeasuring(self, *, metrics: list[str], extra: int) -> None:
         self.console.print(f"  [yellow]rounds differ by 20%+ on {', '.join(metrics)}: {extra} more round(s)[/]")
 
-    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
-        self.console.print(f"[dim]skip      {_settings(params)}: {reason}[/]")
+    def trial_skipped(self, *, settings: Mapping[str, ParamValue], reason: str) -> None:
+        self.console.print(f"[dim]skip      {_settings(settings)}: {reason}[/]")
 
     def search_exhausted(self, *, proposals: int) -> None:
         self.console.print(
@@ -115,9 +115,9 @@ class ConsoleObserver(NullObserver):
             "looks exhausted, so the search ends here"
         )
 
-    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:
+    def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         self.console.print(
-            f"[bold cyan]re-measuring trial {number}[/] ({_settings(params)}) against the baseline: "
+            f"[bold cyan]re-measuring trial {number}[/] ({_settings(settings)}) against the baseline: "
             f"{pairs} pairs in alternating order"
         )
 
@@ -152,7 +152,7 @@ def render_leaderboard(board: Leaderboard, console: Console | None = None) -> No
         table.add_column(_label(name), justify="right", no_wrap=True)
     for row in board.rows:
         if row.score is None:
-            settings = Text(_settings(row.changed or row.params))
+            settings = Text(_settings(row.changed or row.settings))
             settings.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
             table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in shown])
             continue

@@ -13,7 +13,7 @@ __all__ = ["NullObserver", "StudyObserver"]
 class StudyObserver(Protocol):
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None: ...
 
-    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None: ...
+    def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None: ...
 
     def server_ready(self, *, number: int, seconds: float) -> None: ...
 
@@ -29,11 +29,11 @@ class StudyObserver(Protocol):
 
     def remeasuring(self, *, metrics: list[str], extra: int) -> None: ...
 
-    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None: ...
+    def trial_skipped(self, *, settings: Mapping[str, ParamValue], reason: str) -> None: ...
 
     def search_exhausted(self, *, proposals: int) -> None: ...
 
-    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None: ...
+    def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None: ...
 
     def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None: ...
 
@@ -46,7 +46,7 @@ class NullObserver:
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         pass
 
-    def trial_started(self, *, number: int, params: Mapping[str, ParamValue], baseline: bool) -> None:
+    def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         pass
 
     def server_ready(self, *, number: int, seconds: float) -> None:
@@ -67,13 +67,13 @@ class NullObserver:
     def remeasuring(self, *, metrics: list[str], extra: int) -> None:
         pass
 
-    def trial_skipped(self, *, params: Mapping[str, ParamValue], reason: str) -> None:
+    def trial_skipped(self, *, settings: Mapping[str, ParamValue], reason: str) -> None:
         pass
 
     def search_exhausted(self, *, proposals: int) -> None:
         pass
 
-    def confirm_started(self, *, number: int, params: Mapping[str, ParamValue], pairs: int) -> None:
+    def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         pass
 
     def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:

@@ -26,7 +26,7 @@ class LeaderboardRow:
     number: int
     baseline: bool
     state: str
-    params: dict[str, ParamValue]
+    settings: dict[str, ParamValue]  # every searched knob's value in this trial
     changed: dict[str, ParamValue]
     score: float | None
     score_range: tuple[float, float] | None
@@ -96,7 +96,7 @@ def _row(
         number=trial.number,
         baseline=record.baseline,
         state=trial.state.name,
-        params=settings,
+        settings=settings,
         changed={} if record.baseline else {k: v for k, v in settings.items() if baseline_settings.get(k) != v},
         score=_score(trial, record),
         score_range=(min(scores), max(scores)) if scores else None,
@@ -223,7 +223,7 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
             "reason": row.reason,
             "violates": "; ".join(row.violates),
         }
-        record.update({f"param_{k}": v for k, v in row.params.items()})
+        record.update({f"param_{k}": v for k, v in row.settings.items()})
         for name, (median, low, high) in row.metrics.items():
             record[name] = median
             record[f"{name}_min"] = low

@@ -184,7 +184,7 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     adapters = {use.adapter for request in trace.requests for use in request.lora}
     if adapters:
         engine.check_lora_adapters(adapters)
-    return PreparedStudy(spec=spec, engine=engine, space=space, baseline_params=baseline, trace=trace)
+    return PreparedStudy(spec=spec, engine=engine, space=space, baseline_settings=baseline, trace=trace)
 
 
 def _distribution(param: ParamSpec) -> BaseDistribution:
@@ -257,7 +257,7 @@ class _Pending:
     """A trial being measured in the current batch."""
 
     trial: optuna.Trial
-    params: dict[str, ParamValue]
+    settings: dict[str, ParamValue]
     baseline: bool
     planned: int
     rounds: list[dict[str, float | None]] = field(default_factory=list)
@@ -322,7 +322,7 @@ class _StudyRun:
         queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
         if not done and not queued:
             self.study.enqueue_trial(
-                self.prepared.space.encode(self.prepared.baseline_params),
+                self.prepared.space.encode(self.prepared.baseline_settings),
                 user_attrs=new_trial_attrs(TrialRecord(baseline=True)),
             )
 
@@ -339,7 +339,7 @@ class _StudyRun:
             if record.deployed and not record.baseline
         )
 
-    def measured_params(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
+    def measured_settings(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             record = TrialRecord.of(trial)
@@ -371,12 +371,12 @@ class _StudyRun:
         skipped = 0
         while len(batch) < size:
             trial = self.study.ask(self.distributions)
-            params = self.prepared.space.decode(trial.params)
-            update_trial_record(trial, settings=params)
-            reason = self.skip_reason(trial, params, pending=batch)
+            settings = self.prepared.space.decode(trial.params)
+            update_trial_record(trial, settings=settings)
+            reason = self.skip_reason(trial, settings, pending=batch)
             if reason is not None:
                 skipped += 1
-                self.observer.trial_skipped(params=params, reason=reason)
+                self.observer.trial_skipped(settings=settings, reason=reason)
                 if skipped >= _MAX_SKIPPED_PROPOSALS:
                     # A space smaller than the budget: what was measured is confirmed and reported as usual.
                     self.exhausted = True
@@ -384,32 +384,36 @@ class _StudyRun:
                     break
                 continue
             skipped = 0
-            batch.append(_Pending(trial=trial, params=params, baseline=_is_baseline(trial), planned=self.spec.rounds))
+            batch.append(
+                _Pending(trial=trial, settings=settings, baseline=_is_baseline(trial), planned=self.spec.rounds)
+            )
             if batch[-1].baseline:
                 break
         return batch
 
-    def skip_reason(self, trial: optuna.Trial, params: dict[str, ParamValue], *, pending: list[_Pending]) -> str | None:
+    def skip_reason(
+        self, trial: optuna.Trial, settings: dict[str, ParamValue], *, pending: list[_Pending]
+    ) -> str | None:
         """Settings that need no deployment: invalid ones, and ones measured before or about to be."""
         if _is_baseline(trial):
             return None
         for constraint in self.prepared.space.constraints:
-            if not constraint.holds(params):
+            if not constraint.holds(settings):
                 update_trial_record(trial, skip_reason=f"violates {constraint.text}")
                 self.study.tell(trial, state=TrialState.PRUNED)
                 return f"violates {constraint.text}"
-        too_big = self.prepared.engine.memory_check({**self.prepared.baseline_params, **params})
+        too_big = self.prepared.engine.memory_check(settings)
         if too_big is not None:
             update_trial_record(trial, skip_reason=f"would not fit: {too_big}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return f"would not fit: {too_big}"
-        earlier = self.measured_params().get(tuple(sorted(params.items())))
+        earlier = self.measured_settings().get(tuple(sorted(settings.items())))
         if earlier is not None and earlier.values is not None:
             # Telling the earlier values keeps the sampler informed without spending a restart.
             update_trial_record(trial, duplicate_of=earlier.number)
             self.study.tell(trial, earlier.values)
             return f"same settings as trial {earlier.number}"
-        twin = next((p for p in pending if p.params == params), None)
+        twin = next((p for p in pending if p.settings == settings), None)
         if twin is not None:
             update_trial_record(trial, skip_reason=f"same settings as trial {twin.trial.number}, being measured")
             self.study.tell(trial, state=TrialState.PRUNED)
@@ -421,7 +425,9 @@ class _StudyRun:
         round, so that no config keeps a warm state from its previous round and a slow drift of the
         machine spreads over all configs instead of landing on one."""
         for pending in batch:
-            self.observer.trial_started(number=pending.trial.number, params=pending.params, baseline=pending.baseline)
+            self.observer.trial_started(
+                number=pending.trial.number, settings=pending.settings, baseline=pending.baseline
+            )
         active = list(batch)
         try:
             round_index = 0
@@ -456,14 +462,14 @@ class _StudyRun:
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
         trial = pending.trial
         round_started = time.monotonic()
-        settings = {} if pending.baseline else pending.params
+        settings = {} if pending.baseline else pending.settings
         if round_index == 0:
             # Counted against the budget from its first start: a trial of the batch that an interruption
             # kept from starting was never deployed, and a resumed study measures it.
             update_trial_record(trial, deployed=True)
         await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
         if round_index == 0:
-            await _Gates(self).check(trial, pending.params, baseline=pending.baseline)
+            await _Gates(self).check(trial, pending.settings, baseline=pending.baseline)
         measured = await self.runner.measure_round(
             settings=settings,
             number=trial.number,
@@ -576,12 +582,12 @@ class _Gates:
         self.gate = loop.spec.gate
         self.study = loop.study
 
-    async def check(self, trial: optuna.Trial, params: Mapping[str, ParamValue], *, baseline: bool) -> None:
+    async def check(self, trial: optuna.Trial, settings: Mapping[str, ParamValue], *, baseline: bool) -> None:
         await self.correctness(trial, baseline=baseline)
         if not baseline:
             prepared = self.loop.prepared
             changed = await lora_answer_changes(
-                self.loop.runner, prepared.trace, prepared.engine, params, tokens=self.gate.tokens
+                self.loop.runner, prepared.trace, prepared.engine, settings, tokens=self.gate.tokens
             )
             if changed is not None:
                 update_trial_record(trial, answers_changed=changed[0], answers_changed_note=changed[1])
@@ -622,16 +628,18 @@ class _Confirmation:
         reference = median_metrics(TrialRecord.of(baseline).rounds)
         for candidate in self.candidates():
             settings = dict(TrialRecord.of(candidate).settings or {})
-            self.loop.observer.confirm_started(number=candidate.number, params=settings, pairs=self.spec.confirm.pairs)
+            self.loop.observer.confirm_started(
+                number=candidate.number, settings=settings, pairs=self.spec.confirm.pairs
+            )
             differences = []
             for pair in range(self.spec.confirm.pairs):
                 order = [(baseline.number, {}), (candidate.number, settings)]
                 if pair % 2:
                     order.reverse()
                 scores: dict[int, float] = {}
-                for number, tuned in order:
+                for number, trial_settings in order:
                     metrics = await self.measure(
-                        number, tuned, candidate=candidate.number, pair=pair, baseline=baseline
+                        number, trial_settings, candidate=candidate.number, pair=pair, baseline=baseline
                     )
                     scores[number] = score_round(metrics, reference, self.spec.objectives)
                 differences.append(scores[candidate.number] - scores[baseline.number])
@@ -643,12 +651,14 @@ class _Confirmation:
             self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
 
     async def measure(
-        self, number: int, tuned: Mapping[str, ParamValue], *, candidate: int, pair: int, baseline: FrozenTrial
+        self, number: int, settings: Mapping[str, ParamValue], *, candidate: int, pair: int, baseline: FrozenTrial
     ) -> dict[str, float | None]:
         runner = self.loop.runner
-        await runner.start(tuned, number=number, log_path=self.loop.log_path(number, f"confirm-{candidate}-server.log"))
+        await runner.start(
+            settings, number=number, log_path=self.loop.log_path(number, f"confirm-{candidate}-server.log")
+        )
         measured = await runner.measure_round(
-            settings=tuned,
+            settings=settings,
             number=number,
             prompts_index=self.spec.rounds + pair,
             label=f"pair {pair + 1}/{self.spec.confirm.pairs}" + (" (baseline)" if number == baseline.number else ""),

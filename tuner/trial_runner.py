@@ -50,8 +50,13 @@ class PreparedStudy:
     spec: StudySpec
     engine: Engine
     space: SearchSpace
-    baseline_params: dict[str, ParamValue]
+    # Every searched knob's value in the baseline: the engine's base setting, else the space's default.
+    baseline_settings: dict[str, ParamValue]
     trace: Trace
+
+    def searched_values(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """Every searched knob's value in a trial with `settings` ({} for the baseline, which sets nothing)."""
+        return {**self.baseline_settings, **settings}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +243,7 @@ class ServerTrialRunner:
             prepared.spec, engine, records, tasks, counters=(counters_before, counters_after)
         )
         if gpu.peak_mib is not None:
-            predicted = engine.memory_need({**prepared.baseline_params, **settings})
+            predicted = engine.memory_need(prepared.searched_values(settings))
             metrics["gpu_memory_peak_mib"] = gpu.peak_mib
             metrics["predicted_memory_mib"] = predicted / 2**20 if predicted is not None else None
         if self.run_dir is not None and records_name is not None:

@@ -113,6 +113,10 @@ class KnobbedEngine(Generic[OptionsT]):
     def base_settings(self) -> Mapping[str, ParamValue]:
         return self._options.settings
 
+    def effective_settings(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        # The one place a trial's settings meet the study-wide ones: the trial's win.
+        return {**self._options.settings, **settings}
+
     def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
         for name, value in settings.items():
             knob = self.knobs.get(name)
@@ -154,12 +158,16 @@ class Engine(Protocol):
         """The study-wide settings (`engine.settings`): the baseline's, and every trial's base."""
         ...
 
+    def effective_settings(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """What a server runs with: the base settings with a trial's `settings` on top."""
+        ...
+
     def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
         """Raises `ConfigError` for an unknown knob or an invalid value."""
         ...
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
-        """The launch of the engine's base settings with `tuned` on top; empty `tuned` is the baseline."""
+    def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
+        """The launch of the engine's base settings with a trial's `settings` on top; {} is the baseline."""
         ...
 
     def prompt_token_range(self) -> tuple[int, int]:

@@ -299,8 +299,8 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             return SIMULATED  # the simulator loads no model
         return _resolve(self._options.model, assets.find_model, what="model file", key="engine.model")
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
-        self.check_settings(tuned)
+    def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
+        self.check_settings(settings)
         port = self._options.port or _free_port(self._options.host)
         env = {
             "LLAMA_ARG_MODEL": self.resolve_model(),
@@ -308,7 +308,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             "LLAMA_ARG_PORT": str(port),
             "LLAMA_ARG_ENDPOINT_METRICS": "1",
         }
-        for name, value in {**self._options.settings, **tuned}.items():
+        for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             if knob.scope == "request":
                 continue
@@ -344,7 +344,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             return None
         if not model.is_file():
             return None  # a model on a remote host: its header cannot be read from here
-        merged = {**self._options.settings, **settings}
+        merged = self.effective_settings(settings)
         tokens = int(merged.get("ctx_size") or 4096)
         k_type = str(merged.get("cache_type_k", "f16"))
         v_type = str(merged.get("cache_type_v", k_type))
@@ -355,7 +355,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         need = self.memory_need(settings) if budget is not None else None
         if budget is None or need is None or need <= budget * 2**30:
             return None
-        tokens = int({**self._options.settings, **settings}.get("ctx_size") or 4096)
+        tokens = int(self.effective_settings(settings).get("ctx_size") or 4096)
         return f"needs {need / 2**30:.2f} GiB (weights plus {tokens} KV tokens), over the {budget:g} GiB budget"
 
     def prompt_token_range(self) -> tuple[int, int]:
@@ -364,7 +364,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def apply_request_settings(
         self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
     ) -> list[ReplayRequest]:
-        policy = {**self._options.settings, **settings}.get("lora_policy", "as_recorded")
+        policy = self.effective_settings(settings).get("lora_policy", "as_recorded")
         if policy == "as_recorded":
             return list(requests)
         if policy == "all_off":

@@ -112,10 +112,10 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
     knobs: Mapping[str, Knob] = OLLAMA_KNOBS
     options_model = OllamaOptions
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
-        self.check_settings(tuned)
+    def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
+        self.check_settings(settings)
         env = {"OLLAMA_HOST": f"{self._options.host}:{self._options.port}"}
-        for name, value in {**self._options.settings, **tuned}.items():
+        for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             assert knob.env is not None
             env[knob.env] = render_env_value(knob, value)
@@ -133,7 +133,7 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         if self._options.model_file is None:
             return None
         model = Path(self._options.model_file)
-        merged = {**self._options.settings, **settings}
+        merged = self.effective_settings(settings)
         tokens = int(merged.get("context_length") or 4096) * int(merged.get("num_parallel") or 1)
         kv_type = str(merged.get("kv_cache_type", "f16"))
         return model.stat().st_size + tokens * kv_bytes_per_token(gguf_kv_shape(model), k_type=kv_type)

@@ -166,13 +166,13 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
             if name == "gpu_memory_utilization" and not 0 < float(value) <= 1:
                 raise ConfigError(f"knob 'gpu_memory_utilization' must be in (0, 1], got {value!r}")
 
-    def launch_spec(self, tuned: Mapping[str, ParamValue]) -> LaunchSpec:
-        self.check_settings(tuned)
+    def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
+        self.check_settings(settings)
         command = self._options.command
         args = [*command[1:], self._options.model, "--host", self._options.host, "--port", str(self._options.port)]
         if self._options.served_model_name:
             args += ["--served-model-name", self._options.served_model_name]
-        for name, value in {**self._options.settings, **tuned}.items():
+        for name, value in self.effective_settings(settings).items():
             args += _flag_args(self.knobs[name], value)
         return LaunchSpec(
             executable=command[0],
@@ -187,7 +187,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         """vLLM takes gpu_memory_utilization x device memory at start, whatever the load."""
         if self._options.gpu_memory_gib is None:
             return None
-        utilization = float({**self._options.settings, **settings}.get("gpu_memory_utilization", 0.92))
+        utilization = float(self.effective_settings(settings).get("gpu_memory_utilization", 0.92))
         return utilization * self._options.gpu_memory_gib * 2**30
 
     def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
@@ -196,7 +196,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         options = self._options
         if options.config_json is None or options.gpu_memory_gib is None or options.weights_gib is None:
             return None
-        merged = {**options.settings, **settings}
+        merged = self.effective_settings(settings)
         utilization = float(merged.get("gpu_memory_utilization", 0.92))
         dtype = str(merged.get("kv_cache_dtype", "auto"))
         per_token = kv_bytes_per_token(hf_config_kv_shape(Path(options.config_json)), k_type=dtype)
