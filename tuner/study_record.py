@@ -47,8 +47,8 @@ class _Record(BaseModel):
     version: int = Field(default=RECORD_VERSION, description="The record's format; newer ones are refused.")
 
     def stored(self) -> dict[str, Any]:
-        # Python mode, not JSON mode: Optuna serializes the value itself, and pydantic's JSON mode would
-        # turn an infinite score into null.
+        # Python values, not pydantic's JSON text: Optuna serializes the value itself (an infinite score
+        # as JSON's Infinity), where pydantic's text would turn it into null.
         return self.model_dump()
 
 
