@@ -13,32 +13,21 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from rich.console import Console
-
-from tuner import assets
-from tuner.config import apply_overrides
-from tuner.console import ConsoleObserver, make_console, render_leaderboard, render_trace_summary
-from tuner.deployers import DEPLOYERS
-from tuner.engines import ENGINES
+# Only what parsing the command line needs is imported here; each command imports the rest itself.
+# The plugins, the study and the reports pull in pydantic, httpx, asyncssh, optuna, pandas, numpy and
+# scipy, seconds on a small machine that `tuner --help`, a mistyped flag or `tuner kinds` would pay for
+# nothing. The names the parser shows come from `tuner.catalog`; tests/test_startup.py checks both.
+from tuner import catalog
 from tuner.errors import ConfigError, StudyError, TunerError
 from tuner.files import check_output, write_atomic
-from tuner.importers import IMPORTERS, import_trace
 from tuner.redact import RedactingFilter, redact
-from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
-from tuner.runs import RunDirectory
-from tuner.transports import TRANSPORTS
-from tuner.workloads import (
-    GENERATORS,
-    MAX_PROMPT_TOKENS,
-    SynthOptions,
-    check_synthesis_fits,
-    dump_trace,
-    load_trace,
-    summarize_trace,
-    synthesize_trace,
-)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tuner.report import Leaderboard
 
 __all__ = ["main"]
 
@@ -77,8 +66,8 @@ def _positive(text: str) -> int:
 
 def _long_tokens(text: str) -> int:
     value = _positive(text)
-    if value > MAX_PROMPT_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_PROMPT_TOKENS:,} (a trace's limit), got {text}")
+    if value > catalog.MAX_PROMPT_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {catalog.MAX_PROMPT_TOKENS:,} (a trace's limit), got {text}")
     return value
 
 
@@ -155,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         help="per-request decode speed for that estimate (default 30)",
     )
     synth = workload_commands.add_parser("synth", help="write a synthetic trace of a known traffic shape")
-    synth.add_argument("kind", choices=GENERATORS.kinds(), help="the traffic shape")
+    synth.add_argument("kind", choices=catalog.GENERATOR_KINDS, help="the traffic shape")
     synth.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL)")
     synth.add_argument("--users", type=_positive, default=4, help="simulated users (default 4)")
     synth.add_argument("--turns", type=_positive, default=3, help="turns per user (default 3)")
@@ -188,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         description=_importer_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    imports.add_argument("kind", help="the input's format: " + ", ".join(IMPORTERS.kinds()))
+    imports.add_argument("kind", help="the input's format: " + ", ".join(catalog.IMPORTER_FORMATS))
     imports.add_argument("source", type=Path, help="the file to import")
     imports.add_argument("--out", type=Path, required=True, help="trace file to write (JSONL)")
     imports.add_argument("--name", help="trace name (default: the output file name)")
@@ -225,15 +214,19 @@ def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _importer_help() -> str:
-    lines = [f"{kind}: {IMPORTERS.get(kind).description}" for kind in IMPORTERS.kinds()]
+    lines = [f"{kind}: {description}" for kind, description in catalog.IMPORTER_FORMATS.items()]
     return "Formats:\n  " + "\n  ".join(lines)
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from tuner.config import load_study
-    from tuner.study import run_study
 
     spec, base_dir = load_study(args.study, args.overrides)
+    # The study's own modules once its file is read: a wrong path or value is refused without them.
+    from tuner.console import ConsoleObserver
+    from tuner.report import leaderboard_frame
+    from tuner.study import run_study
+
     run_path = args.runs_dir / spec.name
 
     received: list[int] = []
@@ -447,6 +440,9 @@ def _record(args: argparse.Namespace, console: Console) -> int:
 
 
 def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
+    from tuner.console import render_leaderboard
+    from tuner.report import build_leaderboard, leaderboard_frame
+    from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
     study_files = [run_path / name for name in _STUDY_FILES]  # never to be overwritten by a report
@@ -491,6 +487,16 @@ def _os_error_line(exc: OSError) -> str:
 
 
 def _workload(args: argparse.Namespace, console: Console) -> int:
+    from tuner.console import render_trace_summary
+    from tuner.workloads import (
+        SynthOptions,
+        check_synthesis_fits,
+        dump_trace,
+        load_trace,
+        summarize_trace,
+        synthesize_trace,
+    )
+
     if args.workload_command == "show":
         if args.plot is not None:  # before the work, which can be long on a big trace
             if args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -519,6 +525,9 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         render_trace_summary(summarize_trace(trace), console)
         return 0
     if args.workload_command == "import":
+        from tuner.config import apply_overrides
+        from tuner.importers import import_trace
+
         check_output(args.out, inputs=[args.source])  # before the import's work, which can be long
         trace = import_trace(args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem)
         write_atomic(args.out, dump_trace(trace).encode(), inputs=[args.source])
@@ -565,6 +574,8 @@ def _leaderboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def _setup(_args: argparse.Namespace, console: Console) -> int:
+    from tuner import assets
+
     console.print(f"model: {assets.ensure_model()}")
     console.print(f"llama-server: {assets.ensure_llama_server()}")
     console.print(f"test LoRA adapter: {assets.ensure_test_lora()}")
@@ -572,9 +583,9 @@ def _setup(_args: argparse.Namespace, console: Console) -> int:
 
 
 def _kinds(_args: argparse.Namespace, console: Console) -> int:
-    console.print(f"host:   {', '.join(TRANSPORTS.kinds())}")
-    console.print(f"deploy: {', '.join(DEPLOYERS.kinds())}")
-    console.print(f"engine: {', '.join(ENGINES.kinds())}")
+    console.print(f"host:   {', '.join(catalog.TRANSPORT_KINDS)}")
+    console.print(f"deploy: {', '.join(catalog.DEPLOYER_KINDS)}")
+    console.print(f"engine: {', '.join(catalog.ENGINE_KINDS)}")
     return 0
 
 
@@ -594,6 +605,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
 
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    from tuner.console import make_console  # after parsing: `--help` and a mistyped flag print no rich
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
         handler.addFilter(RedactingFilter())

@@ -6,18 +6,22 @@ Line-per-event rather than a live display, because overnight runs end up in log 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tuner.config import ParamValue
-from tuner.engines import ENGINES
-from tuner.metrics import METRICS, MetricInfo
 from tuner.observers import NullObserver
-from tuner.report import Leaderboard, LeaderboardRow
-from tuner.workloads import TraceSummary
+
+# Types only: the CLI makes its consoles here for every command, `tuner kinds` and an error line
+# included, and those need neither the reports (pandas, scipy) nor the engines and metrics (numpy).
+if TYPE_CHECKING:
+    from tuner.config import ParamValue
+    from tuner.metrics import MetricInfo
+    from tuner.report import Leaderboard, LeaderboardRow
+    from tuner.workloads import TraceSummary
 
 __all__ = ["ConsoleObserver", "make_console", "render_leaderboard", "render_trace_summary"]
 
@@ -46,6 +50,9 @@ def _fmt(value: float | None) -> str:
 
 def _metric_info(name: str) -> MetricInfo | None:
     """A common metric, or one an engine's counters add (each engine declares its own)."""
+    from tuner.engines import ENGINES
+    from tuner.metrics import METRICS
+
     if name in METRICS:
         return METRICS[name]
     engines = [ENGINES.get(kind) for kind in ENGINES.kinds()]

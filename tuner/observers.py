@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tuner.config import ParamValue
+if TYPE_CHECKING:  # the console's observer subclasses these: a console needs no pydantic
+    from tuner.config import ParamValue
 
 __all__ = ["NullObserver", "StudyObserver"]
 

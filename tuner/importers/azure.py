@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import Field
 
+from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, imported_trace
@@ -29,7 +30,7 @@ class AzureOptions(StrictModel):
 
 @IMPORTERS.register("azure")
 class AzureImporter:
-    description = "Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens"
+    description = IMPORTER_FORMATS["azure"]
     options_model = AzureOptions
 
     def read(self, path: Path, options: AzureOptions, *, name: str) -> Trace:

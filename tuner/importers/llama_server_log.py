@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import WorkloadError
@@ -30,7 +31,7 @@ class LlamaServerLogOptions(StrictModel):
 
 @IMPORTERS.register("llama-server-log")
 class LlamaServerLogImporter:
-    description = "llama-server's log, plain or as journalctl prints it (default verbosity is enough)"
+    description = IMPORTER_FORMATS["llama-server-log"]
     options_model = LlamaServerLogOptions
 
     def read(self, path: Path, options: LlamaServerLogOptions, *, name: str) -> Trace:

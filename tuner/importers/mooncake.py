@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
+from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, imported_trace, read_lines
@@ -32,7 +33,7 @@ class MooncakeOptions(StrictModel):
 
 @IMPORTERS.register("mooncake")
 class MooncakeImporter:
-    description = "Mooncake-style JSONL: timestamp (ms), input_length, output_length, hash_ids"
+    description = IMPORTER_FORMATS["mooncake"]
     options_model = MooncakeOptions
 
     def read(self, path: Path, options: MooncakeOptions, *, name: str) -> Trace:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
+from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, read_lines
@@ -35,7 +36,7 @@ class OpenAILogOptions(StrictModel):
 
 @IMPORTERS.register("openai-log")
 class OpenAILogImporter:
-    description = "OpenAI-style request logs (JSONL): timestamp, request, response with usage"
+    description = IMPORTER_FORMATS["openai-log"]
     options_model = OpenAILogOptions
 
     def read(self, path: Path, options: OpenAILogOptions, *, name: str) -> Trace:

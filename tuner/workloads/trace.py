@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
+from tuner.catalog import MAX_PROMPT_TOKENS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.files import special_file
@@ -37,9 +38,7 @@ __all__ = [
 TRACE_FORMAT: Literal["serve-tuner-trace"] = "serve-tuner-trace"
 TRACE_VERSION = 1
 
-# No model's context holds ten million tokens: a count above it is a unit mistake, and replaying it would
-# synthesize a prompt that size.
-MAX_PROMPT_TOKENS = 10_000_000
+# The token limit lives in tuner/catalog.py, where the command line checks it without loading pydantic.
 _MAX_TOKENS = MAX_PROMPT_TOKENS
 # A trace spans at most a year of arrivals.
 _MAX_OFFSET_S = 366 * 86_400.0

@@ -1,0 +1,38 @@
+"""What the command line names and checks before it loads any plugin: every registry's kinds, the
+importers' one-line descriptions, and a trace's token limit.
+
+The plugins behind these names import pydantic, httpx, asyncssh, numpy, pandas or scipy, seconds on a
+small machine; `tuner --help`, a command's `--help`, `tuner kinds` and a mistyped flag need only the
+names. So they live here, importing nothing, and tests/test_startup.py checks them against the
+registries: a plugin registered without its name here fails that test.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEPLOYER_KINDS",
+    "ENGINE_KINDS",
+    "GENERATOR_KINDS",
+    "IMPORTER_FORMATS",
+    "MAX_PROMPT_TOKENS",
+    "TRANSPORT_KINDS",
+]
+
+# Sorted, as `Registry.kinds()` lists them.
+TRANSPORT_KINDS = ("local", "ssh")
+DEPLOYER_KINDS = ("container", "process", "systemd")
+ENGINE_KINDS = ("llama-server", "ollama", "vllm")
+GENERATOR_KINDS = ("agent", "chat", "stall", "summarize")
+
+# Each importer's `description`, which its class takes from here.
+IMPORTER_FORMATS = {
+    "azure": "Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens",
+    "llama-server-log": "llama-server's log, plain or as journalctl prints it (default verbosity is enough)",
+    "mooncake": "Mooncake-style JSONL: timestamp (ms), input_length, output_length, hash_ids",
+    "openai-log": "OpenAI-style request logs (JSONL): timestamp, request, response with usage",
+}
+
+# No model's context holds ten million tokens: a count above it is a unit mistake, and replaying it would
+# synthesize a prompt that size. The trace format enforces it; `workload synth --long-tokens` checks it
+# while parsing the command line.
+MAX_PROMPT_TOKENS = 10_000_000
