@@ -68,7 +68,7 @@ def test_a_confirmed_win_is_recommended_with_its_interval() -> None:
     update_study_record(study, min_effect=0.1)
     add(study, [0.0], score=0.0, n_batch=2048, baseline=True)
     add(study, [1.5], score=1.5, n_batch=128)
-    update_study_record(study, confirmations={1: Confirmation(differences=[1.4, 1.6], mean=1.5, ci=(1.4, 1.6))})
+    update_study_record(study, confirmations={1: Confirmation(differences=[1.4, 1.6], mean=1.5, ci=[1.4, 1.6])})
     board = build_leaderboard(study)
     assert board.recommendation.row is not None and board.recommendation.row.changed == {"n_batch": 128}
     assert "95% interval +1.40..+1.60" in board.recommendation.message

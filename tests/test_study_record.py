@@ -12,7 +12,9 @@ import math
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -119,6 +121,79 @@ def test_an_update_rewrites_the_one_key_and_keeps_an_infinite_score() -> None:
 def test_an_update_that_breaks_the_record_raises_before_anything_is_stored() -> None:
     study = optuna.create_study()
     trial = study.ask()
-    with pytest.raises(StudyError, match="saved_s"):
+    with pytest.raises(ValueError, match="invalid TrialRecord update: saved_s"):
         update_trial_record(trial, saved_s="a while")
     assert trial.user_attrs == {}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished simulated study in today's format: the baseline and one trial."""
+    runs = tmp_path_factory.mktemp("runs")
+    done = tuner("run", str(DEMO), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0")
+    assert done.returncode == 0, done.stderr
+    return runs / "stall-demo-simulated"
+
+
+def edit_last_record(journal: Path, trial_id: int, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Hand-edits the last record the journal stored for a trial, as a user with an editor could."""
+    lines = journal.read_text().splitlines()
+    index = max(
+        i
+        for i, line in enumerate(lines)
+        if json.loads(line).get("trial_id") == trial_id and RECORD_KEY in json.loads(line).get("user_attr", {})
+    )
+    entry = json.loads(lines[index])
+    entry["user_attr"][RECORD_KEY] = edit(entry["user_attr"][RECORD_KEY])
+    lines[index] = json.dumps(entry)
+    journal.write_text("\n".join(lines) + "\n")
+
+
+HAND_EDITS: dict[str, tuple[Callable[[dict[str, Any]], object], str]] = {
+    "a score as text": (lambda r: r | {"score": "1.5"}, "(score: Input should be a valid number)"),
+    "deployed as text": (lambda r: r | {"deployed": "yes"}, "(deployed: Input should be a valid boolean)"),
+    "deployed removed": (lambda r: {k: v for k, v in r.items() if k != "deployed"}, "(deployed: missing)"),
+    "nothing but a version": (lambda r: {"version": 1}, ": missing)"),
+    "the version as text": (lambda r: r | {"version": "2"}, "(version: Input should be a valid integer)"),
+    "the version as a float": (lambda r: r | {"version": 2.0}, "(version: Input should be a valid integer)"),
+    "version 0": (lambda r: r | {"version": 0}, "(version: Input should be greater than or equal to 1)"),
+    "a key we never write": (lambda r: r | {"owner": "me"}, "(owner: Extra inputs are not permitted)"),
+    "not an object": (lambda r: [1, 2], "(not an object but list)"),
+}
+
+
+@pytest.mark.parametrize("edit", HAND_EDITS, ids=list(HAND_EDITS))
+def test_a_hand_edited_record_is_refused_naming_the_field(small_run: Path, tmp_path: Path, edit: str) -> None:
+    run = tmp_path / "stall-demo-simulated"
+    shutil.copytree(small_run, run)
+    change, named = HAND_EDITS[edit]
+    edit_last_record(run / "optuna.journal", 1, change)
+    with pytest.raises(StudyError) as refused:
+        build_leaderboard(open_optuna_study_readonly(RunDirectory(run)))
+    assert str(refused.value).startswith(f"trial 1: the stored {RECORD_KEY!r} record is damaged ")
+    assert named in str(refused.value) and "restore it from a backup, or move the run directory aside" in str(
+        refused.value
+    )
+
+
+def test_a_resume_refused_for_a_damaged_record_writes_nothing(small_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "stall-demo-simulated"
+    shutil.copytree(small_run, run)
+    edit_last_record(run / "optuna.journal", 1, lambda r: {k: v for k, v in r.items() if k != "deployed"})
+    before = {name: (run / name).read_bytes() for name in ("optuna.journal", "spec.json")}
+    refused = tuner("run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=2")
+    assert refused.returncode == 1, refused.stdout
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: trial 1: the stored {RECORD_KEY!r} record is damaged (deployed: missing)")
+    assert {name: (run / name).read_bytes() for name in before} == before, "the refused resume wrote to the run"
+
+
+def test_apply_refuses_stored_settings_with_an_unknown_knob_in_one_line(small_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "stall-demo-simulated"
+    shutil.copytree(small_run, run)
+    edit_last_record(run / "optuna.journal", 1, lambda r: r | {"settings": r["settings"] | {"bogus": 1}})
+    refused = tuner("apply", str(DEMO), "--runs-dir", str(tmp_path), "--trial", "1")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: trial 1 of {run}: unknown llama-server knob 'bogus'; valid: ")
+    assert line.endswith("apply another trial with --trial N")

@@ -61,6 +61,10 @@ async def apply_settings(
     prepared = prepare_study(spec, base_dir)
     engine = prepared.engine
     row = _chosen_row(run_path, trial)
+    try:
+        engine.check_settings(row.settings)  # what the journal holds, which a hand edit may have changed
+    except ConfigError as exc:
+        raise ConfigError(f"trial {row.number} of {run_path}: {exc}; apply another trial with --trial N") from None
     server = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "server"}
     client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
     engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached

@@ -235,8 +235,11 @@ def has_measured_trials(run_dir: RunDirectory) -> bool:
     if not names:
         return False
     study = optuna.load_study(study_name=names[0], storage=storage)
-    measured = (TrialState.COMPLETE, TrialState.PRUNED)
-    return any(TrialRecord.of(t).deployed for t in study.get_trials(deepcopy=False, states=measured))
+    # Every record is read here, before the resume writes anything: a damaged one is refused with the
+    # run directory as it was.
+    StudyRecord.of(study)
+    records = [(trial.state, TrialRecord.of(trial)) for trial in study.get_trials(deepcopy=False)]
+    return any(record.deployed for state, record in records if state in (TrialState.COMPLETE, TrialState.PRUNED))
 
 
 def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
@@ -645,7 +648,7 @@ class _Confirmation:
                 differences.append(scores[candidate.number] - scores[baseline.number])
             low, high = difference_ci(differences)
             mean = statistics.fmean(differences)
-            confirmed = Confirmation(differences=differences, mean=mean, ci=(low, high))
+            confirmed = Confirmation(differences=differences, mean=mean, ci=[low, high])
             confirmations = StudyRecord.of(self.study).confirmations
             update_study_record(self.study, confirmations={**confirmations, candidate.number: confirmed})
             self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)

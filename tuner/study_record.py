@@ -11,11 +11,11 @@ of being read wrongly.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Self, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from tuner.config import ParamValue
 from tuner.errors import StudyError
@@ -41,15 +41,24 @@ RoundMetrics = dict[str, float | None]
 
 class _Record(BaseModel):
     # Not a user's file (config.StrictModel): scores may be infinite (a metric at zero), and are kept as
-    # they were computed. Unknown keys are refused: they mean a newer writer or a damaged journal.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+    # they were computed. Strict, with unknown keys refused: what we wrote reads back exactly, and a
+    # "1.5" where a number was, or a key we never write, means a damaged journal or a newer writer.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True, strict=True)
 
-    version: int = Field(default=RECORD_VERSION, description="The record's format; newer ones are refused.")
+    version: int = Field(default=RECORD_VERSION, ge=1, description="The record's format; newer ones are refused.")
 
     def stored(self) -> dict[str, Any]:
         # Python values, not pydantic's JSON text: Optuna serializes the value itself (an infinite score
         # as JSON's Infinity), where pydantic's text would turn it into null.
         return self.model_dump()
+
+    def updated(self, **changes: Any) -> Self:
+        """The record with `changes`, validated: a wrong value is a bug of the caller's, raised here,
+        before anything is stored."""
+        try:
+            return self.model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            raise ValueError(f"invalid {type(self).__name__} update: {_first_problem(exc)}") from None
 
 
 RecordT = TypeVar("RecordT", bound=_Record)
@@ -82,18 +91,16 @@ class TrialRecord(_Record):
     def of(cls, trial: FrozenTrial | optuna.Trial) -> Self:
         return _read(cls, trial.user_attrs, where=f"trial {trial.number}")
 
-    def updated(self, **changes: Any) -> Self:
-        return _validated(type(self), {**self.model_dump(), **changes}, where="an update")
-
 
 class Confirmation(BaseModel):
     """The paired re-measurement of one candidate against the baseline."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True, strict=True)
 
     differences: list[float] = Field(description="Candidate's score minus the baseline's, per pair.")
     mean: float
-    ci: tuple[float, float] = Field(description="95% interval of the mean difference.")
+    # A list, not a tuple: the journal hands back JSON arrays, which strict validation keeps as lists.
+    ci: list[float] = Field(min_length=2, max_length=2, description="95% interval of the mean difference.")
 
 
 class StudyRecord(_Record):
@@ -104,14 +111,12 @@ class StudyRecord(_Record):
     reference_answers: list[list[int]] | None = Field(
         default=None, description="The baseline's answers to the correctness probes."
     )
-    confirmations: dict[int, Confirmation] = Field(default_factory=dict, description="By candidate trial number.")
+    # Keyed by candidate trial number; JSON object keys are strings, so the key alone is read laxly.
+    confirmations: dict[Annotated[int, Strict(False)], Confirmation] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, study: optuna.Study) -> Self:
         return _read(cls, study.user_attrs, where=f"study {study.study_name!r}")
-
-    def updated(self, **changes: Any) -> Self:
-        return _validated(type(self), {**self.model_dump(), **changes}, where="an update")
 
 
 def update_trial_record(trial: optuna.Trial, **changes: Any) -> TrialRecord:
@@ -136,12 +141,19 @@ def _read(model: type[RecordT], attrs: Mapping[str, Any], *, where: str) -> Reco
     if RECORD_KEY not in attrs:
         return _validated(model, _legacy_fields(model, attrs), where=where)
     stored = attrs[RECORD_KEY]
-    version = stored.get("version") if isinstance(stored, dict) else None
-    if isinstance(version, int) and version > RECORD_VERSION:
+    if not isinstance(stored, dict):
+        raise _damaged(where, f"not an object but {type(stored).__name__}")
+    version = stored.get("version")
+    if type(version) is int and version > RECORD_VERSION:
         raise StudyError(
             f"{where} was stored by a newer serve-tuner (record version {version}, this one reads "
             f"{RECORD_VERSION}); upgrade serve-tuner to open this run"
         )
+    # Every field we write is there: a record without `deployed` would silently drop a measured trial
+    # from the leaderboard and the budget. Defaults serve new records and 0.1.0's loose keys only.
+    missing = sorted(set(model.model_fields) - set(stored))
+    if missing:
+        raise _damaged(where, f"{missing[0]}: missing")
     return _validated(model, stored, where=where)
 
 
@@ -149,12 +161,21 @@ def _validated(model: type[RecordT], data: object, *, where: str) -> RecordT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problem = exc.errors()[0]
-        field = ".".join(str(part) for part in problem["loc"]) or "the record"
-        raise StudyError(
-            f"{where}: the stored {RECORD_KEY!r} record is damaged ({field}: {problem['msg']}); "
-            "the run's optuna.journal was changed by something other than serve-tuner"
-        ) from None
+        raise _damaged(where, _first_problem(exc)) from None
+
+
+def _first_problem(exc: ValidationError) -> str:
+    problem = exc.errors()[0]
+    field = ".".join(str(part) for part in problem["loc"]) or "the record"
+    return f"{field}: {problem['msg']}"
+
+
+def _damaged(where: str, problem: str) -> StudyError:
+    return StudyError(
+        f"{where}: the stored {RECORD_KEY!r} record is damaged ({problem}); the run's optuna.journal was changed "
+        "by something other than serve-tuner: restore it from a backup, or move the run directory aside and "
+        "start the study again"
+    )
 
 
 # serve-tuner 0.1.0 stored each field as a user attribute of its own, and a confirmation as a study
