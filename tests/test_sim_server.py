@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from tuner.loadgen import replay, scrape_prometheus
 from tuner.models import ReplayRequest, RequestRecord
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
+from tuner.sim.model import CostModel, load_cost_model
 from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
@@ -135,9 +137,9 @@ def test_a_flag_over_its_variable_is_logged_as_the_real_server_logs_it_and_the_e
     [
         (["-b", "0"], "invalid value for n_batch"),
         (["-b", "abc"], "invalid value for -b"),
-        (["--sim-speed", "0"], "--sim-speed must be a finite number above 0"),
-        (["--sim-speed", "nan"], "--sim-speed must be a finite number above 0"),
-        (["--sim-speed", "inf"], "--sim-speed must be a finite number above 0"),
+        (["--sim-speed", "0"], "--sim-speed must be between 0.01 and 1000, got 0"),
+        (["--sim-speed", "nan"], "invalid value for --sim-speed: 'nan' is not a finite number"),
+        (["--sim-speed", "inf"], "invalid value for --sim-speed: 'inf' is not a finite number"),
         (["-c", "-5"], "invalid value for ctx_size"),
         (["--sim-fault", "garbage"], "--sim-fault 'garbage'"),
         (["--no-such-flag"], "invalid argument: --no-such-flag"),
@@ -151,6 +153,87 @@ def test_a_bad_command_line_is_refused_as_the_real_server_refuses_it(argv: list[
         [sys.executable, "-m", "tuner.sim.server", *argv], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 1 and done.stderr.startswith("error: "), done.stderr
+
+
+# Each refused before the server listens: a typo in a fault's condition would otherwise never fire, and a
+# test of that fault would pass testing nothing.
+MORE_BAD_COMMAND_LINES = [
+    (["--sim-speed", "1e-300"], "--sim-speed must be between 0.01 and 1000"),
+    (["--sim-seed", "1.5"], "invalid value for --sim-seed: '1.5' is not an integer"),
+    (["--sim-noise-restart", "-0.1"], "the --sim-noise- options must be finite numbers of at least 0"),
+    (["--port", "99999"], "invalid value for --port: 99999 (1 to 65535)"),
+    (["--port", "-1"], "invalid value for --port: -1"),
+    (["--sim-fault", "=5:refuse-start"], "--sim-fault '=5': a condition is SETTING=VALUE"),
+    (["--sim-fault", "nbatch=256:refuse-start"], "--sim-fault 'nbatch=256': unknown setting 'nbatch'; one of "),
+    (["--sim-calibration", "missing.json"], "--sim-calibration missing.json: No such file or directory"),
+]
+CALIBRATIONS = [
+    ("not json", "is not JSON"),
+    ("[1]", "the cost model is a JSON object of constants, not list"),
+    ("{}", "constant 'context_s' is missing"),
+    ('{"cost_model": {"pass_s": 0.008, "typo": 1}}', "unknown constant 'typo'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"), MORE_BAD_COMMAND_LINES, ids=[" ".join(a) for a, _ in MORE_BAD_COMMAND_LINES]
+)
+def test_a_simulator_option_out_of_range_is_refused_naming_it(argv: list[str], error: str) -> None:
+    with pytest.raises(CommandLineError) as refused:
+        parse_command_line(argv, {})
+    assert str(refused.value).startswith(error)
+
+
+@pytest.mark.parametrize(("text", "error"), CALIBRATIONS, ids=[t for t, _ in CALIBRATIONS])
+def test_a_calibration_file_that_is_not_one_is_refused_naming_the_problem(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    path = tmp_path / "calibration.json"
+    path.write_text(text)
+    with pytest.raises(CommandLineError, match=re.escape(error)):
+        parse_command_line(["--sim-calibration", str(path)], {})
+
+
+def test_a_calibration_with_a_negative_constant_is_refused() -> None:
+    constants = load_cost_model().to_json() | {"pass_s": -0.008}
+    with pytest.raises(ValueError, match=re.escape("pass_s must be a finite number of at least 0, got -0.008")):
+        CostModel.from_json(constants)
+    assert CostModel.from_json(load_cost_model().to_json()) == load_cost_model()  # what the script writes reads back
+
+
+def test_the_simulated_server_has_a_help_that_lists_its_options() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.sim.server", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stderr == ""
+    for option in ("--sim-speed", "--sim-seed", "--sim-noise-restart", "--sim-noise-iteration", "--sim-calibration"):
+        assert option in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (['engine.extra_args=["--sim-sped", "20"]'], "engine.extra_args: invalid argument: --sim-sped; "),
+        (['engine.extra_args=["--sim-speed", "0"]'], "engine.extra_args: --sim-speed must be between 0.01 and 1000"),
+        (
+            ['deploy.kind="container"', 'deploy.container="x"'],
+            'engine.binary = "simulated" runs on this machine only: set host.kind = "local" and deploy.kind = ',
+        ),
+    ],
+)
+def test_a_study_with_a_bad_simulator_option_exits_2_before_a_run_directory_exists(
+    tmp_path: Path, overrides: list[str], error: str
+) -> None:
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(ROOT / "studies" / "stall-demo-simulated.toml"),
+         "--runs-dir", str(tmp_path / "runs"), *sets],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {error}"), line
+    assert not (tmp_path / "runs").exists()
 
 
 def _sim_study(tmp_path: Path, *extra: str) -> Path:

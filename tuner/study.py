@@ -26,15 +26,18 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
 from tuner.deployers.base import DEPLOYERS, RecoveringDeployer, create_deployer
 from tuner.engines.base import Engine, create_engine
+from tuner.engines.llama_server import SIMULATED
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
 from tuner.faults import crash_point
 from tuner.gate import judge, lora_answer_changes
 from tuner.metrics import engine_metrics
+from tuner.models import LaunchSpec
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
+from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study_record import (
     Confirmation,
     StudyRecord,
@@ -681,6 +684,22 @@ class _Confirmation:
         return [t for t in best if t.number not in confirmed]
 
 
+def _check_simulated_server(spec: StudySpec, launch: LaunchSpec) -> None:
+    """The simulated llama-server runs as this machine's child process, and reads its --sim- options when
+    it starts; a mistake in them is refused here, before a run directory exists, not by a failed baseline."""
+    if spec.engine.kind != "llama-server" or spec.engine.options().get("binary") != SIMULATED:
+        return
+    if spec.host.kind != "local" or spec.deploy.kind != "process":
+        raise ConfigError(
+            f'engine.binary = "simulated" runs on this machine only: set host.kind = "local" and deploy.kind = '
+            f'"process" (the study has {spec.host.kind!r} and {spec.deploy.kind!r})'
+        )
+    try:
+        parse_command_line(launch.args, launch.env)
+    except CommandLineError as exc:
+        raise ConfigError(f"engine.extra_args: {exc}; tuner-sim-llama-server --help lists its options") from None
+
+
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:
     """The files the engine's options name exist on the host, looked at before anything is changed."""
     files = engine.host_files()
@@ -714,7 +733,8 @@ async def run_study(
     """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline."""
     observer = observer or NullObserver()
     prepared = prepare_study(spec, base_dir)
-    prepared.engine.launch_spec({})  # fails here, before the host is touched, if `tuner setup` was not run
+    baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
+    _check_simulated_server(spec, baseline_launch)
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None

@@ -27,7 +27,7 @@ import math
 import random
 import zlib
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -100,18 +100,60 @@ class CostModel:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CostModel:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if "token_points" in known:
-            known["token_points"] = tuple((int(w), float(c)) for w, c in known["token_points"])
-        return cls(**known)
+    def from_json(cls, data: object) -> CostModel:
+        """The constants as `to_json` writes them, every one present: a file that leaves one out or adds an
+        unknown one (a typo) must not run on the shipped defaults without a word. `ValueError` names it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the cost model is a JSON object of constants, not {type(data).__name__}")
+        fields = set(cls.__dataclass_fields__)
+        unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
+        if unknown or missing:
+            raise ValueError(f"unknown constant {unknown[0]!r}" if unknown else f"constant {missing[0]!r} is missing")
+        constants: dict[str, Any] = {}
+        for name in sorted(fields - {"token_points"}):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of at least 0, got {value!r}")
+            constants[name] = int(value) if name == "kv_bytes_per_token" else float(value)
+        points = data["token_points"]
+        if not isinstance(points, list) or not points or not all(_is_point(p) for p in points):
+            raise ValueError("token_points must be a non-empty list of [width >= 1, seconds per token > 0]")
+        widths = [int(w) for w, _ in points]
+        if widths != sorted(set(widths)):
+            raise ValueError("token_points' widths must increase")
+        return cls(token_points=tuple((int(w), float(c)) for w, c in points), **constants)
+
+
+def _is_point(point: object) -> bool:
+    if not isinstance(point, list) or len(point) != 2:
+        return False
+    width, cost = point
+    return (
+        isinstance(width, int)
+        and not isinstance(width, bool)
+        and width >= 1
+        and isinstance(cost, int | float)
+        and not isinstance(cost, bool)
+        and math.isfinite(cost)
+        and cost > 0
+    )
 
 
 def load_cost_model(path: Path | None = None) -> CostModel:
-    """The fitted constants: from `path`, or the ones calibrated on a 2-core CPU and shipped with the package."""
-    text = path.read_text() if path is not None else resources.files("tuner.sim").joinpath(_CALIBRATION).read_text()
-    data = json.loads(text)
-    return CostModel.from_json(data.get("cost_model", data))
+    """The fitted constants: from `path`, or the ones calibrated on a 2-core CPU and shipped with the package.
+    `ValueError` with one line for a file that cannot be read or is not such a calibration."""
+    where = str(path) if path is not None else "the shipped calibration"
+    try:
+        text = path.read_text() if path is not None else resources.files("tuner.sim").joinpath(_CALIBRATION).read_text()
+        data = json.loads(text)
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not JSON: {exc}") from None
+    try:
+        return CostModel.from_json(data.get("cost_model", data) if isinstance(data, dict) else data)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -143,8 +143,13 @@ def _parse_fault(text: str) -> Fault:
     if ":" in text:
         condition, text = text.split(":", 1)
         name, _, value = condition.partition("=")
-        if not value:
-            raise CommandLineError(f"--sim-fault {condition!r}: a condition is KNOB=VALUE")
+        if not name or not value:
+            raise CommandLineError(f"--sim-fault {condition!r}: a condition is SETTING=VALUE")
+        if name not in _SETTING_NAMES:
+            # A misspelt condition would never match, and a test of the fault would pass testing nothing.
+            raise CommandLineError(
+                f"--sim-fault {condition!r}: unknown setting {name!r}; one of {', '.join(sorted(_SETTING_NAMES))}"
+            )
         when = (name, value)
     kind, _, count = text.partition("=")
     if kind == "refuse-start" and not count:
@@ -169,6 +174,23 @@ def _truthy(value: str) -> bool:
 
 _SWITCH_NAMES = {name for name, _ in _SWITCHES.values()}
 _FLAG_KINDS = {name: kind for name, kind in _FLAGS.values()}
+_SETTING_NAMES = _SWITCH_NAMES | set(_FLAG_KINDS) | set(_ENV)
+
+# The speed factor's sane range: below it a start outlasts any health wait, above it one model step is
+# shorter than the event loop's own latency and the simulated timings stop meaning anything.
+_SPEED_RANGE = (0.01, 1000.0)
+
+USAGE = """usage: tuner-sim-llama-server [llama-server's flags and LLAMA_ARG_* variables] [--sim-* options]
+
+serve-tuner's simulated llama-server (docs/simulator.md): llama-server's HTTP API and log lines, on a
+calibrated model of its loop. Beside the llama-server flags the tuner passes:
+  --sim-speed N            run N times faster than real time (0.01 to 1000; default 1)
+  --sim-seed N             seed of the noise (default 0)
+  --sim-noise-restart S    log-normal sigma once per start (default 0)
+  --sim-noise-iteration S  log-normal sigma per forward pass (default 0)
+  --sim-calibration FILE   cost-model constants (scripts/calibrate_sim.py writes them)
+  --sim-fault SPEC         [SETTING=VALUE:]refuse-start | die-after=N | hang-after=N (N: requests since start)
+"""
 
 
 class _Parser:
@@ -224,7 +246,7 @@ class _Parser:
             elif flag == "--sim-fault":
                 self.faults.append(_parse_fault(self.value_of(flag, inline)))
             elif flag in _SIM_OPTIONS:
-                self.sim[_SIM_OPTIONS[flag]] = self.value_of(flag, inline)
+                self.sim[flag] = self.value_of(flag, inline)
             else:
                 raise CommandLineError(f"invalid argument: {arg}")
             self.index += 1
@@ -259,33 +281,53 @@ class _Parser:
         return replace(SimSettings(), **changes)
 
 
+def _sim_number(sim: Mapping[str, str], flag: str, default: str, *, kind: type[float] | type[int] = float) -> Any:
+    text = sim.get(flag, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise CommandLineError(f"invalid value for {flag}: {text!r} is not {what}") from None
+    if not math.isfinite(value):
+        raise CommandLineError(f"invalid value for {flag}: {text!r} is not a finite number")
+    return value
+
+
 def parse_command_line(argv: Sequence[str], env: Mapping[str, str]) -> CommandLine:
     parser = _Parser(argv, env)
     parser.parse()
     sim, values = parser.sim, parser.values
-    try:
-        speed = float(sim.get("speed", "1"))
-        seed = int(sim.get("seed", "0"))
-        noise = NoiseModel(
-            restart=float(sim.get("noise_restart", "0")), iteration=float(sim.get("noise_iteration", "0"))
+    speed = _sim_number(sim, "--sim-speed", "1")
+    seed = _sim_number(sim, "--sim-seed", "0", kind=int)
+    noise = NoiseModel(
+        restart=_sim_number(sim, "--sim-noise-restart", "0"), iteration=_sim_number(sim, "--sim-noise-iteration", "0")
+    )
+    if not _SPEED_RANGE[0] <= speed <= _SPEED_RANGE[1]:
+        raise CommandLineError(
+            f"--sim-speed must be between {_SPEED_RANGE[0]:g} and {_SPEED_RANGE[1]:g}, got {speed:g}"
         )
-    except ValueError as exc:
-        raise CommandLineError(f"invalid value for a --sim- option: {exc}") from None
-    if not (math.isfinite(speed) and speed > 0):
-        raise CommandLineError("--sim-speed must be a finite number above 0")
-    if not all(math.isfinite(x) and x >= 0 for x in (noise.restart, noise.iteration)):
+    if not all(x >= 0 for x in (noise.restart, noise.iteration)):
         raise CommandLineError("the --sim-noise- options must be finite numbers of at least 0")
+    port = int(str(values["port"]))
+    if not 1 <= port <= 65535:
+        raise CommandLineError(f"invalid value for --port: {port} (1 to 65535)")
+    calibration = Path(sim["--sim-calibration"]) if "--sim-calibration" in sim else None
+    if calibration is not None:
+        try:
+            load_cost_model(calibration)  # read again at start; refused here, before the server listens
+        except ValueError as exc:
+            raise CommandLineError(f"--sim-calibration {exc}") from None
     return CommandLine(
         settings=parser.settings(),
         values=values,
         host=str(values["host"]),
-        port=int(str(values["port"])),
+        port=port,
         metrics=bool(values["metrics"]),
         api_key=str(values["api_key"]) if values.get("api_key") else None,
         speed=speed,
         seed=seed,
         noise=noise,
-        calibration=Path(sim["calibration"]) if "calibration" in sim else None,
+        calibration=calibration,
         faults=tuple(parser.faults),
         warnings=tuple(parser.warnings),
     )
@@ -763,8 +805,12 @@ async def _serve(command: CommandLine) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--help" in args or "-h" in args:
+        sys.stdout.write(USAGE)
+        return 0
     try:
-        command = parse_command_line(sys.argv[1:] if argv is None else argv, os.environ)
+        command = parse_command_line(args, os.environ)
     except CommandLineError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
