@@ -405,14 +405,10 @@ class _StudyRun:
             return None
         for constraint in self.prepared.space.constraints:
             if not constraint.holds(settings):
-                update_trial_record(trial, skip_reason=f"violates {constraint.text}")
-                self.study.tell(trial, state=TrialState.PRUNED)
-                return f"violates {constraint.text}"
+                return self.skip(trial, f"violates {constraint.text}")
         too_big = self.prepared.engine.memory_check(settings)
         if too_big is not None:
-            update_trial_record(trial, skip_reason=f"would not fit: {too_big}")
-            self.study.tell(trial, state=TrialState.PRUNED)
-            return f"would not fit: {too_big}"
+            return self.skip(trial, f"would not fit: {too_big}")
         earlier = self.measured_settings().get(tuple(sorted(settings.items())))
         if earlier is not None and earlier.values is not None:
             # Telling the earlier values keeps the sampler informed without spending a restart.
@@ -421,10 +417,13 @@ class _StudyRun:
             return f"same settings as trial {earlier.number}"
         twin = next((p for p in pending if p.settings == settings), None)
         if twin is not None:
-            update_trial_record(trial, skip_reason=f"same settings as trial {twin.trial.number}, being measured")
-            self.study.tell(trial, state=TrialState.PRUNED)
-            return f"same settings as trial {twin.trial.number}, being measured"
+            return self.skip(trial, f"same settings as trial {twin.trial.number}, being measured")
         return None
+
+    def skip(self, trial: optuna.Trial, reason: str) -> str:
+        update_trial_record(trial, skip_reason=reason)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        return reason
 
     async def run_batch(self, batch: list[_Pending]) -> None:
         """Round 1 of every config, then round 2 of every config, and so on; the server restarts for each
@@ -537,7 +536,6 @@ class _StudyRun:
         objectives = self.spec.objectives
         reference_trial = None if baseline else self.baseline_trial()
         reference = median_metrics(rounds if reference_trial is None else TrialRecord.of(reference_trial).rounds)
-        update_trial_record(trial, rounds=rounds)
         try:
             scores = [score_round(metrics, reference, objectives) for metrics in rounds]
         except MeasurementError as exc:
@@ -548,9 +546,18 @@ class _StudyRun:
                 f"{exc}; {failed} requests failed, see {self.run_dir.trial_dir(trial.number)}/round-*.jsonl"
             ) from None
         noisy = noisy_metrics(rounds, [o.metric for o in objectives])
-        record_constraints(trial, self.spec, median_metrics(rounds), reference)
+        amounts, broken = record_constraints(trial, self.spec, median_metrics(rounds), reference)
         value = statistics.median(scores)
-        update_trial_record(trial, round_scores=scores, noisy=noisy, score=value)
+        # One write of the whole outcome: each write appends the record, rounds included, to the journal.
+        update_trial_record(
+            trial,
+            rounds=rounds,
+            round_scores=scores,
+            noisy=noisy,
+            score=value,
+            constraint_violations=amounts,
+            violates=broken,
+        )
         crash_point("before-tell")
         if self.spec.combine == "pareto":
             terms = [objective_terms(metrics, reference, objectives) for metrics in rounds]
@@ -564,18 +571,19 @@ class _StudyRun:
 
 def record_constraints(
     trial: optuna.Trial, spec: StudySpec, medians: Mapping[str, float | None], reference: Mapping[str, float | None]
-) -> None:
-    """Records which metric constraints the trial breaks; the baseline is its own reference."""
+) -> tuple[list[float], list[str]]:
+    """Tells the sampler by how much the trial breaks each metric constraint, and returns the amounts and
+    the broken constraints as text, for its record; the baseline is its own reference."""
     amounts, broken = [], []
     for constraint in spec.constraints:
         violations = constraint.violations(medians.get(constraint.metric), reference.get(constraint.metric))
         amounts.append(max((amount for _, amount in violations), default=0.0))
         broken += [text for text, _ in violations]
-    update_trial_record(trial, constraint_violations=amounts, violates=broken)
     # For the samplers (TPE and GP steer away from infeasible trials); named "0", "1", ... as the
     # deprecated constraints_func stored them, so a study begun with it reads the same on resume.
     for index, amount in enumerate(amounts):
         trial.set_constraint(str(index), amount)
+    return amounts, broken
 
 
 class _Gates:
