@@ -1,7 +1,8 @@
 """Guard mutants: for each guard (a check that refuses, restores, verifies or redacts) named in
 `tests/guard_mutants/*.toml`, disable it in a scratch copy of the repository and run the tests that
-should notice. A mutant is KILLED when one of them fails, SURVIVED when they all pass, and NOT RUN when
-a test skipped (its real part is missing here) or the run broke for another reason.
+should notice. A mutant is KILLED when one of them fails, SURVIVED when they all pass, HUNG when they
+ran past 15 minutes, and NOT RUN when a test skipped (its real part is missing here), a test's setup
+failed (which says nothing of the guard) or the run broke for another reason.
 
     .venv/bin/python scripts/guard_mutants.py                  # every mutant, then a markdown report
     .venv/bin/python scripts/guard_mutants.py --only systemd-  # mutants whose name starts so
@@ -53,9 +54,13 @@ class Mutant:
 
 @dataclass(frozen=True)
 class Outcome:
-    verdict: str  # KILLED, SURVIVED, NOT RUN
+    verdict: str  # KILLED, SURVIVED, HUNG (its tests never ended), NOT RUN
     detail: str
     seconds: float
+
+
+class CatalogueError(Exception):
+    """A catalogue entry that cannot be applied; the script exits 2, as its documentation says."""
 
 
 def load_catalogue() -> list[Mutant]:
@@ -64,14 +69,14 @@ def load_catalogue() -> list[Mutant]:
         for entry in tomllib.loads(path.read_text()).get("mutant", []):
             missing = {"name", "guard", "file", "find", "replace", "tests"} - set(entry)
             if missing:
-                raise SystemExit(f"{path.name}: a mutant lacks {', '.join(sorted(missing))}")
+                raise CatalogueError(f"{path.name}: a mutant lacks {', '.join(sorted(missing))}")
             mutant = Mutant(
                 name=entry["name"], guard=entry["guard"], file=entry["file"], find=entry["find"],
                 replace=entry["replace"], tests=tuple(entry["tests"]), source=path.name,
             )  # fmt: skip
             text = (ROOT / mutant.file).read_text()
             if text.count(mutant.find) != 1:
-                raise SystemExit(
+                raise CatalogueError(
                     f"{path.name}: mutant {mutant.name}: `find` occurs {text.count(mutant.find)} times in "
                     f"{mutant.file}, not once; quote more of the line"
                 )
@@ -79,7 +84,7 @@ def load_catalogue() -> list[Mutant]:
     names = [m.name for m in mutants]
     duplicated = {n for n in names if names.count(n) > 1}
     if duplicated:
-        raise SystemExit(f"mutant names used twice: {', '.join(sorted(duplicated))}")
+        raise CatalogueError(f"mutant names used twice: {', '.join(sorted(duplicated))}")
     return mutants
 
 
@@ -98,21 +103,31 @@ def scratch_copy(into: Path) -> Path:
     return into
 
 
+# A mutant that makes a loop spin (a disabled exit condition) must not hang the whole run.
+_TEST_TIMEOUT_S = 900
+
+
 def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, str, int, int]:
-    """pytest on the copy: (exit status, last lines, tests failed, tests skipped)."""
+    """pytest on the copy: (exit status, last lines, tests whose call failed, tests skipped). An error in a
+    test's setup (a fixture, a port clash, a host that did not boot) is no kill: it says nothing of the
+    guard. A run past the timeout is exit status -1."""
     report = copy / ".guard-mutant-report.xml"
     env = {key: value for key, value in os.environ.items() if key != "CI"}  # a missing part skips, not fails
     env["PYTHONPATH"] = str(copy)
     python = ROOT / ".venv" / "bin" / "python"
-    done = subprocess.run(
-        [str(python if python.exists() else sys.executable), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-         f"--junitxml={report}", *tests],
-        cwd=copy, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [str(python if python.exists() else sys.executable), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             f"--junitxml={report}", *tests],
+            cwd=copy, env=env, capture_output=True, text=True, check=False, timeout=_TEST_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return -1, f"the tests ran past {_TEST_TIMEOUT_S} s", 0, 0
     failed = skipped = 0
     if report.exists():
         for case in ET.parse(report).getroot().iter("testcase"):
-            failed += len(case.findall("failure")) + len(case.findall("error"))
+            # junit marks a failed call <failure>, and a failed setup or teardown <error>.
+            failed += len(case.findall("failure"))
             skipped += len(case.findall("skipped"))
     tail = " | ".join(line for line in (done.stdout + done.stderr).strip().splitlines()[-3:])
     return done.returncode, tail, failed, skipped
@@ -143,6 +158,8 @@ def try_mutant(mutant: Mutant, workdir: Path) -> Outcome:
         return Outcome("KILLED", tail, took)
     if status == 0:
         return Outcome("SURVIVED", tail, took)
+    if status == -1:
+        return Outcome("HUNG", tail, took)
     return Outcome("NOT RUN", f"pytest exited {status}: {tail}", took)
 
 
@@ -152,7 +169,12 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the catalogue and run nothing")
     parser.add_argument("--no-clean-run", action="store_true", help="skip the run of the tests without mutants")
     args = parser.parse_args()
-    mutants = [m for m in load_catalogue() if m.name.startswith(args.only)]
+    try:
+        catalogue = load_catalogue()
+    except CatalogueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    mutants = [m for m in catalogue if m.name.startswith(args.only)]
     if not mutants:
         print(f"no mutant's name starts with {args.only!r}", file=sys.stderr)
         return 2

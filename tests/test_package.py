@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from pathlib import Path
 
 import tuner
@@ -103,3 +105,22 @@ def test_every_subcommand_has_its_function_in_the_dispatch_table() -> None:
 
     (subcommands,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(subcommands.choices) == set(_COMMANDS)
+
+
+def test_every_guard_mutant_applies_to_the_code_and_names_tests_that_exist() -> None:
+    """A refactor that moves a guard must move its mutant too: a catalogue that does not apply would stop
+    the mutation run, and a renamed test would leave its guard unchecked (tests/guard_mutants/)."""
+    spec = importlib.util.spec_from_file_location("guard_mutants", PACKAGE.parent / "scripts" / "guard_mutants.py")
+    assert spec is not None and spec.loader is not None
+    guard_mutants = importlib.util.module_from_spec(spec)
+    sys.modules["guard_mutants"] = guard_mutants  # its dataclasses look their module up there
+    spec.loader.exec_module(guard_mutants)
+    mutants = guard_mutants.load_catalogue()  # raises CatalogueError naming the entry
+    assert len(mutants) >= 200
+    for mutant in mutants:
+        for test in mutant.tests:
+            path, _, name = test.partition("::")
+            source = PACKAGE.parent / path
+            assert source.is_file(), f"{mutant.name}: {path} does not exist"
+            if name:  # an entry may name a whole file
+                assert f"def {name.split('[')[0]}(" in source.read_text(), f"{mutant.name}: no test {name} in {path}"
