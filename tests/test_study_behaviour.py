@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 
 from tests.sim_study import DATA, prepare_simulated, run_simulated
 from tuner.errors import StudyError
+from tuner.observers import NullObserver
 from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
 from tuner.sim.runner import SimulatedTrialRunner
@@ -151,6 +152,25 @@ def test_invalid_and_repeated_proposals_cost_no_restart(tmp_path: Path) -> None:
         (("n_batch", 256), ("n_ubatch", 256)),
         (("n_batch", 2048), ("n_ubatch", 256)),
     }
+
+
+class _ExhaustionCounter(NullObserver):
+    def __init__(self) -> None:
+        self.exhausted: list[int] = []
+
+    def search_exhausted(self, *, proposals: int) -> None:
+        self.exhausted.append(proposals)
+
+
+def test_a_space_smaller_than_the_budget_is_searched_once_and_the_search_ends(tmp_path: Path) -> None:
+    # knee-space holds two configs besides the baseline; a batch of three finds both, then only repeats.
+    prepared = prepare_simulated(_small_study("budget.trials=5", "interleave=3", "confirm.top=1", "confirm.pairs=2"))
+    observer = _ExhaustionCounter()
+    result = run_simulated(prepared, tmp_path / "s", seed=6, noise=NoiseModel(), observer=observer)
+    assert observer.exhausted == [200], "the sampler was asked again after it had nothing new to offer"
+    deployed = [t for t in result.study.get_trials() if TrialRecord.of(t).deployed]
+    assert len(deployed) == 3  # the baseline and the two others, each once
+    assert StudyRecord.of(result.study).confirmations, "the confirmation still ran after the search ended"
 
 
 @pytest.mark.parametrize(
