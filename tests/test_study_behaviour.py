@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
 
 from tests.sim_study import DATA, prepare_simulated, run_simulated
+from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.observers import NullObserver
+from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
 from tuner.sim.runner import SimulatedTrialRunner
@@ -152,6 +156,39 @@ def test_invalid_and_repeated_proposals_cost_no_restart(tmp_path: Path) -> None:
         (("n_batch", 256), ("n_ubatch", 256)),
         (("n_batch", 2048), ("n_ubatch", 256)),
     }
+
+
+class _WrongAnswersAt256(SimulatedTrialRunner):
+    """A server whose greedy answers change at n_batch = 256, as a broken kernel's would."""
+
+    n_batch: object = None
+
+    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+        self.n_batch = settings.get("n_batch")
+        await super().start(settings, number=number, log_path=log_path)
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]:
+        answers = await super().probe_answers(tokens=tokens, lora=lora)
+        return [tuple(t + 1 for t in answer) for answer in answers] if self.n_batch == 256 else answers
+
+
+def test_a_config_whose_answers_differ_is_failed_by_the_correctness_gate_and_never_scored(tmp_path: Path) -> None:
+    prepared = prepare_simulated(_small_study("budget.trials=2", "confirm.top=1", "extra_rounds_if_noisy=0"))
+    runner = _WrongAnswersAt256(prepared, seed=6, noise=NoiseModel())
+    with RunDirectory(tmp_path / "s", notice=lambda _line: None) as run_dir:
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=InMemoryStorage())
+        asyncio.run(run_search(prepared, run_dir, study, runner))
+    records = {t.number: (t, TrialRecord.of(t)) for t in study.get_trials() if TrialRecord.of(t).deployed}
+    (gated,) = [(t, r) for t, r in records.values() if (r.settings or {}).get("n_batch") == 256]
+    trial, record = gated
+    assert trial.state == TrialState.FAIL and record.score is None and not record.rounds
+    assert (record.fail_reason or "").startswith("correctness gate: "), record.fail_reason
+    # Started once, for the probes; no round measured, no confirmation.
+    assert sum(1 for started in runner.starts_by_settings if started.get("n_batch") == 256) == 1
+    board = build_leaderboard(study)
+    assert board.recommendation.row is None or board.recommendation.row.settings.get("n_batch") != 256
 
 
 class _ExhaustionCounter(NullObserver):
