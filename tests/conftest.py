@@ -165,6 +165,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # no test is set up, counts them too.
     _REPORTS_SEEN.append(True)
     parts = next((value for key, value in report.user_properties if key == "real_parts"), [])
+    missing = _missing_part(report) if report.failed or report.skipped else None
+    if missing is not None:
+        # The test stopped at the part it could not have; it says nothing of the others it needs (without
+        # sshd, the systemd-host tests are no failure of the llama-server build).
+        _PART_OUTCOMES.setdefault(missing, {})[report.nodeid] = "missing"
+        return
     for part in parts:  # type: ignore[attr-defined]
         seen = _PART_OUTCOMES.setdefault(part, {})
         if report.skipped:
@@ -173,6 +179,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             seen[report.nodeid] = "failed"
         elif report.when == "call":
             seen.setdefault(report.nodeid, "passed")
+
+
+def _missing_part(report: pytest.TestReport) -> str | None:
+    """The part `need_real_part` stopped the test for, read from its message."""
+    text = str(report.longrepr)
+    return next(
+        (
+            p
+            for p in (*REQUIRED_PARTS, *OPT_IN_PARTS)
+            if f"the real {p} (" in text or f"the real {p} is missing" in text
+        ),
+        None,
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -188,8 +207,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         if part == "root":
             continue
         outcomes = list(_PART_OUTCOMES.get(part, {}).values())
-        counts = {word: outcomes.count(word) for word in ("passed", "failed", "skipped")}
+        counts = {word: outcomes.count(word) for word in ("passed", "failed", "missing", "skipped")}
         line = f"{part}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        if counts["missing"]:
+            line += f"; {counts['missing']} stopped because it is missing" + (" (failures)" if on_ci() else "")
         if part in OPT_IN_PARTS:
             line += f" (opt-in: {OPT_IN_PARTS[part]})"
         terminalreporter.write_line(line)

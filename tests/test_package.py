@@ -6,6 +6,9 @@ import ast
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Literal
+
+import pytest
 
 import tuner
 
@@ -124,3 +127,29 @@ def test_every_guard_mutant_applies_to_the_code_and_names_tests_that_exist() -> 
             assert source.is_file(), f"{mutant.name}: {path} does not exist"
             if name:  # an entry may name a whole file
                 assert f"def {name.split('[')[0]}(" in source.read_text(), f"{mutant.name}: no test {name} in {path}"
+
+
+def test_the_real_parts_summary_counts_a_missing_part_against_that_part_only() -> None:
+    """Without sshd the systemd-host tests stop at sshd; the summary must not count them as failures of the
+    llama-server build or the systemd host they also use."""
+    from tests import conftest
+
+    def report(outcome: Literal["failed"], message: str) -> pytest.TestReport:
+        return pytest.TestReport(
+            "tests/test_x.py::test_y", ("tests/test_x.py", 1, "test_y"), {}, outcome, message, "setup",
+            user_properties=[("real_parts", ["llama-server", "sshd", "systemd host"])],
+        )  # fmt: skip
+
+    saved = {part: dict(seen) for part, seen in conftest._PART_OUTCOMES.items()}
+    try:
+        conftest._PART_OUTCOMES.clear()
+        conftest.pytest_runtest_logreport(
+            report("failed", "CI requires the real sshd (Debian's openssh-server), and it is missing: not installed")
+        )
+        assert conftest._PART_OUTCOMES == {"sshd": {"tests/test_x.py::test_y": "missing"}}
+        conftest._PART_OUTCOMES.clear()
+        conftest.pytest_runtest_logreport(report("failed", "AssertionError: the restore left a drop-in"))
+        assert set(conftest._PART_OUTCOMES) == {"llama-server", "sshd", "systemd host"}
+    finally:
+        conftest._PART_OUTCOMES.clear()
+        conftest._PART_OUTCOMES.update(saved)
