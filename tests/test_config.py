@@ -452,3 +452,29 @@ def test_an_engines_own_counter_is_a_metric_of_that_engine_only() -> None:
         prepare_study(spec, base)
     spec, base = load_study(DEMO, ['objectives=[{metric = "server_tokens_per_decode", direction = "maximize"}]'])
     assert prepare_study(spec, base).spec.objectives[0].metric == "server_tokens_per_decode"
+
+
+def test_a_study_path_that_is_a_fifo_is_refused_without_reading_it(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "study.toml"
+    os.mkfifo(fifo)  # reading it would block for ever
+    with pytest.raises(ConfigError) as refused:
+        load_study(fifo, [])
+    assert (
+        str(refused.value) == f"{fifo} is a FIFO (named pipe), not a TOML file; pass the path of the study's .toml file"
+    )
+
+
+def test_a_study_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "study.toml"
+    deep.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_study(deep, [])
+    assert str(refused.value) == f"{deep}: arrays or tables nested too deeply to be a study file"
+
+
+def test_a_set_value_nested_too_deeply_is_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ["budget.trials=" + "[" * 100_000 + "]" * 100_000])
+    assert str(refused.value) == "--set budget.trials: the value is nested too deeply; give a plain value"

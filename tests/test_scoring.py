@@ -269,3 +269,12 @@ def test_a_nan_metric_is_no_data_not_the_best_score() -> None:
         score_round(
             {"stall_tok_s": float("nan"), "ttft_p95_s": 1.0}, {"stall_tok_s": 1.0, "ttft_p95_s": 1.0}, OBJECTIVES
         )
+
+
+def test_the_bootstrap_interval_of_identical_values_is_that_value_and_of_two_values_their_spread() -> None:
+    from tuner.scoring import bootstrap_ci
+
+    assert bootstrap_ci([2.5, 2.5, 2.5]) == (2.5, 2.5)  # nothing to resample
+    assert bootstrap_ci([2.5]) == (2.5, 2.5)
+    low, high = bootstrap_ci([1.0, 3.0])  # two values that differ are resampled: the interval has a width
+    assert 1.0 <= low < high <= 3.0
