@@ -1,4 +1,10 @@
-"""A space-filling start for the study's model-based samplers.
+"""The start of the study's model-based samplers: a walk along the space's line, or a space-filling design.
+
+A space that names a `line` (llama-server's: n_ubatch = n_batch) starts with a walk along it, the other
+knobs at the baseline's values (`_line_point` says why the best config lies there); on the demo's space
+and the five-knob space it finds the best config within the first three trials, where the design below
+needed a median of 9 and 49 (bench/search_efficiency.py, docs/benchmarks.md). A space without a line
+starts with the design.
 
 A night affords a handful of trials, and TPE's default start (its first trials drawn at random) spends
 them unevenly: on the demo's 27 configs, five random trials miss the three in the knee about half the
@@ -23,7 +29,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config import SearchSpace
+from tuner.config import ParamValue, SearchSpace
 from tuner.study_record import TrialRecord
 
 __all__ = ["SpaceFillingStart"]
@@ -43,6 +49,13 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         return sum(1 for t in scored if TrialRecord.of(t).deployed) < self._startup + 1  # + the baseline
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self._space.line:
+            known = optuna.search_space.intersection_search_space(study.get_trials(deepcopy=False)) or {}
+            return (
+                known
+                if self._line_point(study, known) is not None
+                else self._model.infer_relative_search_space(study, trial)
+            )
         if self._in_startup(study):
             return optuna.search_space.intersection_search_space(study.get_trials(deepcopy=False)) or {}
         return self._model.infer_relative_search_space(study, trial)
@@ -50,6 +63,9 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
+        if self._space.line:
+            point = self._line_point(study, search_space)
+            return point if point is not None else self._model.sample_relative(study, trial, search_space)
         if not self._in_startup(study):
             return self._model.sample_relative(study, trial, search_space)
         point = self._design_point(study, search_space)
@@ -105,6 +121,68 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         if not best:
             return None
         return dict(zip(names, self._random.choice(best), strict=True))
+
+    def _line_point(self, study: optuna.Study, search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
+        """The next config of the line search, or None when the line is done and the model proposes.
+
+        The line is the space's `line` knobs at one shared value, the others at the baseline's: for
+        llama-server, n_ubatch = n_batch. A streaming user gets about one token per loop iteration while a
+        long prompt is prefilled, and an iteration carries n_batch prompt tokens, so stall speed is about
+        prefill speed / n_batch; prefill speed only grows with the micro-batch, so for each n_batch the
+        largest micro-batch is never worse. The best config is then on that line, and its score rises as
+        n_batch falls until prefill falls off its knee: one peak, which a walk finds in few trials. The walk
+        measures the line's middle and both its neighbours (one batch of three needs no feedback), then
+        the unmeasured neighbour of the best point measured, until the best has measured neighbours.
+        """
+        names = sorted(self._space.params)
+        trials = study.get_trials(deepcopy=False)
+        baseline = next((t for t in trials if TrialRecord.of(t).baseline and t.params), None)
+        if baseline is None or any(n not in search_space for n in names):
+            return None
+        lead = self._space.line[0]
+        choices = [self._space.params[n].choices or [] for n in self._space.line]
+        ladder = [v for v in choices[0] if all(v in other for other in choices[1:])]
+        base = self._space.decode(baseline.params)
+        # A line point the constraints forbid stays in the list as None, so that positions stay neighbours.
+        points: list[dict[str, ParamValue] | None] = []
+        for value in ladder:
+            point = {**base, **dict.fromkeys(self._space.line, value)}
+            points.append(point if self._valid(self._space.encode(point)) else None)
+        if not any(points):
+            return None
+        # Each line point's best measured score: -inf when it failed, was pruned or broke a constraint,
+        # None while it is being measured, absent when never proposed. A skipped proposal measured nothing.
+        values: dict[int, float | None] = {}
+        for trial in trials:
+            record = TrialRecord.of(trial)
+            if record.skip_reason or record.duplicate_of is not None or not all(n in trial.params for n in names):
+                continue
+            settings = self._space.decode(trial.params)
+            if settings not in points:
+                continue
+            index = points.index(settings)
+            if trial.state == TrialState.COMPLETE and record.score is not None and not record.violates:
+                earlier = values.get(index)
+                values[index] = record.score if earlier is None else max(record.score, earlier)
+            elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+                values.setdefault(index, None)
+            elif values.get(index) is None:
+                values[index] = -math.inf
+        middle = (len(points) - 1) // 2
+        toward = ladder.index(base[lead]) if base[lead] in ladder else len(ladder) - 1
+        # The middle's neighbours, the one farther from the baseline first: it tells more.
+        stencil = [middle, *sorted((middle - 1, middle + 1), key=lambda i: -abs(i - toward))]
+        untried = [i for i in stencil if 0 <= i < len(points) and points[i] is not None and i not in values]
+        if untried:
+            return self._space.encode(points[untried[0]] or {})
+        if any(v is None for v in values.values()):
+            return None  # the walk waits for what is being measured; the model proposes meanwhile
+        scored = {i: v for i, v in values.items() if v is not None}
+        best = max(scored, key=lambda i: scored[i])
+        if scored[best] == -math.inf:
+            return None
+        step = [i for i in (best - 1, best + 1) if 0 <= i < len(points) and points[i] is not None and i not in values]
+        return self._space.encode(points[step[0]] or {}) if step else None
 
     def _valid(self, sampled: dict[str, Any]) -> bool:
         settings = self._space.decode(sampled)
