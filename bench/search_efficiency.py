@@ -310,10 +310,19 @@ def table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _write(out: Path, result: Mapping[str, Any]) -> None:
+    """Writes the figures; spaces that an earlier run measured, each with its own command, stay."""
+    spaces = dict(result["spaces"])
+    if out.exists():
+        for space, entry in json.loads(out.read_text()).get("spaces", {}).items():
+            spaces.setdefault(space, entry)
+    out.write_text(json.dumps({**result, "spaces": spaces}, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--spaces", nargs="+", default=["demo", "five-knob"], choices=list(SPACES))
+    parser.add_argument("--spaces", nargs="+", default=list(SPACES), choices=list(SPACES))
     parser.add_argument("--samplers", nargs="+", default=["tpe", "tpe-maximin", "grid", "random"], choices=SAMPLERS)
     parser.add_argument("--cap", type=int, default=400, help="largest budget a study gets (grid: its size)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/search-efficiency.json")
@@ -372,12 +381,8 @@ def main() -> int:
                     "fixed_budget": {"trials": FIXED_BUDGET[space], "near_optimal_recommended": sum(fixed)},
                     "seconds": round(time.monotonic() - started, 1),
                 }
-            result["spaces"][space] = entry
-    if args.out.exists():  # spaces measured by an earlier run, with their own command, stay
-        earlier = json.loads(args.out.read_text())
-        for space, entry in earlier.get("spaces", {}).items():
-            result["spaces"].setdefault(space, entry)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+                result["spaces"][space] = entry
+                _write(args.out, result)  # after each sampler: a long run's figures so far are kept
     print(json.dumps({s: {k: (v["found"]["median"], v["recommended"]["median"]) for k, v in e["samplers"].items()}
                       for s, e in result["spaces"].items()}))  # fmt: skip
     return 0
