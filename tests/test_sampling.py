@@ -1,4 +1,4 @@
-"""The space-filling start of the TPE sampler (tuner/sampling.py), on the demo's search space."""
+"""The start of the TPE sampler (tuner/sampling.py) on the demo's search space: the maximin design, the line's walk."""
 
 from __future__ import annotations
 
