@@ -1,8 +1,9 @@
-"""The space-filling start of the TPE sampler (tuner/sampling.py), on the demo's search space."""
+"""The start of the TPE sampler (tuner/sampling.py) on the demo's search space: the maximin design, the line's walk."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -12,9 +13,11 @@ from tuner.sampling import SpaceFillingStart
 from tuner.study import _distribution
 from tuner.study_record import TrialRecord, new_trial_attrs, update_trial_record
 
-SPACE = load_search_space(Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml").restricted_to(
-    ["n_batch", "n_ubatch"]
-)
+DEMO_SPACE = load_search_space(
+    Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml"
+).restricted_to(["n_batch", "n_ubatch"])
+# The maximin start is what a space without a line gets.
+SPACE = DEMO_SPACE.model_copy(update={"line": []})
 
 
 def _start(startup: int, seed: int = 0) -> tuple[optuna.Study, list[dict[str, ParamValue]]]:
@@ -50,3 +53,46 @@ def test_after_the_start_the_model_proposes() -> None:
     sampler = study.sampler
     assert isinstance(sampler, SpaceFillingStart)
     assert not sampler._in_startup(study)  # the next proposal is TPE's
+
+
+def _line_study() -> tuple[optuna.Study, dict[str, Any]]:
+    sampler = SpaceFillingStart(optuna.samplers.TPESampler(seed=0, n_startup_trials=3), DEMO_SPACE, startup=3, seed=0)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    study.enqueue_trial(
+        DEMO_SPACE.encode({"n_batch": 2048, "n_ubatch": 512}),
+        user_attrs=new_trial_attrs(TrialRecord(baseline=True, deployed=True)),
+    )
+    baseline = study.ask({name: _distribution(p) for name, p in DEMO_SPACE.params.items()})
+    update_trial_record(baseline, score=0.0)
+    study.tell(baseline, 0.0)
+    return study, {name: _distribution(p) for name, p in DEMO_SPACE.params.items()}
+
+
+def _ask(study: optuna.Study, distributions: dict[str, Any]) -> tuple[optuna.Trial, dict[str, ParamValue]]:
+    trial = study.ask(distributions)
+    update_trial_record(trial, deployed=True)
+    return trial, DEMO_SPACE.decode(trial.params)
+
+
+def test_a_space_with_a_line_starts_with_the_lines_middle_and_its_neighbours_in_one_batch() -> None:
+    study, distributions = _line_study()
+    # Asked together, as a batch of three is: no proposal waits for another's score.
+    batch = [_ask(study, distributions) for _ in range(3)]
+    # The middle of the n_batch ladder on n_ubatch = n_batch, then its neighbour farther from the baseline.
+    assert [settings for _, settings in batch] == [
+        {"n_batch": 256, "n_ubatch": 256},
+        {"n_batch": 128, "n_ubatch": 128},
+        {"n_batch": 512, "n_ubatch": 512},
+    ]
+    for (trial, _), score in zip(batch, (1.3, 1.6, 0.9), strict=True):
+        update_trial_record(trial, score=score)
+        study.tell(trial, score)
+    # The best is at the measured segment's end: the walk goes on past it.
+    trial, settings = _ask(study, distributions)
+    assert settings == {"n_batch": 64, "n_ubatch": 64}
+    update_trial_record(trial, score=0.5, violates=["prefill_tok_s 150 is not >= 221"])
+    study.tell(trial, 0.5)
+    # 128/128 is the best and both its neighbours are measured: the model proposes from here on.
+    sampler = study.sampler
+    assert isinstance(sampler, SpaceFillingStart)
+    assert sampler._line_point(study, distributions) is None

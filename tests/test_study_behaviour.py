@@ -39,7 +39,7 @@ def _binomial_tail(k: int, n: int, p: float) -> float:
 
 def test_the_demos_search_lands_in_the_knee_region_on_at_least_18_of_20_seeds(tmp_path: Path) -> None:
     # The demo's study as shipped: its full n_batch x n_ubatch space (27 valid configs, 3 of them in the knee),
-    # TPE after a space-filling start of 3 trials, 5 trials, 2 rounds, 4 confirmation pairs.
+    # the line start (tuner/sampling.py), then TPE; 5 trials, 2 rounds, 4 confirmation pairs.
     landed, outcomes = 0, []
     for seed in range(DEMO_SEEDS):
         prepared = prepare_simulated([f"seed={seed}", f"workload.seed={seed}"])

@@ -375,6 +375,11 @@ class SearchSpace(StrictModel):
     description: str = ""
     params: dict[str, ParamSpec]
     constraints: list[Constraint] = Field(default_factory=list)
+    line: list[str] = Field(
+        default_factory=list,
+        description="Knobs the search starts by moving together (tuner/sampling.py): the first trials walk the "
+        "line where they take one value, the other knobs at the baseline's.",
+    )
 
     @field_validator("constraints", mode="before")
     @classmethod
@@ -389,6 +394,9 @@ class SearchSpace(StrictModel):
             unknown = [n for n in constraint.names() if n not in self.params]
             if unknown:
                 raise ValueError(f"constraint {constraint.text!r} names unknown knob {unknown[0]!r}")
+        unknown = [n for n in self.line if n not in self.params or not self.params[n].ordinal]
+        if unknown:
+            raise ValueError(f"line names {unknown[0]!r}, which is not a knob with ascending numeric choices")
         return self
 
     def encode(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
@@ -418,7 +426,8 @@ class SearchSpace(StrictModel):
             )
         # A constraint between a tuned knob and one left at its baseline has nothing to choose between.
         kept = [c for c in self.constraints if all(n in names for n in c.names())]
-        return self.model_copy(update={"params": {n: self.params[n] for n in names}, "constraints": kept})
+        line = [n for n in self.line if n in names]
+        return self.model_copy(update={"params": {n: self.params[n] for n in names}, "constraints": kept, "line": line})
 
 
 _BOUND_ERRORS = ("less_than", "less_than_equal", "greater_than", "greater_than_equal")

@@ -1,4 +1,10 @@
-"""A space-filling start for the study's model-based samplers.
+"""The start of the study's model-based samplers: a walk along the space's line, or a space-filling design.
+
+A space that names a `line` (llama-server's: n_ubatch = n_batch) starts with a walk along it, the other
+knobs at the baseline's values (`_line_point` says why the best config lies near it), then steps of one
+knob at a time from the best config measured, until its neighbours are measured; then TPE models the rest
+(bench/search_efficiency.py measures it against the design below, grid and random search:
+docs/benchmarks.md). A space without a line starts with the design.
 
 A night affords a handful of trials, and TPE's default start (its first trials drawn at random) spends
 them unevenly: on the demo's 27 configs, five random trials miss the three in the knee about half the
@@ -23,7 +29,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config import SearchSpace
+from tuner.config import ParamValue, SearchSpace
 from tuner.study_record import TrialRecord
 
 __all__ = ["SpaceFillingStart"]
@@ -43,6 +49,13 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         return sum(1 for t in scored if TrialRecord.of(t).deployed) < self._startup + 1  # + the baseline
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self._space.line:
+            known = optuna.search_space.intersection_search_space(study.get_trials(deepcopy=False)) or {}
+            return (
+                known
+                if self._line_point(study, known) is not None
+                else self._model.infer_relative_search_space(study, trial)
+            )
         if self._in_startup(study):
             return optuna.search_space.intersection_search_space(study.get_trials(deepcopy=False)) or {}
         return self._model.infer_relative_search_space(study, trial)
@@ -50,6 +63,9 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
+        if self._space.line:
+            point = self._line_point(study, search_space)
+            return point if point is not None else self._model.sample_relative(study, trial, search_space)
         if not self._in_startup(study):
             return self._model.sample_relative(study, trial, search_space)
         point = self._design_point(study, search_space)
@@ -105,6 +121,80 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         if not best:
             return None
         return dict(zip(names, self._random.choice(best), strict=True))
+
+    def _line_point(self, study: optuna.Study, search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
+        """The next config of the walk, or None when it is done and the model proposes.
+
+        The walk starts on the space's line: its `line` knobs at one shared value, the others at the
+        baseline's (for llama-server, n_ubatch = n_batch). A streaming user gets about one token per loop
+        iteration while a long prompt is prefilled, and an iteration carries n_batch prompt tokens, so stall
+        speed is about prefill speed / n_batch; prefill speed only grows with the micro-batch, so for each
+        n_batch the largest micro-batch is never worse, and along the line the score rises as n_batch falls
+        until prefill falls off its knee. The walk first measures the line's middle and both its neighbours
+        (a batch of three needs no feedback), then the unmeasured neighbours of the best config measured:
+        one step along the line, then one step of each other knob (the next choice either way of an
+        ascending knob, every other choice of another), until every neighbour of the best is measured.
+        Neighbours are proposed while others are being measured: a batch's trials are asked together.
+        """
+        names = sorted(self._space.params)
+        trials = study.get_trials(deepcopy=False)
+        baseline = next((t for t in trials if TrialRecord.of(t).baseline and t.params), None)
+        if baseline is None or any(n not in search_space for n in names):
+            return None
+        # Each config's best measured score: -inf when it failed, was pruned or broke a constraint, None
+        # while it is being measured. A skipped proposal measured nothing.
+        values: dict[tuple[tuple[str, Any], ...], float | None] = {}
+        for trial in trials:
+            record = TrialRecord.of(trial)
+            if record.skip_reason or record.duplicate_of is not None or not all(n in trial.params for n in names):
+                continue
+            config = tuple(sorted(self._space.decode(trial.params).items()))
+            earlier = values.get(config)
+            if trial.state == TrialState.COMPLETE and record.score is not None and not record.violates:
+                values[config] = record.score if earlier is None else max(record.score, earlier)
+            elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+                values.setdefault(config, None)
+            elif earlier is None:
+                values[config] = -math.inf
+        base = self._space.decode(baseline.params)
+        line = self._space.line
+        choices = [self._space.params[n].choices or [] for n in line]
+        ladder = [v for v in choices[0] if all(v in other for other in choices[1:])]
+
+        def untried(settings: dict[str, ParamValue]) -> bool:
+            encoded = self._space.encode(settings)
+            return tuple(sorted(settings.items())) not in values and self._valid(encoded)
+
+        def farther_first(positions: list[int], toward: int) -> list[int]:
+            return sorted(positions, key=lambda i: -abs(i - toward))
+
+        # The line's middle and its neighbours, the one farther from the baseline first: it tells more.
+        middle = (len(ladder) - 1) // 2
+        at_base = ladder.index(base[line[0]]) if base[line[0]] in ladder else len(ladder) - 1
+        for index in [middle, *farther_first([middle - 1, middle + 1], at_base)]:
+            point = {**base, **dict.fromkeys(line, ladder[index])} if 0 <= index < len(ladder) else None
+            if point is not None and untried(point):
+                return self._space.encode(point)
+        scored = {config: v for config, v in values.items() if v is not None and v > -math.inf}
+        if not scored:
+            return None
+        best = dict(max(scored.items(), key=lambda item: item[1])[0])
+        steps: list[dict[str, ParamValue]] = []
+        if best[line[0]] in ladder and all(best[n] == best[line[0]] for n in line):
+            here = ladder.index(best[line[0]])
+            around = [i for i in farther_first([here - 1, here + 1], at_base) if 0 <= i < len(ladder)]
+            steps += [{**best, **dict.fromkeys(line, ladder[i])} for i in around]
+        for name in names:
+            param = self._space.params[name]
+            if name in line or param.choices is None:
+                continue
+            if param.ordinal:
+                here, start = param.choices.index(best[name]), param.choices.index(base[name])
+                around = [i for i in farther_first([here - 1, here + 1], start) if 0 <= i < len(param.choices)]
+                steps += [{**best, name: param.choices[i]} for i in around]
+            else:
+                steps += [{**best, name: choice} for choice in param.choices if choice != best[name]]
+        return next((self._space.encode(step) for step in steps if untried(step)), None)
 
     def _valid(self, sampled: dict[str, Any]) -> bool:
         settings = self._space.decode(sampled)
