@@ -164,9 +164,10 @@ def _all_command_lines() -> list[bytes]:
 def test_a_lost_connection_is_reopened_and_the_next_command_runs(sshd_host: SshHost) -> None:
     async def scenario() -> str:
         async with ssh(sshd_host, reconnect_window_s=10) as transport:
-            assert transport._connection is not None
-            transport._connection.abort()  # what a cut link looks like to the client
-            await asyncio.sleep(0.2)
+            connection = transport._connection
+            assert connection is not None
+            connection.abort()  # what a cut link looks like to the client
+            await asyncio.wait_for(connection.wait_closed(), timeout=10)  # the loss is seen before the next command
             return (await transport.run(["echo", "back"], timeout_s=10)).stdout
 
     assert asyncio.run(scenario()) == "back\n"
