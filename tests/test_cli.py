@@ -30,9 +30,21 @@ CLI_DEADLINE_S = 1800
 
 
 def tuner_cli(*args: str, timeout: float = CLI_DEADLINE_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    """`tuner ARGS`; past the deadline it is stopped as a user would stop it, with SIGTERM, so that it
+    restores the host and stops its server (subprocess.run's SIGKILL left a llama-server running)."""
+    command = [sys.executable, "-m", "tuner", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                stdout, stderr = process.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture
