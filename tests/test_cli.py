@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import llama_server_processes
 from tests.real_parts import need_real_part
+from tests.tuner_process import CLI_DEADLINE_S, run_tuner
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
@@ -23,28 +24,8 @@ DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
 
 
-# A backstop against a hang, not a benchmark: the study's own start and request timeouts bound each trial.
-# Under a load of 5 on 2 cores (scripts/pass_rates_under_load.py sharing the machine with other jobs) the
-# tiny study took over 600 s; 1,800 s leaves room for that and still ends a hung run.
-CLI_DEADLINE_S = 1800
-
-
 def tuner_cli(*args: str, timeout: float = CLI_DEADLINE_S) -> subprocess.CompletedProcess[str]:
-    """`tuner ARGS`; past the deadline it is stopped as a user would stop it, with SIGTERM, so that it
-    restores the host and stops its server (subprocess.run's SIGKILL left a llama-server running)."""
-    command = [sys.executable, "-m", "tuner", *args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            try:
-                stdout, stderr = process.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr) from None
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return run_tuner(list(args), timeout=timeout)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tuner_process import run_tuner
 from tuner.metrics import lora_metrics
 from tuner.models import RequestRecord, RequestStatus, ServerTimings
 from tuner.study_record import update_study_record
@@ -116,15 +117,12 @@ def test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes
 def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change(
     tmp_path: Path, llama_server_binary: Path
 ) -> None:
-    import subprocess
-    import sys
-
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
     study_file = Path(__file__).resolve().parent.parent / "studies" / "lora-demo.toml"
-    command = [sys.executable, "-m", "tuner", "run", str(study_file), "--runs-dir", str(tmp_path)]
+    command = ["run", str(study_file), "--runs-dir", str(tmp_path)]
     # The verdict rests on the confirmation's paired interval (alternating pairs), not on two search
     # rounds whose range a busy machine can widen past the effect (seen on a loaded 2-core machine).
     # Five pairs: under a busy core the tail latency this study scores varies more (3 pairs missed the
@@ -132,8 +130,7 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     overrides = ["--set", "budget.trials=1", "--set", "confirm.top=1", "--set", "confirm.pairs=5", "--set", "seed=3"]
     # One server thread of two cores: with one per core, a core busy with other work stalls every barrier.
     overrides += ["--set", "engine.settings.threads=1"]
-    # A backstop against a hang (see tests/test_cli.py's CLI_DEADLINE_S), not a benchmark.
-    done = subprocess.run(command + overrides, capture_output=True, text=True, timeout=1800, check=False)
+    done = run_tuner(command + overrides)
     assert done.returncode == 0, done.stderr
     assert "allow_answer_changes" in done.stdout
 
