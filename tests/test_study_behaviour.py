@@ -191,6 +191,16 @@ def test_a_config_whose_answers_differ_is_failed_by_the_correctness_gate_and_nev
     assert board.recommendation.row is None or board.recommendation.row.settings.get("n_batch") != 256
 
 
+def test_settings_pruned_once_are_not_deployed_again_when_proposed_again(tmp_path: Path) -> None:
+    # Random search over the demo's 28 valid configs with a budget of 25 proposes pruned ones again.
+    prepared = prepare_simulated(['search.sampler="random"', "budget.trials=25", "confirm.top=0"])
+    result = run_simulated(prepared, tmp_path / "s", seed=0)
+    records = [TrialRecord.of(t) for t in result.study.get_trials()]
+    deployed = [tuple(sorted((r.settings or {}).items())) for r in records if r.deployed]
+    assert len(deployed) == len(set(deployed)), "a config was restarted to be measured again"
+    assert any("pruned after its first round" in (r.skip_reason or "") for r in records)
+
+
 class _ExhaustionCounter(NullObserver):
     def __init__(self) -> None:
         self.exhausted: list[int] = []

@@ -347,7 +347,8 @@ class _StudyRun:
 
     def measured_settings(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        for trial in sorted(trials, key=lambda t: t.state != TrialState.COMPLETE):  # a whole measurement first
             record = TrialRecord.of(trial)
             if record.deployed and record.settings is not None:
                 measured.setdefault(tuple(sorted(record.settings.items())), trial)
@@ -410,6 +411,8 @@ class _StudyRun:
         if too_big is not None:
             return self.skip(trial, f"would not fit: {too_big}")
         earlier = self.measured_settings().get(tuple(sorted(settings.items())))
+        if earlier is not None and earlier.state == TrialState.PRUNED:  # a restart would measure it again
+            return self.skip(trial, f"same settings as trial {earlier.number}, pruned after its first round")
         if earlier is not None and earlier.values is not None:
             # Telling the earlier values keeps the sampler informed without spending a restart.
             update_trial_record(trial, duplicate_of=earlier.number)
