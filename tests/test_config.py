@@ -478,3 +478,14 @@ def test_a_set_value_nested_too_deeply_is_one_line() -> None:
     with pytest.raises(ConfigError) as refused:
         load_study(DEMO, ["budget.trials=" + "[" * 100_000 + "]" * 100_000])
     assert str(refused.value) == "--set budget.trials: the value is nested too deeply; give a plain value"
+
+
+def test_a_line_whose_knobs_share_fewer_than_three_values_is_refused(tmp_path: Path) -> None:
+    space = tmp_path / "space.toml"
+    space.write_text(
+        'engine = "llama-server"\nline = ["n_batch", "n_ubatch"]\n'
+        "[params.n_batch]\nchoices = [64, 256, 1024]\ndefault = 1024\n"
+        "[params.n_ubatch]\nchoices = [32, 128, 1024]\ndefault = 1024\n"
+    )
+    with pytest.raises(ConfigError, match=r"line \['n_batch', 'n_ubatch'\]: its knobs share 1 choices; the walk"):
+        load_search_space(space)

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from tuner.config import ParamValue, load_search_space
 from tuner.sampling import SpaceFillingStart
 from tuner.study import _distribution
-from tuner.study_record import TrialRecord, new_trial_attrs, update_trial_record
+from tuner.study_record import INTERRUPTED, TrialRecord, new_trial_attrs, update_trial_record
 
 DEMO_SPACE = load_search_space(
     Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml"
@@ -96,3 +96,25 @@ def test_a_space_with_a_line_starts_with_the_lines_middle_and_its_neighbours_in_
     sampler = study.sampler
     assert isinstance(sampler, SpaceFillingStart)
     assert sampler._line_point(study, distributions) is None
+
+
+def test_a_line_point_skipped_as_one_that_would_not_fit_is_not_proposed_again() -> None:
+    """A point the memory check refuses is told PRUNED with its reason; proposing it again would spend the
+    study's patience with skipped proposals (200 in a row end the search) on one config."""
+    study, distributions = _line_study()
+    trial = study.ask(distributions)
+    first = DEMO_SPACE.decode(trial.params)
+    update_trial_record(trial, skip_reason="would not fit: needs 9.00 GiB, over the 8 GiB budget")
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    proposed = [DEMO_SPACE.decode(study.ask(distributions).params) for _ in range(3)]
+    assert first not in proposed, (first, proposed)
+
+
+def test_a_line_point_the_controllers_stop_interrupted_is_proposed_again_on_resume() -> None:
+    study, distributions = _line_study()
+    batch = [_ask(study, distributions) for _ in range(3)]
+    for trial, _ in batch:  # the controller stopped during the first batch
+        update_trial_record(trial, fail_reason=INTERRUPTED)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    resumed = [settings for _, settings in (_ask(study, distributions) for _ in range(3))]
+    assert resumed == [settings for _, settings in batch]

@@ -397,6 +397,14 @@ class SearchSpace(StrictModel):
         unknown = [n for n in self.line if n not in self.params or not self.params[n].ordinal]
         if unknown:
             raise ValueError(f"line names {unknown[0]!r}, which is not a knob with ascending numeric choices")
+        if self.line:
+            # The walk moves the line's knobs together through the values they share: its middle and both
+            # neighbours need three, or the line would be skipped without a word.
+            shared = set(self.params[self.line[0]].choices or []).intersection(
+                *(self.params[n].choices or [] for n in self.line[1:])
+            )
+            if len(shared) < 3:
+                raise ValueError(f"line {self.line}: its knobs share {len(shared)} choices; the walk needs at least 3")
         return self
 
     def encode(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:

@@ -30,7 +30,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamValue, SearchSpace
-from tuner.study_record import TrialRecord
+from tuner.study_record import INTERRUPTED, TrialRecord
 
 __all__ = ["SpaceFillingStart"]
 
@@ -141,14 +141,21 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         baseline = next((t for t in trials if TrialRecord.of(t).baseline and t.params), None)
         if baseline is None or any(n not in search_space for n in names):
             return None
-        # Each config's best measured score: -inf when it failed, was pruned or broke a constraint, None
-        # while it is being measured. A skipped proposal measured nothing.
+        # Each config's best measured score: -inf when it failed, was pruned, broke a constraint or was
+        # skipped as one that cannot run (it would not fit), None while it is being measured. A trial the
+        # controller's stop interrupted says nothing of its config: a resumed study proposes it again.
         values: dict[tuple[tuple[str, Any], ...], float | None] = {}
         for trial in trials:
             record = TrialRecord.of(trial)
-            if record.skip_reason or record.duplicate_of is not None or not all(n in trial.params for n in names):
+            interrupted = trial.state == TrialState.FAIL and (record.fail_reason or "").startswith(INTERRUPTED)
+            if record.duplicate_of is not None or interrupted or not all(n in trial.params for n in names):
                 continue
             config = tuple(sorted(self._space.decode(trial.params).items()))
+            if record.skip_reason:
+                # A repeat skipped for a trial of the same settings is that trial's; any other skip is final.
+                if not record.skip_reason.startswith("same settings as trial"):
+                    values.setdefault(config, -math.inf)
+                continue
             earlier = values.get(config)
             if trial.state == TrialState.COMPLETE and record.score is not None and not record.violates:
                 values[config] = record.score if earlier is None else max(record.score, earlier)

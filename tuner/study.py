@@ -39,6 +39,7 @@ from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study_record import (
+    INTERRUPTED,
     Confirmation,
     StudyRecord,
     TrialRecord,
@@ -318,7 +319,7 @@ class _StudyRun:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             update_trial_record(
                 optuna.Trial(self.study, trial._trial_id),
-                fail_reason="interrupted: the controller stopped during this trial",
+                fail_reason=INTERRUPTED,
             )
             self.study.tell(trial.number, state=TrialState.FAIL)
 
@@ -463,7 +464,7 @@ class _StudyRun:
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
             for pending in active:
-                update_trial_record(pending.trial, fail_reason="interrupted: the controller stopped during this trial")
+                update_trial_record(pending.trial, fail_reason=INTERRUPTED)
                 self.study.tell(pending.trial, state=TrialState.FAIL)
             raise
 

@@ -21,6 +21,7 @@ from tuner.config import ParamValue
 from tuner.errors import StudyError
 
 __all__ = [
+    "INTERRUPTED",
     "RECORD_KEY",
     "RECORD_VERSION",
     "Confirmation",
@@ -34,6 +35,9 @@ __all__ = [
 
 RECORD_KEY = "serve_tuner"
 RECORD_VERSION = 1
+
+# The fail reason of a trial the controller's stop cut short (or kept from starting): not the config's fault.
+INTERRUPTED = "interrupted: the controller stopped during this trial"
 
 # One measured round: metric name -> value, None where the round had no data for it.
 RoundMetrics = dict[str, float | None]

@@ -114,7 +114,9 @@ class CostModel:
             value = data[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number of at least 0, got {value!r}")
-            constants[name] = int(value) if name == "kv_bytes_per_token" else float(value)
+            if name == "kv_bytes_per_token" and not isinstance(value, int):
+                raise ValueError(f"kv_bytes_per_token must be a whole number of bytes, got {value!r}")
+            constants[name] = value if name == "kv_bytes_per_token" else float(value)
         points = data["token_points"]
         if not isinstance(points, list) or not points or not all(_is_point(p) for p in points):
             raise ValueError("token_points must be a non-empty list of [width >= 1, seconds per token > 0]")
