@@ -198,6 +198,8 @@ def test_a_calibration_with_a_negative_constant_is_refused() -> None:
     constants = load_cost_model().to_json() | {"pass_s": -0.008}
     with pytest.raises(ValueError, match=re.escape("pass_s must be a finite number of at least 0, got -0.008")):
         CostModel.from_json(constants)
+    with pytest.raises(ValueError, match=re.escape("kv_bytes_per_token must be a whole number of bytes, got 1.7")):
+        CostModel.from_json(load_cost_model().to_json() | {"kv_bytes_per_token": 1.7})
     assert CostModel.from_json(load_cost_model().to_json()) == load_cost_model()  # what the script writes reads back
 
 
