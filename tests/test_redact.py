@@ -186,7 +186,7 @@ def test_a_refused_request_is_recorded_without_the_key_the_server_quoted(monkeyp
         async with httpx.AsyncClient(base_url="http://server", transport=transport) as client:
             client.headers.update(engine.request_headers())
             request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
-            record, _ = await _send(client, engine, request, 0.0, 5.0)
+            record, _ = await _send(client, engine, request, 0.0, 5.0, due_s=0.0)
             return record
 
     record = asyncio.run(scenario())

@@ -246,7 +246,7 @@ def test_without_durations_a_sessions_next_turn_is_placed_after_the_estimated_en
     trace = load_trace(write(tmp_path, shapes(("a", 0, None, 0), ("a", 0, None, 1), ("b", 0.5, None, 0))))
     profile = concurrency_profile(trace, prefill_tok_s=100, decode_tok_s=30)
     # Each request takes 1 s of prefill and 1 s of decode; turn 1 of `a` starts at 2 s, not at 0.
-    assert sorted(profile.intervals) == [(0, 2), (0.5, 2.5), (2, 4)]
+    assert sorted(zip(profile.starts.tolist(), profile.ends.tolist(), strict=True)) == [(0, 2), (0.5, 2.5), (2, 4)]
     assert profile.peak == 2 and "estimated" in profile.basis
 
 
@@ -289,17 +289,16 @@ def test_chat_and_agent_sessions_carry_their_conversation_as_history() -> None:
 
 
 def test_a_day_compressed_with_keep_concurrency_keeps_its_in_flight_profile() -> None:
-    from tuner.workloads import SynthOptions, concurrency_profile, synthesize_trace, thin_sessions
+    from tuner.workloads import SynthOptions, Trace, concurrency_profile, synthesize_trace, thin_sessions
 
     day = synthesize_trace("chat", SynthOptions(users=400, turns=4, seed=1, long_tokens=8000))
     scale = 0.1
-    compressed = day.model_copy(
-        update={
-            "requests": [
-                r.model_copy(update={"offset_s": r.offset_s * scale, "think_s": r.think_s * scale})
-                for r in thin_sessions(day, keep=scale, seed=0).requests
-            ]
-        }
+    compressed = Trace(
+        header=day.header,
+        requests=[
+            r.model_copy(update={"offset_s": r.offset_s * scale, "think_s": r.think_s * scale})
+            for r in thin_sessions(day, keep=scale, seed=0).requests
+        ],
     )
     sessions = {r.session for r in compressed.requests}
     assert 25 <= len(sessions) <= 55  # about a tenth of 400, whole sessions only
@@ -309,3 +308,105 @@ def test_a_day_compressed_with_keep_concurrency_keeps_its_in_flight_profile() ->
     kept = concurrency_profile(compressed, decode_tok_s=30)
     assert kept.mean == pytest.approx(original.mean, rel=0.5)
     assert thin_sessions(day, keep=1.0, seed=0) is day
+
+
+def test_a_trace_is_written_line_for_line_as_its_request_models_write_themselves(tmp_path: Path) -> None:
+    # The writer makes each line from the trace's columns, not from models: every field's default must be
+    # left out and every value written exactly as the model writes it, LoRA scales and content included.
+    from tuner.workloads import LoraUse, PrefixBlock, PromptShape, Trace, TraceHeader, TraceRequest, trace_lines
+
+    requests = [
+        TraceRequest(id="a", offset_s=0.0, session="a", prompt=PromptShape(new_tokens=5), output_tokens=1),
+        TraceRequest(
+            id="b",
+            offset_s=1e-6,
+            session="s",
+            turn=2,
+            think_s=0.25,
+            prompt=PromptShape(shared_prefix=[PrefixBlock(block="sys", tokens=7)], history_tokens=3, new_tokens=0),
+            output_tokens=9,
+            lora=[LoraUse(adapter="x"), LoraUse(adapter="y", scale=0.5)],
+            tag="agent",
+            duration_s=1234567.125,
+            content={"messages": [{"role": "user", "content": "héllo \u2028"}]},
+        ),
+        TraceRequest(
+            id="c",
+            offset_s=86400.5,
+            session="s",
+            think_s=0.0,
+            prompt=PromptShape(new_tokens=1),
+            output_tokens=2,
+            tag="chat",
+        ),
+    ]
+    header = TraceHeader(format="serve-tuner-trace", version=1, name="t")
+    written = b"".join(trace_lines(Trace(header=header, requests=requests), batch=2)).decode().split("\n")[:-1]
+    for line, request in zip(written[1:], requests, strict=True):
+        assert line == request.model_dump_json(exclude_defaults=True)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(written) + "\n")
+    assert list(load_trace(path).requests) == requests
+
+
+@pytest.mark.parametrize("chunk", [65_536, 7])
+def test_the_column_summary_counts_what_the_request_by_request_summary_of_0_1_0_counted(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The summary moved from one request object at a time to columns (a million requests must fit in
+    # memory); on traces with sessions, think time, shared prefixes, ties at one instant and partial
+    # histories it must count exactly what the old code counted.
+    import random
+
+    from tests.summary_reference import reference_summary
+    from tuner.workloads import (
+        PrefixBlock,
+        PromptShape,
+        SynthOptions,
+        Trace,
+        TraceHeader,
+        TraceRequest,
+        concurrency_profile,
+        summarize_trace,
+        synthesize_trace,
+    )
+
+    monkeypatch.setattr("tuner.workloads.summary._CHUNK", chunk)  # a big trace is walked in chunks
+    rng = random.Random(7)
+    shuffled = []
+    for index in range(400):
+        session = f"s{rng.randrange(60)}"
+        blocks = [
+            PrefixBlock(block=f"b{rng.randrange(6)}", tokens=rng.choice((16, 64))) for _ in range(rng.randrange(4))
+        ]
+        shuffled.append(
+            TraceRequest(
+                id=f"r{index}",
+                offset_s=float(rng.randrange(40)),  # whole seconds: many requests share an instant
+                session=session if rng.random() < 0.8 else f"r{index}",
+                turn=rng.randrange(4),
+                think_s=rng.choice((0.0, 0.5, 3.0)),
+                prompt=PromptShape(
+                    shared_prefix=blocks, history_tokens=rng.randrange(0, 900), new_tokens=rng.randrange(1, 3000)
+                ),
+                output_tokens=rng.randrange(1, 400),
+            )
+        )
+    header = TraceHeader(format="serve-tuner-trace", version=1, name="mixed")
+    traces = [
+        Trace(header=header, requests=sorted(shuffled, key=lambda r: r.offset_s)),
+        synthesize_trace("stall", SynthOptions(users=12, turns=5, seed=3, long_tokens=6000)),
+        synthesize_trace("chat", SynthOptions(users=30, turns=4, seed=1, long_tokens=6000)),
+        load_trace(REPO / "workloads" / "stall.jsonl"),
+    ]
+    for trace in traces:
+        expected = reference_summary(list(trace.requests))
+        summary = summarize_trace(trace)
+        prompt_total = summary.prompt_tokens.total
+        assert summary.prefix_reuse == expected["prefix"] / prompt_total, trace.header.name
+        assert summary.history_reuse == expected["history"] / prompt_total, trace.header.name
+        profile = concurrency_profile(trace)
+        assert profile.in_flight_peak == expected["in_flight_peak"], trace.header.name
+        assert profile.arrivals == expected["arrivals"], trace.header.name
+        assert profile.mean == pytest.approx(expected["mean"], rel=1e-12), trace.header.name
+        assert sorted(zip(profile.starts.tolist(), profile.ends.tolist(), strict=True)) == expected["intervals"]

@@ -491,10 +491,10 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
     from tuner.workloads import (
         SynthOptions,
         check_synthesis_fits,
-        dump_trace,
         load_trace,
         summarize_trace,
         synthesize_trace,
+        trace_lines,
     )
 
     if args.workload_command == "show":
@@ -520,8 +520,8 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         options = SynthOptions(users=args.users, turns=args.turns, seed=args.seed, long_tokens=args.long_tokens)
         check_synthesis_fits(args.kind, options)
         trace = synthesize_trace(args.kind, options)
-        write_atomic(args.out, dump_trace(trace).encode())
-        console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+        write_atomic(args.out, trace_lines(trace))
+        console.print(f"wrote {len(trace)} requests to {args.out}")
         render_trace_summary(summarize_trace(trace), console)
         return 0
     if args.workload_command == "import":
@@ -530,8 +530,8 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
 
         check_output(args.out, inputs=[args.source])  # before the import's work, which can be long
         trace = import_trace(args.kind, args.source, apply_overrides({}, args.options), name=args.name or args.out.stem)
-        write_atomic(args.out, dump_trace(trace).encode(), inputs=[args.source])
-        console.print(f"wrote {len(trace.requests)} requests to {args.out}")
+        write_atomic(args.out, trace_lines(trace), inputs=[args.source])
+        console.print(f"wrote {len(trace)} requests to {args.out}")
         render_trace_summary(summarize_trace(trace), console)
         return 0
     raise ConfigError(f"unknown workload command {args.workload_command!r}")

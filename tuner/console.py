@@ -99,6 +99,9 @@ class ConsoleObserver(NullObserver):
         failed = f"  [red]{failures} failed[/]" if failures else ""
         self.console.print(f"  trial {number} {label}  " + "  ".join(parts) + failed)
 
+    def replay_fell_behind(self, *, number: int, label: str, reason: str) -> None:
+        self.console.print(f"  trial {number} {label}  [yellow]{reason}[/]")
+
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         flag = f"  [yellow]rounds differ by 20%+ on {', '.join(noisy)}[/]" if noisy else ""
         self.console.print(f"  trial {number} score {score:+.2f}{flag}")

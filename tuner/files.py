@@ -113,9 +113,15 @@ def check_writable(path: Path) -> Path:
 
 
 def write_atomic(
-    path: Path, data: bytes, *, mode: int | None = None, private: bool = False, inputs: Iterable[Path] = ()
+    path: Path,
+    data: bytes | Iterable[bytes],
+    *,
+    mode: int | None = None,
+    private: bool = False,
+    inputs: Iterable[Path] = (),
 ) -> None:
-    """Writes `data` to a temporary file beside the target, fsyncs it, and renames it over the target.
+    """Writes `data` (bytes, or chunks of them made as the write goes, so a big file is never held
+    whole) to a temporary file beside the target, fsyncs it, and renames it over the target.
 
     The mode: `mode` when given; 0600 when `private`; else the replaced file's own mode; else what the
     umask gives a new file. A replaced file keeps its owner and group where we may set them (as root).
@@ -145,9 +151,10 @@ def write_atomic(
                     os.fchown(fd, replaced.st_uid, replaced.st_gid)
             if final_mode is not None:  # after the chown, which may clear set-id bits
                 os.fchmod(fd, final_mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
             os.replace(temporary, target)
         except BaseException:

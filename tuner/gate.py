@@ -121,7 +121,9 @@ async def lora_answer_changes(
     """Asks the probes with each LoRA setting of the workload and with what `settings` turn it into; the
     share of the workload's requests whose answers would change, and a note per setting. None when the
     workload has no adapter setting to change."""
-    recorded = Counter(tuple(sorted((use.adapter, use.scale) for use in request.lora)) for request in trace.requests)
+    recorded: Counter[tuple[tuple[str, float], ...]] = Counter()
+    for uses, count in trace.lora_mix().items():
+        recorded[tuple(sorted(uses))] += count
     if len(recorded) < 2 and () in recorded:
         return None
     samples = [
@@ -147,4 +149,4 @@ async def lora_answer_changes(
         )
     if not notes:
         return None
-    return changed_requests / len(trace.requests), "; ".join(notes)
+    return changed_requests / len(trace), "; ".join(notes)

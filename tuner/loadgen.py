@@ -13,7 +13,7 @@ import contextlib
 import gc
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 
 import httpx
 
@@ -22,10 +22,12 @@ from tuner.faults import crash_point
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 from tuner.redact import redact
 
-__all__ = ["replay", "scrape_prometheus", "with_answers"]
+__all__ = ["replay", "replay_sessions", "scrape_prometheus", "sessions_in_order", "with_answers"]
 
-_START_LEAD_S = 0.02
-_START_LEAD_PER_SESSION_S = 20e-6  # creating a session's task takes a few microseconds
+_START_LEAD_S = 0.05
+# A session's task is made this long before its first request is due (its prompts, where they are made
+# as they are read, with it): long enough for any session's synthesis, short enough to hold few at once.
+_SESSION_LEAD_S = 0.5
 
 
 async def replay(
@@ -36,30 +38,53 @@ async def replay(
     request_timeout_s: float,
 ) -> list[RequestRecord]:
     """Replays `requests` against `base_url`; returns one record per request, in arrival order."""
+    return await replay_sessions(
+        sessions_in_order(requests), engine=engine, base_url=base_url, request_timeout_s=request_timeout_s
+    )
+
+
+def sessions_in_order(requests: Iterable[ReplayRequest]) -> list[list[ReplayRequest]]:
+    """The requests grouped by session, each session's turns in order, sessions by their first arrival."""
     sessions: dict[str, list[ReplayRequest]] = defaultdict(list)
     for request in requests:
         sessions[request.session].append(request)
-    limits = httpx.Limits(max_connections=len(requests) + 4, max_keepalive_connections=len(requests) + 4)
+    ordered = [sorted(turns, key=lambda r: (r.turn, r.offset_s)) for turns in sessions.values()]
+    return sorted(ordered, key=lambda turns: turns[0].offset_s)
+
+
+async def replay_sessions(
+    sessions: Iterable[Sequence[ReplayRequest]],
+    *,
+    engine: Engine,
+    base_url: str,
+    request_timeout_s: float,
+) -> list[RequestRecord]:
+    """Replays sessions (each in turn order, sessions by their first arrival) against `base_url`; returns
+    one record per request, in the order they were sent. `sessions` may be made as it is read (a round's
+    prompts synthesized a session at a time): a session is taken `_SESSION_LEAD_S` before its first
+    request is due, so a long round holds only the sessions under way, never all its prompts at once."""
     timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
     records: list[RequestRecord] = []
+    # No pool limit: a request waiting for a free connection would be sent late, by the pool, unseen.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
         base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers()
     ) as client:
         # The first request through httpx pays for lazy setup (about 0.1 s); paying it here, and starting
-        # the clock only once every session task is waiting, keeps the first arrivals on schedule.
+        # the clock only once it is paid, keeps the first arrivals on schedule.
         with contextlib.suppress(httpx.HTTPError):
             await client.get("/health")
         # A collector pass over everything the process holds takes tens of milliseconds: the schedule would
-        # slip by that much. The replay's own garbage is small and bounded by the round, so it waits.
+        # slip by that much. The replay's own garbage is freed as it goes (reference counts), so it waits.
         gc.collect()
         gc.freeze()
         gc.disable()
-        started = time.perf_counter() + _START_LEAD_S + len(sessions) * _START_LEAD_PER_SESSION_S
+        started = time.perf_counter() + _START_LEAD_S
 
-        async def run_session(turns: list[ReplayRequest]) -> None:
+        async def run_session(turns: Sequence[ReplayRequest]) -> None:
             previous_end: float | None = None
             answers: dict[str, list[int]] = {}
-            for request in sorted(turns, key=lambda r: (r.turn, r.offset_s)):
+            for request in turns:
                 due = request.offset_s
                 if previous_end is not None:
                     due = max(due, previous_end + request.think_s)
@@ -67,7 +92,7 @@ async def replay(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 record, answers[request.request_id] = await _send(
-                    client, engine, with_answers(request, answers), started, request_timeout_s
+                    client, engine, with_answers(request, answers), started, request_timeout_s, due_s=due
                 )
                 records.append(record)
                 crash_point("mid-replay")
@@ -75,8 +100,15 @@ async def replay(
 
         try:
             async with asyncio.TaskGroup() as group:
-                for turns in sessions.values():
+                for turns in sessions:  # a lazily made session is synthesized here, ahead of its time
+                    if not turns:
+                        continue
+                    delay = turns[0].offset_s - _SESSION_LEAD_S - (time.perf_counter() - started)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                     group.create_task(run_session(turns))
+                    # Sends that fell due while this session was made go first, before the next is made.
+                    await asyncio.sleep(0)
         finally:
             gc.enable()
             gc.unfreeze()
@@ -104,6 +136,8 @@ async def _send(
     request: ReplayRequest,
     started: float,
     request_timeout_s: float,
+    *,
+    due_s: float,
 ) -> tuple[RequestRecord, list[int]]:
     call = engine.build_request(request)
     send_s = time.perf_counter() - started
@@ -164,6 +198,7 @@ async def _send(
         output_tokens_requested=request.output_tokens,
         lora=tuple(sorted(request.lora or ())),
         send_s=send_s,
+        due_s=due_s,
         token_s=tuple(token_s),
         end_s=time.perf_counter() - started,
         status=status,

@@ -123,6 +123,11 @@ class RequestRecord(_Contract):
     output_tokens_requested: int
     lora: tuple[tuple[str, float], ...] = Field(default=(), description="Adapters and scales it ran with.")
     send_s: float
+    due_s: float | None = Field(
+        default=None,
+        description="When the schedule had it sent (its arrival, or its session's previous turn's end plus "
+        "think time); send_s minus this is the load generator's own lateness. None in records made before 0.2.",
+    )
     token_s: tuple[float, ...] = Field(default=(), description="Arrival time of every streamed token.")
     end_s: float
     status: RequestStatus

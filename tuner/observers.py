@@ -22,6 +22,8 @@ class StudyObserver(Protocol):
         self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int
     ) -> None: ...
 
+    def replay_fell_behind(self, *, number: int, label: str, reason: str) -> None: ...
+
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None: ...
 
     def trial_failed(self, *, number: int, reason: str) -> None: ...
@@ -54,6 +56,9 @@ class NullObserver:
         pass
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
+        pass
+
+    def replay_fell_behind(self, *, number: int, label: str, reason: str) -> None:
         pass
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:

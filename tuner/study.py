@@ -185,7 +185,7 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     trace = load_trace(base_dir / spec.workload.path)
     if spec.workload.keep_concurrency:
         trace = thin_sessions(trace, keep=spec.workload.time_scale, seed=spec.workload.seed)
-    adapters = {use.adapter for request in trace.requests for use in request.lora}
+    adapters = {adapter for uses in trace.lora_mix() for adapter, _ in uses}
     if adapters:
         engine.check_lora_adapters(adapters)
     return PreparedStudy(spec=spec, engine=engine, space=space, baseline_settings=baseline, trace=trace)

@@ -23,7 +23,7 @@ from tuner.errors import DeployError, MeasurementError
 from tuner.gate import ask_probes
 from tuner.gpu import GpuMemorySampler
 from tuner.loadgen import replay, scrape_prometheus
-from tuner.metrics import compute_metrics, join_server_tasks, server_metrics
+from tuner.metrics import compute_metrics, fell_behind, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
@@ -230,6 +230,9 @@ class ServerTrialRunner:
             )
         if self.run_dir is not None and records_name is not None:
             self.run_dir.save_records(number, records_name, records)
+        behind = fell_behind(records)
+        if behind is not None:
+            self.observer.replay_fell_behind(number=number, label=label, reason=behind)
         gone = await self.deployer.check_alive()
         if gone is not None:
             raise MeasurementError(f"the server died during {label}: {gone}")

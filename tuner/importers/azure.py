@@ -7,15 +7,18 @@ all new tokens.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from pydantic import Field
 
 from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
-from tuner.importers.base import IMPORTERS, imported_trace
+from tuner.importers.base import IMPORTERS, import_builder
 from tuner.workloads import PromptShape, Trace, TraceRequest
 
 __all__ = ["AzureImporter", "AzureOptions"]
@@ -38,19 +41,60 @@ class AzureImporter:
         if header_line is not None and header_line[1].lstrip().startswith(("{", "[")):
             raise WorkloadError(f"{path}:{header_line[0]}: a JSON line, not the CSV header {', '.join(_COLUMNS)}")
         header_at = header_line[0] if header_line is not None else 1
-        frame = _read_frame(path, options.limit, blank_lines, header_at=header_at)
-        missing = [c for c in _COLUMNS if c not in frame.columns]
+        # Two passes, a chunk of rows at a time: the first validates every row and finds the earliest
+        # time (offsets count from it), the second builds the requests as columns.
+        earliest = [
+            int(nanoseconds.min()) for nanoseconds, _ in _chunks(path, options.limit, blank_lines, header_at=header_at)
+        ]
+        start = min(earliest, default=0)
+        builder = import_builder(path, name)
+        index = 0
+        for nanoseconds, counts in _chunks(path, options.limit, blank_lines, header_at=header_at):
+            offsets = [round(elapsed / 1e9, 6) for elapsed in (nanoseconds - start).tolist()]
+            for offset, context, generated in zip(
+                offsets, counts["ContextTokens"].tolist(), counts["GeneratedTokens"].tolist(), strict=True
+            ):
+                builder.add(
+                    TraceRequest(
+                        id=f"r{index}",
+                        offset_s=offset,
+                        session=f"r{index}",
+                        prompt=PromptShape(new_tokens=int(context)),
+                        output_tokens=int(generated),
+                        tag=options.tag,
+                    )
+                )
+                index += 1
+        return builder.build().in_arrival_order()
+
+
+_CHUNK_ROWS = 100_000
+
+
+def _chunks(
+    path: Path, limit: int | None, blank_lines: set[int], *, header_at: int
+) -> Iterator[tuple[npt.NDArray[np.int64], dict[str, pd.Series]]]:
+    """The rows' times (nanoseconds since the epoch, UTC) and token counts, validated, a chunk at a time;
+    at most `limit` rows."""
+    left = limit
+    for chunk in _read_frames(path, limit, blank_lines, header_at=header_at):
+        missing = [c for c in _COLUMNS if c not in chunk.columns]
         if missing:
-            found = ", ".join(str(c) for c in frame.columns) or "none"
+            found = ", ".join(str(c) for c in chunk.columns) or "none"
             raise WorkloadError(
                 f"{path}: missing column(s) {', '.join(missing)}; the header has {found}; "
                 f"an Azure trace's header is {','.join(_COLUMNS)}"
             )
         # With blank lines kept as rows, row i is line header_at + 1 + i of the file.
-        frame.index = frame.index + header_at + 1
-        frame = frame[~frame.index.isin(blank_lines)]
-        if options.limit is not None:
-            frame = frame.head(options.limit)
+        chunk.index = chunk.index + header_at + 1
+        frame = chunk[~chunk.index.isin(blank_lines)]
+        if left is not None:
+            frame = frame.head(left)
+            left -= len(frame)
+        if not len(frame):
+            if left == 0:
+                return
+            continue
         # The 2023 traces write naive times, the 2024 ones `+00:00`; both are UTC, and a file joining the two
         # must not stop at pandas' "Mixed timezones": read every time as UTC.
         times = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
@@ -68,21 +112,9 @@ class AzureImporter:
                     f"{path}:{int(invalid[0])}: {column} must be a whole number of at least 1, "
                     f"got {frame.loc[invalid[0], column]}"
                 )
-        offsets = (times - times.min()).dt.total_seconds()
-        requests = [
-            TraceRequest(
-                id=f"r{index}",
-                offset_s=round(float(offset), 6),
-                session=f"r{index}",
-                prompt=PromptShape(new_tokens=int(context)),
-                output_tokens=int(generated),
-                tag=options.tag,
-            )
-            for index, (offset, context, generated) in enumerate(
-                zip(offsets, counts["ContextTokens"], counts["GeneratedTokens"], strict=True)
-            )
-        ]
-        return imported_trace(path, name, requests)
+        yield times.to_numpy(dtype="datetime64[ns]").astype(np.int64), counts
+        if left == 0:
+            return
 
 
 def _scan(path: Path) -> tuple[tuple[int, str] | None, set[int]]:
@@ -103,13 +135,17 @@ def _scan(path: Path) -> tuple[tuple[int, str] | None, set[int]]:
     return first, blank
 
 
-def _read_frame(path: Path, limit: int | None, blank_lines: set[int], *, header_at: int) -> pd.DataFrame:
-    """The CSV with blank lines kept as empty rows, so that a row's index gives its line in the file
-    (pandas' default skips them and every later line would be reported too early). Reads enough rows
-    for `limit` data rows past the blank lines among them; blank lines above the header are skipped."""
+def _read_frames(path: Path, limit: int | None, blank_lines: set[int], *, header_at: int) -> Iterator[pd.DataFrame]:
+    """The CSV in chunks, with blank lines kept as empty rows, so that a row's index gives its line in
+    the file (pandas' default skips them and every later line would be reported too early). Reads
+    enough rows for `limit` data rows past the blank lines among them; blank lines above the header are
+    skipped."""
     rows = None if limit is None else limit + len(blank_lines)
     try:
-        return pd.read_csv(path, nrows=rows, skip_blank_lines=False, skiprows=header_at - 1)
+        with pd.read_csv(
+            path, nrows=rows, skip_blank_lines=False, skiprows=header_at - 1, chunksize=_CHUNK_ROWS
+        ) as reader:
+            yield from reader
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         # The tokenizer's own words name the line ("Expected 3 fields in line 7, saw 5"): lead with it.
         where = re.search(r"line (\d+)", str(exc))

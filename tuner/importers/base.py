@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,9 +13,18 @@ from pydantic import BaseModel
 from tuner.config import validate_options
 from tuner.errors import WorkloadError
 from tuner.registry import Registry
-from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, Trace, TraceHeader, TraceRequest
+from tuner.workloads import TRACE_FORMAT, TRACE_VERSION, Trace, TraceBuilder, TraceHeader, TraceRequest
 
-__all__ = ["IMPORTERS", "Importer", "guess_importer", "import_trace", "imported_trace", "read_lines"]
+__all__ = [
+    "IMPORTERS",
+    "Importer",
+    "guess_importer",
+    "import_builder",
+    "import_trace",
+    "imported_trace",
+    "read_lines",
+    "stream_lines",
+]
 
 
 class Importer(Protocol):
@@ -38,7 +47,7 @@ def import_trace(kind: str, path: Path, options: Mapping[str, Any], *, name: str
     validated = validate_options(importer.options_model, options, where=f"{kind} importer")
     try:
         trace = importer.read(path, validated, name=name)
-        if not trace.requests:
+        if not len(trace):
             raise WorkloadError(f"{path}: no requests found for the {kind} importer")
     except WorkloadError as exc:
         raise WorkloadError(f"{exc}{_format_hint(path, kind)}") from None
@@ -87,6 +96,24 @@ def imported_trace(path: Path, name: str, requests: list[TraceRequest]) -> Trace
         format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}"
     )
     return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
+
+
+def import_builder(path: Path, name: str) -> TraceBuilder:
+    """A builder for the trace imported from `path`, its header naming the file."""
+    return TraceBuilder(
+        TraceHeader(format=TRACE_FORMAT, version=TRACE_VERSION, name=name, description=f"imported from {path.name}")
+    )
+
+
+def stream_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The file's lines with their numbers, read as a stream (a big trace is never held whole)."""
+    try:
+        with path.open(errors="replace") as handle:
+            yield from enumerate((line.rstrip("\r\n") for line in handle), start=1)
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 def read_lines(path: Path) -> list[str]:

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
-from tuner.importers.base import IMPORTERS, imported_trace, read_lines
-from tuner.workloads import PrefixBlock, PromptShape, Trace, TraceRequest
+from tuner.importers.base import IMPORTERS, import_builder, stream_lines
+from tuner.workloads import Trace, TraceRequest
 
 __all__ = ["MooncakeImporter", "MooncakeOptions"]
 
@@ -37,47 +40,105 @@ class MooncakeImporter:
     options_model = MooncakeOptions
 
     def read(self, path: Path, options: MooncakeOptions, *, name: str) -> Trace:
-        rows = []
-        for number, line in enumerate(read_lines(path), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); {_EXPECTED}") from None
-            try:
-                rows.append(_fields(row))
-            except _Invalid as exc:
-                raise WorkloadError(f"{path}:{number}: {exc}") from None
-        uses = Counter(h for *_, ids in rows for h in set(ids))
-        start = min((r[0] for r in rows), default=0.0)
-        requests = []
-        for index, (at, prompt_tokens, output_tokens, ids) in enumerate(rows):
-            blocks: list[PrefixBlock] = []
+        # Two passes over the file, a line at a time: the first validates every record and counts which
+        # blocks more than one request names (only those are shared prefixes), the second builds the
+        # requests as columns. Nothing is held per record but its columns.
+        start = math.inf
+        counted = _BlockUses()
+        for _, (at, _, _, ids) in _records(path):
+            counted.add(ids)
+            start = min(start, at)
+        shared = counted.shared()
+        del counted
+        builder = import_builder(path, name)
+        block_tokens = options.block_tokens
+        for index, (_, (at, prompt_tokens, output_tokens, ids)) in enumerate(_records(path)):
+            blocks: list[dict[str, Any]] = []
             for position, block_id in enumerate(ids):
-                size = min(options.block_tokens, prompt_tokens - position * options.block_tokens)
-                if uses[block_id] < 2 or size <= 0:
+                size = min(block_tokens, prompt_tokens - position * block_tokens)
+                if size <= 0 or (block_id if type(block_id) is int else _block_key(block_id)) not in shared:
                     break
-                blocks.append(PrefixBlock(block=f"mc-{block_id}", tokens=size))
-            new = prompt_tokens - sum(b.tokens for b in blocks)
-            requests.append(
-                TraceRequest(
-                    id=f"r{index}",
-                    offset_s=round(at - start, 6),
-                    session=f"r{index}",
-                    prompt=PromptShape(shared_prefix=blocks, new_tokens=max(new, 0 if blocks else 1)),
-                    output_tokens=output_tokens,
-                    tag=options.tag,
-                )
-            )
-        return imported_trace(path, name, requests)
+                blocks.append({"block": f"mc-{block_id}", "tokens": size})
+            new = prompt_tokens - sum(b["tokens"] for b in blocks)
+            # Validated as one nested value: a model a block would cost more than the rest of the import.
+            request = {
+                "id": f"r{index}",
+                "offset_s": round(at - start, 6),
+                "session": f"r{index}",
+                "prompt": {"shared_prefix": blocks, "new_tokens": max(new, 0 if blocks else 1)},
+                "output_tokens": output_tokens,
+                "tag": options.tag,
+            }
+            builder.add(TraceRequest.model_validate(request))
+        return builder.build().in_arrival_order()
+
+
+def _records(path: Path) -> Iterator[tuple[int, tuple[float, int, int, list[int | str]]]]:
+    """Each record's line number and fields, read as a stream; `WorkloadError` naming the line."""
+    for number, line in stream_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); {_EXPECTED}") from None
+        try:
+            yield number, _fields(row)
+        except _Invalid as exc:
+            raise WorkloadError(f"{path}:{number}: {exc}") from None
 
 
 class _Invalid(Exception):
     pass
 
 
-def _fields(row: Any) -> tuple[float, int, int, list[str]]:
+_INT64 = range(-(2**63), 2**63)
+
+
+def _block_key(block_id: int | str) -> int | str:
+    """The key a block id is counted by: ids 5 and "5" name one block (both are written `mc-5`)."""
+    if isinstance(block_id, int):
+        return block_id
+    if block_id.isascii() and block_id.lstrip("-").isdigit():
+        number = int(block_id)
+        if str(number) == block_id:
+            return number
+    return block_id
+
+
+class _BlockUses:
+    """How many requests name each block id, in 8 bytes a use: a million-request trace names tens of
+    millions of blocks, far too many for a dict of counts. Whole-number ids (Mooncake's) go into one
+    array counted at the end; other ids into a counter."""
+
+    def __init__(self) -> None:
+        self._numbers = array("q")
+        self._others: Counter[int | str] = Counter()  # ids that are not whole numbers of 64 bits
+
+    def add(self, ids: list[int | str]) -> None:
+        keys = {block_id if type(block_id) is int else _block_key(block_id) for block_id in ids}  # once a request
+        for key in keys:
+            if type(key) is int and key in _INT64:
+                self._numbers.append(key)
+            else:
+                self._others[key] += 1
+
+    def shared(self) -> set[int | str]:
+        """The ids more than one request names. Sorted in place, so the uses are held once."""
+        uses = np.frombuffer(self._numbers, dtype=np.int64)
+        uses.sort()
+        # The first use of each id that has a second: one byte a use besides the uses themselves.
+        first_of_run = np.ones(len(uses), dtype=bool)
+        first_of_run[1:] = uses[1:] != uses[:-1]
+        has_second = np.zeros(len(uses), dtype=bool)
+        has_second[:-1] = ~first_of_run[1:]
+        numbers: set[int | str] = set(uses[first_of_run & has_second].tolist())
+        del uses, first_of_run, has_second
+        self._numbers = array("q")
+        return numbers | {key for key, count in self._others.items() if count >= 2}
+
+
+def _fields(row: Any) -> tuple[float, int, int, list[int | str]]:
     """A record's arrival (s), lengths and block ids. A missing or invalid value is reported with the
     value, never defaulted or clamped: a trace that silently lost its prefixes or gained tokens would be
     replayed as traffic that never happened."""
@@ -96,7 +157,8 @@ def _fields(row: Any) -> tuple[float, int, int, list[str]]:
             raise _Invalid(f"{key} must be a whole number of at least {least}, got {value!r}")
         lengths.append(value)
     hash_ids = row["hash_ids"]
-    ids_ok = isinstance(hash_ids, list) and all(isinstance(h, int | str) and not isinstance(h, bool) for h in hash_ids)
+    # Types compared exactly (a bool is an int to isinstance): JSON gives no subclasses.
+    ids_ok = type(hash_ids) is list and set(map(type, hash_ids)) <= {int, str}
     if not ids_ok:
         raise _Invalid(f"hash_ids must be a list of block ids, got {json.dumps(hash_ids)[:80]}")
-    return float(timestamp) / 1000.0, lengths[0], lengths[1], [str(h) for h in hash_ids]
+    return float(timestamp) / 1000.0, lengths[0], lengths[1], hash_ids

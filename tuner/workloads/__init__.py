@@ -19,10 +19,12 @@ from tuner.workloads.trace import (
     PrefixBlock,
     PromptShape,
     Trace,
+    TraceBuilder,
     TraceHeader,
     TraceRequest,
     dump_trace,
     load_trace,
+    trace_lines,
 )
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "PromptShape",
     "SynthOptions",
     "Trace",
+    "TraceBuilder",
     "TraceHeader",
     "TraceRequest",
     "TraceSummary",
@@ -48,4 +51,5 @@ __all__ = [
     "synthesize_requests",
     "synthesize_trace",
     "thin_sessions",
+    "trace_lines",
 ]

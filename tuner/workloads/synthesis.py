@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+import numpy as np
+
 from tuner.models import AnswerSpan, ReplayRequest
 from tuner.workloads.trace import Trace, TraceRequest
 
@@ -54,10 +56,12 @@ def thin_sessions(trace: Trace, *, keep: float, seed: int) -> Trace:
     so the concurrency over time, of the original. Always at least one session."""
     if keep >= 1.0:
         return trace
-    sessions = sorted({r.session for r in trace.requests})
-    scores = {name: _rng("thin", seed, name).random() for name in sessions}
-    kept = {name for name in sessions if scores[name] < keep} or {min(sessions, key=scores.__getitem__)}
-    return trace.model_copy(update={"requests": [r for r in trace.requests if r.session in kept]})
+    used = np.unique(trace.session_codes)
+    scores = np.asarray([_rng("thin", seed, trace.session_name(code)).random() for code in used.tolist()])
+    kept = used[scores < keep]
+    if not len(kept):
+        kept = used[[int(np.argmin(scores))]]
+    return trace.take(np.flatnonzero(np.isin(trace.session_codes, kept)))
 
 
 def synthesize_requests(
@@ -71,9 +75,10 @@ def synthesize_requests(
     low, high = token_range
     conversations: dict[str, _Conversation] = {}
     blocks: dict[str, list[int]] = {}
-    by_turn = sorted(trace.requests, key=lambda r: (r.session, r.turn, r.offset_s))
+    # Each session's turns in order (the order among sessions does not change what is made).
+    by_turn = np.lexsort((trace.offset_s, trace.turn, trace.session_codes)).tolist()
     built: dict[str, ReplayRequest] = {}
-    for shape in by_turn:
+    for shape in map(trace.request, by_turn):
         prefix: list[int] = []
         for block in shape.prompt.shared_prefix:
             if block.block not in blocks or len(blocks[block.block]) < block.tokens:
@@ -96,7 +101,7 @@ def synthesize_requests(
             tuple(span.shifted(len(prefix)) for span in spans),
             time_scale,
         )
-    return [built[shape.id] for shape in trace.requests]
+    return [built[request_id] for request_id in trace.ids]
 
 
 def _replay_request(

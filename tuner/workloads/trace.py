@@ -11,10 +11,16 @@ Only shapes are stored (token counts, block ids, timings), never message text.
 from __future__ import annotations
 
 import json
+import math
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, ValidationError, model_validator
+from pydantic_core import to_json
 
 from tuner.catalog import MAX_PROMPT_TOKENS
 from tuner.config import StrictModel
@@ -29,13 +35,19 @@ __all__ = [
     "PromptShape",
     "LoraUse",
     "Trace",
+    "TraceBuilder",
     "TraceHeader",
     "TraceRequest",
     "dump_trace",
     "load_trace",
+    "trace_lines",
 ]
 
 TRACE_FORMAT: Literal["serve-tuner-trace"] = "serve-tuner-trace"
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Small = npt.NDArray[np.int32]  # token counts, turns, codes: 4 bytes a request
 TRACE_VERSION = 1
 
 # The token limit lives in tuner/catalog.py, where the command line checks it without loading pydantic.
@@ -93,7 +105,7 @@ class TraceRequest(StrictModel):
     id: str
     offset_s: float = Field(ge=0, le=_MAX_OFFSET_S, description="Arrival time from the start of the trace.")
     session: str
-    turn: int = Field(default=0, ge=0)
+    turn: int = Field(default=0, ge=0, le=2**31 - 1)
     think_s: float = Field(
         default=0.0, ge=0, le=_MAX_OFFSET_S, description="Pause after the session's previous turn ended."
     )
@@ -117,51 +129,508 @@ class TraceRequest(StrictModel):
         return self
 
 
-class Trace(StrictModel):
+class _Strings(Sequence[str]):
+    """Strings held as one UTF-8 blob and where each ends: about 12 bytes a string besides its text,
+    where a list of Python strings takes 57 (a million request ids: 19 MB, not 64)."""
+
+    __slots__ = ("_blob", "_ends")
+
+    def __init__(self, blob: bytes | bytearray, ends: Ints) -> None:
+        self._blob, self._ends = blob, ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        start = int(self._ends[index - 1]) if index > 0 else 0
+        return self._blob[start : int(self._ends[index])].decode()
+
+    def spans(self, first: int, stop: int) -> list[str]:
+        """Strings first to stop - 1, decoded in one go."""
+        ends = self._ends[first:stop].tolist()
+        start = int(self._ends[first - 1]) if first > 0 else 0
+        out = []
+        for end in ends:
+            out.append(self._blob[start:end].decode())
+            start = end
+        return out
+
+    def take(self, indices: Ints) -> _Strings:
+        ends, blob = self._ends.tolist(), self._blob
+        pieces = [blob[(ends[i - 1] if i else 0) : ends[i]] for i in indices.tolist()]
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+        return _Strings(b"".join(pieces), np.cumsum(lengths))
+
+
+class Trace:
+    """A trace's header and requests, held as columns: about 100 bytes a request besides its id and
+    session names (a `TraceRequest` model is about 3 KB), so that a day of a busy server, a million
+    requests, fits in a few hundred MB. `requests` reads as a sequence of `TraceRequest`, each made
+    when it is read; code that walks every request of a big trace uses the columns instead.
+
+    Requests keep the order they were given in; `load_trace` and the importers give arrival order."""
+
+    __slots__ = (
+        "_content",
+        "_duration_s",
+        "_history_tokens",
+        "_ids",
+        "_lora_codes",
+        "_lora_table",
+        "_new_tokens",
+        "_output_tokens",
+        "_prefix_blocks",
+        "_prefix_names",
+        "_prefix_start",
+        "_prefix_tokens",
+        "_session_codes",
+        "_sessions",
+        "_tag_codes",
+        "_tags",
+        "_think_s",
+        "_turn",
+        "header",
+        "offset_s",
+    )
+
+    def __init__(self, *, header: TraceHeader, requests: Iterable[TraceRequest]) -> None:
+        builder = TraceBuilder(header)
+        for request in requests:
+            builder.add(request)
+        builder.fill(self)
+
+    # The columns, one entry a request; codes index the tables.
     header: TraceHeader
-    requests: list[TraceRequest]
+    offset_s: Floats
+    _think_s: Floats
+    _duration_s: Floats
+    _turn: Small
+    _new_tokens: Small
+    _history_tokens: Small
+    _output_tokens: Small
+    _session_codes: Small
+    _tag_codes: Small
+    _lora_codes: Small
+    # Request i's prefix blocks are positions _prefix_start[i] to _prefix_start[i + 1] of these two.
+    _prefix_start: Ints
+    _prefix_blocks: Small
+    _prefix_tokens: Small
+    _ids: _Strings
+    _sessions: list[str]
+    _tags: list[str]
+    _lora_table: list[tuple[tuple[str, float], ...]]
+    _prefix_names: list[str]
+    _content: dict[int, dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def requests(self) -> Sequence[TraceRequest]:
+        return _TraceRows(self)
+
+    @property
+    def ids(self) -> Sequence[str]:
+        return self._ids
+
+    @property
+    def session_codes(self) -> Small:
+        """Each request's session as an index into `sessions`."""
+        return self._session_codes
+
+    def session_name(self, code: int) -> str:
+        """The session a code in `session_codes` stands for."""
+        return self._ids[-code - 1] if code < 0 else self._sessions[code]
+
+    @property
+    def turn(self) -> Small:
+        return self._turn
+
+    @property
+    def think_s(self) -> Floats:
+        return self._think_s
+
+    @property
+    def new_tokens(self) -> Small:
+        return self._new_tokens
+
+    @property
+    def history_tokens(self) -> Small:
+        return self._history_tokens
+
+    @property
+    def output_tokens(self) -> Small:
+        return self._output_tokens
+
+    @property
+    def duration_s(self) -> Floats:
+        """NaN where the request has no recorded duration."""
+        return self._duration_s
+
+    @property
+    def prefix_tokens(self) -> Ints:
+        """Each request's shared-prefix tokens in all."""
+        starts, tokens = self._prefix_start, self._prefix_tokens
+        if not len(tokens):
+            return np.zeros(len(self), dtype=np.int64)
+        # One sum a request, with no array a block long besides the tokens: reduceat gives an empty
+        # request the next block's tokens, hence the zeros.
+        sums = np.add.reduceat(tokens, np.minimum(starts[:-1], len(tokens) - 1)).astype(np.int64)
+        sums[starts[1:] == starts[:-1]] = 0
+        return sums
+
+    def prefix_blocks(self, index: int) -> list[tuple[str, int]]:
+        """The request's shared-prefix blocks in order: (block id, tokens)."""
+        lo, hi = int(self._prefix_start[index]), int(self._prefix_start[index + 1])
+        names = self._prefix_names
+        return [(names[b], int(t)) for b, t in zip(self._prefix_blocks[lo:hi], self._prefix_tokens[lo:hi], strict=True)]
+
+    def prefix_columns(self) -> tuple[Ints, Small, Small]:
+        """Every request's prefix blocks as columns: request i's blocks are positions start[i] to
+        start[i + 1] of the block codes (equal codes, equal block ids) and of their tokens."""
+        return self._prefix_start, self._prefix_blocks, self._prefix_tokens
+
+    @property
+    def tags(self) -> list[str]:
+        return self._tags
+
+    @property
+    def tag_codes(self) -> Small:
+        return self._tag_codes
+
+    @property
+    def lora_table(self) -> list[tuple[tuple[str, float], ...]]:
+        """The distinct adapter sets ((adapter, scale), ...) in the trace; () is none."""
+        return self._lora_table
+
+    @property
+    def lora_codes(self) -> Small:
+        return self._lora_codes
+
+    def lora_mix(self) -> dict[tuple[tuple[str, float], ...], int]:
+        """Requests per adapter set ((adapter, scale), ...; () for none), in the order of each set's first
+        request."""
+        values, first, counts = np.unique(self._lora_codes, return_index=True, return_counts=True)
+        return {self._lora_table[int(values[i])]: int(counts[i]) for i in np.argsort(first).tolist()}
+
+    def request(self, index: int) -> TraceRequest:
+        """The request at `index` as a model (not validated again: every request was validated once)."""
+        prompt = PromptShape.model_construct(
+            shared_prefix=[PrefixBlock.model_construct(block=b, tokens=t) for b, t in self.prefix_blocks(index)],
+            history_tokens=int(self._history_tokens[index]),
+            new_tokens=int(self._new_tokens[index]),
+        )
+        fields: dict[str, Any] = {
+            "id": self._ids[index],
+            "offset_s": float(self.offset_s[index]),
+            "session": self.session_name(int(self._session_codes[index])),
+            "turn": int(self._turn[index]),
+            "think_s": float(self._think_s[index]),
+            "prompt": prompt,
+            "output_tokens": int(self._output_tokens[index]),
+            "lora": [LoraUse.model_construct(adapter=a, scale=s) for a, s in self._lora_table[self._lora_codes[index]]],
+            "tag": self._tags[self._tag_codes[index]],
+        }
+        duration = float(self._duration_s[index])
+        if not math.isnan(duration):
+            fields["duration_s"] = duration
+        content = self._content.get(index)
+        if content is not None:
+            fields["content"] = content
+        return TraceRequest.model_construct(**fields)
+
+    def stored_rows(self, indices: range) -> Iterator[dict[str, Any]]:
+        """The requests at `indices` as the dicts their models dump with `exclude_defaults=True`: the
+        same keys, in the same order, leaving out every value equal to its field's default."""
+        offsets, turns, thinks = (
+            self.offset_s[indices].tolist(),
+            self._turn[indices].tolist(),
+            self._think_s[indices].tolist(),
+        )
+        history, new = self._history_tokens[indices].tolist(), self._new_tokens[indices].tolist()
+        outputs, durations = self._output_tokens[indices].tolist(), self._duration_s[indices].tolist()
+        sessions, tags, loras = (
+            self._session_codes[indices].tolist(),
+            self._tag_codes[indices].tolist(),
+            self._lora_codes[indices].tolist(),
+        )
+        ids = self._ids.spans(indices.start, indices.stop)
+        for position, index in enumerate(indices):
+            row: dict[str, Any] = {"id": ids[position], "offset_s": offsets[position]}
+            code = sessions[position]
+            row["session"] = ids[position] if code < 0 else self._sessions[code]
+            if turns[position] != 0:
+                row["turn"] = turns[position]
+            if thinks[position] != 0.0:
+                row["think_s"] = thinks[position]
+            prompt: dict[str, Any] = {}
+            blocks = self.prefix_blocks(index)
+            if blocks:
+                prompt["shared_prefix"] = [{"block": block, "tokens": tokens} for block, tokens in blocks]
+            if history[position] != 0:
+                prompt["history_tokens"] = history[position]
+            prompt["new_tokens"] = new[position]
+            row["prompt"] = prompt
+            row["output_tokens"] = outputs[position]
+            uses = self._lora_table[loras[position]]
+            if uses:
+                row["lora"] = [{"adapter": a} if scale == 1.0 else {"adapter": a, "scale": scale} for a, scale in uses]
+            tag = self._tags[tags[position]]
+            if tag != "chat":
+                row["tag"] = tag
+            if not math.isnan(durations[position]):
+                row["duration_s"] = durations[position]
+            content = self._content.get(index)
+            if content is not None:
+                row["content"] = content
+            yield row
+
+    def take(self, indices: Ints | Sequence[int]) -> Trace:
+        """The requests at `indices`, in that order, as a trace of their own with the same header."""
+        chosen = np.asarray(indices, dtype=np.int64)
+        taken = Trace.__new__(Trace)
+        taken.header = self.header
+        for name in (
+            "offset_s",
+            "_turn",
+            "_think_s",
+            "_new_tokens",
+            "_history_tokens",
+            "_output_tokens",
+            "_duration_s",
+            "_tag_codes",
+            "_lora_codes",
+        ):
+            setattr(taken, name, getattr(self, name)[chosen])
+        # A session coded by its request's position follows the request to its new position.
+        codes = self._session_codes[chosen]
+        own = codes < 0
+        codes[own] = -(np.flatnonzero(own) + 1)
+        taken._session_codes = codes
+        taken._ids = self._ids.take(chosen)
+        taken._sessions, taken._tags, taken._lora_table = self._sessions, self._tags, self._lora_table
+        starts, ends = self._prefix_start[chosen], self._prefix_start[chosen + 1]
+        lengths = ends - starts
+        taken._prefix_start = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        picks = (np.repeat(starts - taken._prefix_start[:-1], lengths) + np.arange(int(lengths.sum()))).astype(np.int64)
+        taken._prefix_blocks, taken._prefix_tokens = self._prefix_blocks[picks], self._prefix_tokens[picks]
+        taken._prefix_names = self._prefix_names
+        position = {old: new for new, old in enumerate(chosen.tolist())} if self._content else {}
+        taken._content = {position[i]: c for i, c in self._content.items() if i in position}
+        return taken
+
+    def in_arrival_order(self) -> Trace:
+        """The same requests sorted by arrival, ties kept in their order."""
+        order = np.argsort(self.offset_s, kind="stable")
+        if bool(np.all(order == np.arange(len(order)))):
+            return self
+        return self.take(order)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self.header == other.header and list(self.requests) == list(other.requests)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Trace(name={self.header.name!r}, requests={len(self)})"
+
+
+class _TraceRows(Sequence[TraceRequest]):
+    def __init__(self, trace: Trace) -> None:
+        self._trace = trace
+
+    def __len__(self) -> int:
+        return len(self._trace)
+
+    @overload
+    def __getitem__(self, index: int) -> TraceRequest: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[TraceRequest]: ...
+    def __getitem__(self, index: int | slice) -> TraceRequest | Sequence[TraceRequest]:
+        if isinstance(index, slice):
+            return [self._trace.request(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._trace.request(index)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return (self._trace.request(i) for i in range(len(self)))
+
+
+class TraceBuilder:
+    """Collects validated requests into columns, one at a time, so that a trace read from a file is
+    never held as models."""
+
+    def __init__(self, header: TraceHeader) -> None:
+        self.header = header
+        self._id_blob, self._id_ends = bytearray(), array("q")
+        self._floats = {name: array("d") for name in ("offset_s", "think_s", "duration_s")}
+        # 4 bytes a value: token counts are at most 10 million, turns and codes at most 2**31 - 1.
+        self._ints = {name: array("i") for name in ("turn", "new", "history", "output", "session", "tag", "lora")}
+        self._prefix_start = array("q", [0])
+        # 4 bytes a block: a Mooncake request names dozens of them.
+        self._prefix_blocks, self._prefix_tokens = array("i"), array("i")
+        self._codes: dict[str, dict[Any, int]] = {"session": {}, "tag": {}, "lora": {}, "block": {}}
+        self._content: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._id_ends)
+
+    def _code(self, table: str, value: Any) -> int:
+        codes = self._codes[table]
+        code = codes.get(value)
+        if code is None:
+            code = codes[value] = len(codes)
+        return code
+
+    def add(self, request: TraceRequest) -> None:
+        index = len(self._id_ends)
+        self._id_blob += request.id.encode()
+        self._id_ends.append(len(self._id_blob))
+        floats, ints = self._floats, self._ints
+        floats["offset_s"].append(request.offset_s)
+        floats["think_s"].append(request.think_s)
+        floats["duration_s"].append(math.nan if request.duration_s is None else request.duration_s)
+        prompt = request.prompt
+        ints["turn"].append(request.turn)
+        ints["new"].append(prompt.new_tokens)
+        ints["history"].append(prompt.history_tokens)
+        ints["output"].append(request.output_tokens)
+        # A session named like its request (every imported Azure or Mooncake request is a session of its
+        # own) is coded -(index + 1) and read from the id column: no table entry, no second string.
+        ints["session"].append(
+            -(index + 1) if request.session == request.id else self._code("session", request.session)
+        )
+        ints["tag"].append(self._code("tag", request.tag))
+        ints["lora"].append(self._code("lora", tuple((use.adapter, use.scale) for use in request.lora)))
+        if prompt.shared_prefix:
+            codes, blocks, tokens = self._codes["block"], self._prefix_blocks, self._prefix_tokens
+            for block in prompt.shared_prefix:
+                code = codes.get(block.block)
+                if code is None:
+                    code = codes[block.block] = len(codes)
+                blocks.append(code)
+                tokens.append(block.tokens)
+        self._prefix_start.append(len(self._prefix_blocks))
+        if request.content is not None:
+            self._content[index] = request.content
+
+    def build(self) -> Trace:
+        trace = Trace.__new__(Trace)
+        self.fill(trace)
+        return trace
+
+    def fill(self, trace: Trace) -> None:
+        """Moves the columns into `trace`, without copying them; the builder is empty after."""
+        floats, ints = self._floats, self._ints
+
+        trace.header = self.header
+        trace.offset_s, trace._think_s = _view(floats, "offset_s", np.float64), _view(floats, "think_s", np.float64)
+        trace._duration_s = _view(floats, "duration_s", np.float64)
+        trace._turn, trace._new_tokens = _view(ints, "turn", np.int32), _view(ints, "new", np.int32)
+        trace._history_tokens, trace._output_tokens = _view(ints, "history", np.int32), _view(ints, "output", np.int32)
+        trace._session_codes, trace._tag_codes = _view(ints, "session", np.int32), _view(ints, "tag", np.int32)
+        trace._lora_codes = _view(ints, "lora", np.int32)
+        prefix = {"start": self._prefix_start, "blocks": self._prefix_blocks, "tokens": self._prefix_tokens}
+        trace._prefix_start = _view(prefix, "start", np.int64)
+        trace._prefix_blocks, trace._prefix_tokens = (
+            _view(prefix, "blocks", np.int32),
+            _view(prefix, "tokens", np.int32),
+        )
+        trace._ids = _Strings(self._id_blob, _view({"ends": self._id_ends}, "ends", np.int64))
+        trace._sessions = list(self._codes["session"])
+        trace._tags = list(self._codes["tag"])
+        trace._lora_table = list(self._codes["lora"])
+        trace._prefix_names = list(self._codes["block"])
+        trace._content = self._content
+        self.__init__(self.header)  # type: ignore[misc]  # empty again: the columns are the trace's now
+
+
+def _view(columns: dict[str, array[Any]], name: str, dtype: type[np.generic]) -> Any:
+    """The builder's column as a numpy array over the same memory (no copy: a million requests' columns
+    are held once). The column leaves the builder, which must never grow it again."""
+    values = columns.pop(name)
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
 def load_trace(path: Path) -> Trace:
-    """Reads a trace; every problem is reported with the file and line number. Values are not coerced
-    (`"new_tokens": "90"` is refused), and NaN or infinite numbers are refused."""
+    """Reads a trace, a line at a time (a million requests fit in a few hundred MB); every problem is
+    reported with the file and line number. Values are not coerced (`"new_tokens": "90"` is refused),
+    and NaN or infinite numbers are refused."""
     special = special_file(path)
     if special is not None:
         raise WorkloadError(f"{path} is {special}, not a trace file; check workload.path")
     try:
-        raw = path.read_bytes()
+        handle = path.open("rb")
     except FileNotFoundError:
         raise WorkloadError(f"{path}: workload file not found; check workload.path") from None
     except IsADirectoryError:
         raise WorkloadError(f"{path} is a directory; name the trace file (JSONL) in it") from None
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
-    if b"\x00" in raw:
-        raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check workload.path")
-    try:
-        text = raw.decode("utf-8-sig")  # a BOM before the header is harmless here
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise WorkloadError(f"{path}:{line}: not UTF-8 text; a trace is JSONL written by serve-tuner") from None
-    numbered = [(i, line) for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    if not numbered:
+    builder: TraceBuilder | None = None
+    with handle:
+        try:
+            # A binary file is named as one before any line of it is read as text.
+            binary = b"\x00" in handle.read(8192)
+            handle.seek(0)
+            for number, raw in enumerate(handle, start=1):
+                if binary or b"\x00" in raw:
+                    raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check workload.path")
+                try:
+                    # A BOM before the header is harmless here.
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError:
+                    raise WorkloadError(
+                        f"{path}:{number}: not UTF-8 text; a trace is JSONL written by serve-tuner"
+                    ) from None
+                if not line.strip():
+                    continue
+                if builder is None:
+                    header = _parse_line(path, number, line, TraceHeader)
+                    if header.version != TRACE_VERSION:
+                        raise WorkloadError(
+                            f"{path}:{number}: trace version {header.version} is not supported (this tool reads "
+                            f"version {TRACE_VERSION}); convert the file or upgrade serve-tuner"
+                        )
+                    builder = TraceBuilder(header)
+                    continue
+                builder.add(_parse_line(path, number, line, TraceRequest))
+        except OSError as exc:
+            raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
+    if builder is None:
         raise WorkloadError(f"{path}: empty; expected a header line and requests")
-    header_no, header_line = numbered[0]
-    header = _parse_line(path, header_no, header_line, TraceHeader)
-    if header.version != TRACE_VERSION:
-        raise WorkloadError(
-            f"{path}:{header_no}: trace version {header.version} is not supported (this tool reads version "
-            f"{TRACE_VERSION}); convert the file or upgrade serve-tuner"
-        )
-    requests = [_parse_line(path, no, line, TraceRequest) for no, line in numbered[1:]]
-    if not requests:
+    if not len(builder):
         raise WorkloadError(f"{path}: has a header but no requests")
-    seen: set[str] = set()
-    for request in requests:
-        if request.id in seen:
-            raise WorkloadError(f"{path}: request id {request.id!r} appears twice; ids must be unique")
-        seen.add(request.id)
-    return Trace(header=header, requests=sorted(requests, key=lambda r: r.offset_s))
+    trace = builder.build()
+    repeated = _repeated_id(trace.ids)
+    if repeated is not None:
+        raise WorkloadError(f"{path}: request id {repeated!r} appears twice; ids must be unique")
+    return trace.in_arrival_order()
+
+
+def _repeated_id(ids: Sequence[str]) -> str | None:
+    """An id that appears more than once, or None. Compared by hash first (8 bytes an id, where a set of
+    a million ids takes 90 MB), then exactly among ids of equal hash."""
+    hashes = np.fromiter((hash(i) for i in ids), dtype=np.int64, count=len(ids))
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    equal = np.flatnonzero(ordered[1:] == ordered[:-1])
+    pairs = zip(order[equal].tolist(), order[equal + 1].tolist(), strict=True)
+    repeated = [min(a, b) for a, b in pairs if ids[a] == ids[b]]
+    return ids[min(repeated)] if repeated else None
 
 
 ModelT = TypeVar("ModelT", bound=StrictModel)
@@ -188,6 +657,14 @@ def _parse_line(path: Path, number: int, line: str, model: type[ModelT]) -> Mode
 
 def dump_trace(trace: Trace) -> str:
     """The trace as JSONL text: the header line, then one request per line."""
-    lines = [trace.header.model_dump_json(exclude_defaults=False)]
-    lines += [request.model_dump_json(exclude_defaults=True) for request in trace.requests]
-    return "\n".join(lines) + "\n"
+    return b"".join(trace_lines(trace)).decode()
+
+
+def trace_lines(trace: Trace, *, batch: int = 2000) -> Iterator[bytes]:
+    """The trace's JSONL, a batch of lines at a time: what a writer streams to the file. Each line is
+    what the request's model writes (`model_dump_json(exclude_defaults=True)`), made from the columns
+    without the model: for a million requests the models would take most of the time."""
+    yield trace.header.model_dump_json(exclude_defaults=False).encode() + b"\n"
+    for start in range(0, len(trace), batch):
+        indices = range(start, min(start + batch, len(trace)))
+        yield b"".join(to_json(row) + b"\n" for row in trace.stored_rows(indices))
