@@ -399,6 +399,11 @@ def test_the_column_summary_counts_what_the_request_by_request_summary_of_0_1_0_
         synthesize_trace("chat", SynthOptions(users=30, turns=4, seed=1, long_tokens=6000)),
         load_trace(REPO / "workloads" / "stall.jsonl"),
     ]
+    # The columns give back every request as it was, blocks of another size than their first use included,
+    # also after a selection reorders them.
+    assert list(traces[0].requests) == sorted(shuffled, key=lambda r: r.offset_s)
+    picked = [399, 3, 250, 3]
+    assert list(traces[0].take(picked).requests) == [traces[0].requests[i] for i in picked]
     for trace in traces:
         expected = reference_summary(list(trace.requests))
         summary = summarize_trace(trace)

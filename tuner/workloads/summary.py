@@ -202,29 +202,26 @@ def _reused_tokens(trace: Trace, starts: Floats) -> tuple[int, int]:
     start); history counts up to what the session's previous turn held: its history, its new tokens and
     its answer. Requests sent at the same instant compute a block side by side, neither reuses it.
     Computed on the columns: a million requests name tens of millions of blocks."""
-    block_start, blocks, block_tokens = trace.prefix_columns()
+    block_start, blocks = trace.prefix_columns()
     lengths = np.diff(block_start)
     prefix_reused = 0
     # A million requests name tens of millions of blocks: the blocks are walked a chunk of requests at a
     # time, so that no array is as long as all of them.
-    chunks = np.array_split(np.arange(len(trace)), max(1, len(trace) // _CHUNK))
+    chunks = [rows for rows in np.array_split(np.arange(len(trace)), max(1, len(trace) // _CHUNK)) if len(rows)]
     if len(blocks):
         # A block is computed from the first instant a request names it; it is reused where it is named later.
         first_named = np.full(int(blocks.max()) + 1, np.inf)
         for rows in chunks:
-            if len(rows):
-                lo, hi = block_start[rows[0]], block_start[rows[-1] + 1]
-                np.minimum.at(first_named, blocks[lo:hi], np.repeat(starts[rows], lengths[rows]))
-        for rows in chunks:
-            if not len(rows):
-                continue
             lo, hi = block_start[rows[0]], block_start[rows[-1] + 1]
+            np.minimum.at(first_named, blocks[lo:hi], np.repeat(starts[rows], lengths[rows]))
+        for rows in chunks:
+            lo, hi = int(block_start[rows[0]]), int(block_start[rows[-1] + 1])
             reused = first_named[blocks[lo:hi]] < np.repeat(starts[rows], lengths[rows])
             # Only the leading run of reused blocks of each prompt counts: none after its first miss.
             misses = np.cumsum(~reused, dtype=np.int32)
             misses_before_row = np.concatenate(([0], misses))[block_start[rows] - lo]
             leading = misses == np.repeat(misses_before_row, lengths[rows])
-            prefix_reused += int(block_tokens[lo:hi][leading & reused].sum(dtype=np.int64))
+            prefix_reused += int(trace.use_tokens(lo, hi)[leading & reused].sum(dtype=np.int64))
     # History: the session's latest turn sent at an earlier instant, by (send time, turn).
     codes, turns = trace.session_codes, trace.turn
     order = np.lexsort((turns, starts, codes))

@@ -179,6 +179,7 @@ class Trace:
     Requests keep the order they were given in; `load_trace` and the importers give arrival order."""
 
     __slots__ = (
+        "_block_tokens",
         "_content",
         "_duration_s",
         "_history_tokens",
@@ -186,11 +187,12 @@ class Trace:
         "_lora_codes",
         "_lora_table",
         "_new_tokens",
+        "_odd_positions",
+        "_odd_tokens",
         "_output_tokens",
         "_prefix_blocks",
         "_prefix_names",
         "_prefix_start",
-        "_prefix_tokens",
         "_session_codes",
         "_sessions",
         "_tag_codes",
@@ -222,7 +224,11 @@ class Trace:
     # Request i's prefix blocks are positions _prefix_start[i] to _prefix_start[i + 1] of these two.
     _prefix_start: Ints
     _prefix_blocks: Small
-    _prefix_tokens: Small
+    # A block's tokens are those of its first use (Mooncake's 512); a use of another size (a prompt's
+    # last, partial block) is kept apart, by position: 4 bytes a use instead of 8.
+    _block_tokens: Small
+    _odd_positions: Ints
+    _odd_tokens: Small
     _ids: _Strings
     _sessions: list[str]
     _tags: list[str]
@@ -278,25 +284,38 @@ class Trace:
     @property
     def prefix_tokens(self) -> Ints:
         """Each request's shared-prefix tokens in all."""
-        starts, tokens = self._prefix_start, self._prefix_tokens
-        if not len(tokens):
-            return np.zeros(len(self), dtype=np.int64)
-        # One sum a request, with no array a block long besides the tokens: reduceat gives an empty
-        # request the next block's tokens, hence the zeros.
-        sums = np.add.reduceat(tokens, np.minimum(starts[:-1], len(tokens) - 1)).astype(np.int64)
-        sums[starts[1:] == starts[:-1]] = 0
+        sums = np.zeros(len(self), dtype=np.int64)
+        for rows in _row_chunks(len(self)):
+            lo, hi = int(self._prefix_start[rows.start]), int(self._prefix_start[rows.stop])
+            if hi == lo:
+                continue
+            tokens = self.use_tokens(lo, hi)
+            # reduceat gives a request without blocks the next block's tokens, hence the zeros.
+            starts = self._prefix_start[rows.start : rows.stop + 1] - lo
+            chunk = np.add.reduceat(tokens, np.minimum(starts[:-1], hi - lo - 1)).astype(np.int64)
+            chunk[starts[1:] == starts[:-1]] = 0
+            sums[rows] = chunk
         return sums
+
+    def use_tokens(self, lo: int, hi: int) -> Small:
+        """The tokens of block uses lo to hi - 1 (positions in the block codes of `prefix_columns`)."""
+        tokens = self._block_tokens[self._prefix_blocks[lo:hi]]
+        first, last = np.searchsorted(self._odd_positions, [lo, hi])
+        if last > first:
+            tokens[self._odd_positions[first:last] - lo] = self._odd_tokens[first:last]
+        return tokens
 
     def prefix_blocks(self, index: int) -> list[tuple[str, int]]:
         """The request's shared-prefix blocks in order: (block id, tokens)."""
         lo, hi = int(self._prefix_start[index]), int(self._prefix_start[index + 1])
         names = self._prefix_names
-        return [(names[b], int(t)) for b, t in zip(self._prefix_blocks[lo:hi], self._prefix_tokens[lo:hi], strict=True)]
+        blocks, tokens = self._prefix_blocks[lo:hi].tolist(), self.use_tokens(lo, hi).tolist()
+        return [(names[b], t) for b, t in zip(blocks, tokens, strict=True)]
 
-    def prefix_columns(self) -> tuple[Ints, Small, Small]:
+    def prefix_columns(self) -> tuple[Ints, Small]:
         """Every request's prefix blocks as columns: request i's blocks are positions start[i] to
-        start[i + 1] of the block codes (equal codes, equal block ids) and of their tokens."""
-        return self._prefix_start, self._prefix_blocks, self._prefix_tokens
+        start[i + 1] of the block codes (equal codes, equal block ids); `use_tokens` gives their tokens."""
+        return self._prefix_start, self._prefix_blocks
 
     @property
     def tags(self) -> list[str]:
@@ -421,8 +440,14 @@ class Trace:
         lengths = ends - starts
         taken._prefix_start = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         picks = (np.repeat(starts - taken._prefix_start[:-1], lengths) + np.arange(int(lengths.sum()))).astype(np.int64)
-        taken._prefix_blocks, taken._prefix_tokens = self._prefix_blocks[picks], self._prefix_tokens[picks]
-        taken._prefix_names = self._prefix_names
+        taken._prefix_blocks, taken._prefix_names, taken._block_tokens = (
+            self._prefix_blocks[picks],
+            self._prefix_names,
+            self._block_tokens,
+        )
+        odd = np.isin(picks, self._odd_positions)
+        taken._odd_positions = np.flatnonzero(odd).astype(np.int64)
+        taken._odd_tokens = self._odd_tokens[np.searchsorted(self._odd_positions, picks[odd])]
         position = {old: new for new, old in enumerate(chosen.tolist())} if self._content else {}
         taken._content = {position[i]: c for i, c in self._content.items() if i in position}
         return taken
@@ -481,7 +506,8 @@ class TraceBuilder:
         self._ints = {name: array("i") for name in ("turn", "new", "history", "output", "session", "tag", "lora")}
         self._prefix_start = array("q", [0])
         # 4 bytes a block: a Mooncake request names dozens of them.
-        self._prefix_blocks, self._prefix_tokens = array("i"), array("i")
+        self._prefix_blocks, self._block_tokens = array("i"), array("i")
+        self._odd_positions, self._odd_tokens = array("q"), array("i")
         self._codes: dict[str, dict[Any, int]] = {"session": {}, "tag": {}, "lora": {}, "block": {}}
         self._content: dict[int, dict[str, Any]] = {}
 
@@ -516,13 +542,16 @@ class TraceBuilder:
         ints["tag"].append(self._code("tag", request.tag))
         ints["lora"].append(self._code("lora", tuple((use.adapter, use.scale) for use in request.lora)))
         if prompt.shared_prefix:
-            codes, blocks, tokens = self._codes["block"], self._prefix_blocks, self._prefix_tokens
+            codes, blocks, sizes = self._codes["block"], self._prefix_blocks, self._block_tokens
             for block in prompt.shared_prefix:
                 code = codes.get(block.block)
                 if code is None:
                     code = codes[block.block] = len(codes)
+                    sizes.append(block.tokens)
+                elif sizes[code] != block.tokens:
+                    self._odd_positions.append(len(blocks))
+                    self._odd_tokens.append(block.tokens)
                 blocks.append(code)
-                tokens.append(block.tokens)
         self._prefix_start.append(len(self._prefix_blocks))
         if request.content is not None:
             self._content[index] = request.content
@@ -543,12 +572,16 @@ class TraceBuilder:
         trace._history_tokens, trace._output_tokens = _view(ints, "history", np.int32), _view(ints, "output", np.int32)
         trace._session_codes, trace._tag_codes = _view(ints, "session", np.int32), _view(ints, "tag", np.int32)
         trace._lora_codes = _view(ints, "lora", np.int32)
-        prefix = {"start": self._prefix_start, "blocks": self._prefix_blocks, "tokens": self._prefix_tokens}
-        trace._prefix_start = _view(prefix, "start", np.int64)
-        trace._prefix_blocks, trace._prefix_tokens = (
-            _view(prefix, "blocks", np.int32),
-            _view(prefix, "tokens", np.int32),
-        )
+        prefix = {
+            "start": self._prefix_start,
+            "blocks": self._prefix_blocks,
+            "sizes": self._block_tokens,
+            "odd at": self._odd_positions,
+            "odd": self._odd_tokens,
+        }
+        trace._prefix_start, trace._prefix_blocks = _view(prefix, "start", np.int64), _view(prefix, "blocks", np.int32)
+        trace._block_tokens = _view(prefix, "sizes", np.int32)
+        trace._odd_positions, trace._odd_tokens = _view(prefix, "odd at", np.int64), _view(prefix, "odd", np.int32)
         trace._ids = _Strings(self._id_blob, _view({"ends": self._id_ends}, "ends", np.int64))
         trace._sessions = list(self._codes["session"])
         trace._tags = list(self._codes["tag"])
@@ -556,6 +589,14 @@ class TraceBuilder:
         trace._prefix_names = list(self._codes["block"])
         trace._content = self._content
         self.__init__(self.header)  # type: ignore[misc]  # empty again: the columns are the trace's now
+
+
+_CHUNK_ROWS = 65_536
+
+
+def _row_chunks(count: int) -> list[range]:
+    """Ranges of rows to walk a big trace's block uses a chunk at a time."""
+    return [range(start, min(start + _CHUNK_ROWS, count)) for start in range(0, count, _CHUNK_ROWS)]
 
 
 def _view(columns: dict[str, array[Any]], name: str, dtype: type[np.generic]) -> Any:
