@@ -169,6 +169,22 @@ def test_a_lora_policy_changes_what_requests_ask_for_not_the_server() -> None:
     assert engine.build_request(engine.apply_request_settings(mixed, {"lora_policy": "all_off"})[0]).json["lora"] == []
 
 
+def test_all_on_gives_a_session_the_rounds_most_used_setting_not_its_own() -> None:
+    # The replay makes a round a session at a time: a session that used only scale 0.5 still gets the round's
+    # most used setting, as it would with the round's requests all at hand.
+    engine = llama(lora_adapters={"support": "/m/support.gguf"})
+    session = [
+        ReplayRequest(
+            request_id="a", session="s", offset_s=0, prompt_token_ids=(101,), output_tokens=1, lora=(("support", 0.5),)
+        )
+    ]
+    mix = {(("support", 0.5),): 1, (): 4, (("support", 1.0),): 3}
+    (applied,) = engine.apply_request_settings(session, {"lora_policy": "all_on"}, lora_mix=mix)
+    assert applied.lora == (("support", 1.0),)
+    (alone,) = engine.apply_request_settings(session, {"lora_policy": "all_on"})
+    assert alone.lora == (("support", 0.5),)
+
+
 def test_a_tuned_setting_overridden_by_the_units_own_flag_is_named_with_the_fix() -> None:
     """llama-server prefers a flag to its environment variable and says so at start; for a tuned knob
     that means the trial would measure the unit's value, not the trial's."""

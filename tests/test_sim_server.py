@@ -421,3 +421,92 @@ def test_a_server_that_hangs_while_its_health_check_passes_fails_its_trial_by_th
     hung = next(r for r in board.rows if r.settings.get("n_batch") == 64)
     assert hung.state == "FAIL" and hung.reason is not None and reason in hung.reason, hung.reason
     assert any(r.state == "COMPLETE" and not r.baseline for r in board.rows)
+
+
+def test_a_replay_that_cannot_keep_its_schedule_says_so_and_one_that_can_does_not(
+    sim_server: tuple[str, Path],
+) -> None:
+    # Each record carries the time the schedule had it sent; a load generator that is kept from sending
+    # on time (here: sessions that take 100 ms each to make, due 5 ms apart, so the 0.5 s lead runs out)
+    # reports it instead of running
+    # late unseen, and a round it keeps reports nothing.
+    from tuner.loadgen import replay_sessions
+    from tuner.metrics import fell_behind, send_lag
+
+    base_url, _ = sim_server
+    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
+
+    def sessions(slow: bool) -> Iterator[list[ReplayRequest]]:
+        for index in range(12):
+            if slow:
+                time.sleep(0.1)  # the making of the session, on the replay's own thread
+            yield [
+                ReplayRequest(
+                    request_id=f"r{index}",
+                    session=f"s{index}",
+                    offset_s=0.6 + index * 0.005,
+                    prompt_token_ids=(100, 101, 102),
+                    output_tokens=2,
+                )
+            ]
+
+    def run(slow: bool) -> list[RequestRecord]:
+        return asyncio.run(replay_sessions(sessions(slow), engine=engine, base_url=base_url, request_timeout_s=60))
+
+    late = run(slow=True)
+    assert all(r.ok and r.due_s is not None for r in late)
+    lag = send_lag(late)
+    assert lag["send_lag_max_s"] is not None and lag["send_lag_max_s"] > 0.2
+    message = fell_behind(late)
+    assert message is not None and "fell behind" in message and "of 12 requests" in message
+    on_time = run(slow=False)
+    assert fell_behind(on_time) is None
+    assert [r.due_s for r in on_time] == [0.6 + i * 0.005 for i in range(12)]
+
+
+def test_a_trial_round_that_fell_behind_its_schedule_is_reported_to_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The round's requests are made a session at a time as the replay takes them; when that cannot keep
+    # up (here: each session takes 0.2 s to make), the user is told, not shown figures of a lighter load.
+    import tuner.trial_runner as trial_runner
+    from tuner.config import load_study
+    from tuner.deployers import create_deployer
+    from tuner.observers import NullObserver
+    from tuner.study import prepare_study
+    from tuner.transports import create_transport
+
+    made = trial_runner.synthesize_sessions
+
+    def slowly_made(*args: object, **kwargs: object) -> Iterator[list[ReplayRequest]]:
+        for session in made(*args, **kwargs):  # type: ignore[arg-type]
+            time.sleep(0.2)
+            yield session
+
+    class Told(NullObserver):
+        def __init__(self) -> None:
+            self.behind: list[str] = []
+
+        def replay_fell_behind(self, *, number: int, label: str, reason: str) -> None:
+            self.behind.append(f"{label}: {reason}")
+
+    study = _sim_study(tmp_path)
+    spec, base_dir = load_study(study)
+    prepared = prepare_study(spec, base_dir)
+
+    async def one_round() -> list[str]:
+        told = Told()
+        async with (
+            create_transport(spec.host) as transport,
+            create_deployer(spec.deploy, transport=transport) as deployer,
+        ):
+            runner = trial_runner.ServerTrialRunner(prepared, deployer=deployer, transport=transport, observer=told)
+            await runner.start({}, number=0, log_path=str(tmp_path / "server.log"))
+            await runner.measure_round(settings={}, number=0, prompts_index=0, label="round 1/2", records_name=None)
+            assert told.behind == []
+            monkeypatch.setattr(trial_runner, "synthesize_sessions", slowly_made)
+            await runner.measure_round(settings={}, number=0, prompts_index=1, label="round 2/2", records_name=None)
+        return told.behind
+
+    behind = asyncio.run(one_round())
+    assert len(behind) == 1 and behind[0].startswith("round 2/2: the load generator fell behind"), behind

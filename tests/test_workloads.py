@@ -415,3 +415,27 @@ def test_the_column_summary_counts_what_the_request_by_request_summary_of_0_1_0_
         assert profile.arrivals == expected["arrivals"], trace.header.name
         assert profile.mean == pytest.approx(expected["mean"], rel=1e-12), trace.header.name
         assert sorted(zip(profile.starts.tolist(), profile.ends.tolist(), strict=True)) == expected["intervals"]
+
+
+def test_a_round_made_a_session_at_a_time_is_the_round_made_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The replay takes a round's sessions as it needs them, in the order of their first arrivals, and keeps
+    # only some shared blocks made: neither may change a prompt.
+    from tuner.workloads import SynthOptions, synthesize_sessions, synthesize_trace
+
+    trace = synthesize_trace("chat", SynthOptions(users=25, turns=4, seed=5, long_tokens=3000))
+    whole = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=1)
+    monkeypatch.setattr("tuner.workloads.synthesis._BLOCKS_KEPT", 1)
+    sessions = list(synthesize_sessions(trace, token_range=(100, 30000), seed=1, round_index=1))
+    assert {r.request_id: r for s in sessions for r in s} == {r.request_id: r for r in whole}
+    firsts = [s[0].offset_s for s in sessions]
+    assert firsts == sorted(firsts)
+    for session in sessions:
+        assert len({r.session for r in session}) == 1
+        assert [r.turn for r in session] == sorted(r.turn for r in session)
+    assert any(r.prompt_token_ids[:8] == whole[0].prompt_token_ids[:8] for r in whole[1:])  # blocks are shared
+
+
+def test_a_trace_that_names_a_request_id_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + LINE % ("a", 100) + LINE % ("b", 50) + LINE % ("a", 7))
+    with pytest.raises(WorkloadError, match=r"request id 'a' appears twice; ids must be unique"):
+        load_trace(path)

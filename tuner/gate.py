@@ -133,7 +133,8 @@ async def lora_answer_changes(
         for i, lora in enumerate(recorded)
     ]
     changed_requests, notes = 0.0, []
-    for sample, applied in zip(samples, engine.apply_request_settings(samples, settings), strict=True):
+    applied_samples = engine.apply_request_settings(samples, settings, lora_mix=trace.lora_mix())
+    for sample, applied in zip(samples, applied_samples, strict=True):
         before, after = tuple(sorted(sample.lora or ())), tuple(sorted(applied.lora or ()))
         if before == after:
             continue

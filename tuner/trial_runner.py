@@ -12,7 +12,7 @@ loop's behaviour can be tested over hundreds of studies in seconds. Both derive 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,13 +22,13 @@ from tuner.engines.base import Engine
 from tuner.errors import DeployError, MeasurementError
 from tuner.gate import ask_probes
 from tuner.gpu import GpuMemorySampler
-from tuner.loadgen import replay, scrape_prometheus
+from tuner.loadgen import replay, replay_sessions, scrape_prometheus
 from tuner.metrics import compute_metrics, fell_behind, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
 from tuner.transports.base import Transport
-from tuner.workloads import Trace, synthesize_requests
+from tuner.workloads import Trace, synthesize_sessions
 
 __all__ = [
     "PreparedStudy",
@@ -37,6 +37,7 @@ __all__ = [
     "TrialRunner",
     "round_metrics",
     "round_requests",
+    "round_sessions",
     "warm_up_request",
 ]
 
@@ -110,15 +111,26 @@ def round_requests(
     """The round's requests. Every trial replays the same prompts for the same `prompts_index`, so that
     trials differ only in their settings; rounds of one trial get fresh prompts, so that no round hits
     another's cache."""
-    spec, engine = prepared.spec, prepared.engine
-    requests = synthesize_requests(
-        prepared.trace,
+    return [
+        request for session in round_sessions(prepared, settings, prompts_index=prompts_index) for request in session
+    ]
+
+
+def round_sessions(
+    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int
+) -> Iterator[list[ReplayRequest]]:
+    """`round_requests` a session at a time, in the order of the sessions' first arrivals, made as the
+    load generator takes them: a long round never holds all its prompts."""
+    spec, engine, trace = prepared.spec, prepared.engine, prepared.trace
+    lora_mix = trace.lora_mix()
+    for session in synthesize_sessions(
+        trace,
         token_range=engine.prompt_token_range(),
         seed=spec.workload.seed,
         round_index=prompts_index,
         time_scale=spec.workload.time_scale,
-    )
-    return engine.apply_request_settings(requests, settings)
+    ):
+        yield engine.apply_request_settings(session, settings, lora_mix=lora_mix)
 
 
 def check_round(records: Sequence[RequestRecord], label: str) -> None:
@@ -219,11 +231,10 @@ class ServerTrialRunner:
         records_name: str | None,
     ) -> RoundResult:
         prepared, engine = self.prepared, self.prepared.engine
-        requests = round_requests(prepared, settings, prompts_index=prompts_index)
         counters_before = await scrape_prometheus(engine, self.base_url)
         async with GpuMemorySampler(self.transport) as gpu:
-            records = await replay(
-                requests,
+            records = await replay_sessions(
+                round_sessions(prepared, settings, prompts_index=prompts_index),
                 engine=engine,
                 base_url=self.base_url,
                 request_timeout_s=prepared.spec.workload.request_timeout_s,

@@ -175,9 +175,16 @@ class Engine(Protocol):
         ...
 
     def apply_request_settings(
-        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+        self,
+        requests: Sequence[ReplayRequest],
+        settings: Mapping[str, ParamValue],
+        *,
+        lora_mix: Mapping[tuple[tuple[str, float], ...], int] | None = None,
     ) -> list[ReplayRequest]:
-        """The requests as a trial with these settings sends them (request-scoped knobs, e.g. a LoRA policy)."""
+        """The requests as a trial with these settings sends them (request-scoped knobs, e.g. a LoRA policy).
+        `lora_mix` is the whole round's requests per adapter set, in the order of each set's first request
+        (`Trace.lora_mix`), for a policy decided on the round while its requests come a session at a time;
+        None: decided on `requests` themselves."""
         ...
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:

@@ -362,14 +362,23 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return _PROMPT_TOKEN_RANGE
 
     def apply_request_settings(
-        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+        self,
+        requests: Sequence[ReplayRequest],
+        settings: Mapping[str, ParamValue],
+        *,
+        lora_mix: Mapping[tuple[tuple[str, float], ...], int] | None = None,
     ) -> list[ReplayRequest]:
         policy = self.effective_settings(settings).get("lora_policy", "as_recorded")
         if policy == "as_recorded":
             return list(requests)
         if policy == "all_off":
             return [r.model_copy(update={"lora": ()}) for r in requests]
-        used = Counter(r.lora for r in requests if r.lora)
+        # The round's most used setting (ties: the one used first), not the most used of these requests.
+        used = (
+            Counter({uses: count for uses, count in lora_mix.items() if uses})
+            if lora_mix is not None
+            else Counter(r.lora for r in requests if r.lora)
+        )
         if not used:
             return list(requests)
         most_common = used.most_common(1)[0][0]

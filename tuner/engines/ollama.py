@@ -149,7 +149,11 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         return (0, len(WORDS))
 
     def apply_request_settings(
-        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+        self,
+        requests: Sequence[ReplayRequest],
+        settings: Mapping[str, ParamValue],
+        *,
+        lora_mix: Mapping[tuple[tuple[str, float], ...], int] | None = None,
     ) -> list[ReplayRequest]:
         return list(requests)
 

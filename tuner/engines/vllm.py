@@ -217,7 +217,11 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         return self._options.prompt_token_range
 
     def apply_request_settings(
-        self, requests: Sequence[ReplayRequest], settings: Mapping[str, ParamValue]
+        self,
+        requests: Sequence[ReplayRequest],
+        settings: Mapping[str, ParamValue],
+        *,
+        lora_mix: Mapping[tuple[tuple[str, float], ...], int] | None = None,
     ) -> list[ReplayRequest]:
         return list(requests)
 

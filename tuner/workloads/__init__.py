@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tuner.workloads.summary import Concurrency, TraceSummary, concurrency_profile, summarize_trace
-from tuner.workloads.synthesis import synthesize_requests, thin_sessions
+from tuner.workloads.synthesis import synthesize_requests, synthesize_sessions, thin_sessions
 from tuner.workloads.synthetic import (
     GENERATORS,
     SynthOptions,
@@ -49,6 +49,7 @@ __all__ = [
     "summarize_trace",
     "synthesis_requests",
     "synthesize_requests",
+    "synthesize_sessions",
     "synthesize_trace",
     "thin_sessions",
     "trace_lines",

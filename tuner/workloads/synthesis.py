@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
 from tuner.models import AnswerSpan, ReplayRequest
 from tuner.workloads.trace import Trace, TraceRequest
 
-__all__ = ["synthesize_requests", "thin_sessions"]
+__all__ = ["synthesize_requests", "synthesize_sessions", "thin_sessions"]
 
 
 def _rng(*parts: object) -> random.Random:
@@ -72,36 +74,72 @@ def synthesize_requests(
     round_index: int,
     time_scale: float = 1.0,
 ) -> list[ReplayRequest]:
-    low, high = token_range
-    conversations: dict[str, _Conversation] = {}
-    blocks: dict[str, list[int]] = {}
-    # Each session's turns in order (the order among sessions does not change what is made).
-    by_turn = np.lexsort((trace.offset_s, trace.turn, trace.session_codes)).tolist()
-    built: dict[str, ReplayRequest] = {}
-    for shape in map(trace.request, by_turn):
-        prefix: list[int] = []
-        for block in shape.prompt.shared_prefix:
-            if block.block not in blocks or len(blocks[block.block]) < block.tokens:
-                block_rng = _rng("block", seed, block.block)
-                blocks[block.block] = [block_rng.randrange(low, high) for _ in range(block.tokens)]
-            prefix.extend(blocks[block.block][: block.tokens])
-        if shape.session not in conversations:
-            conversations[shape.session] = _Conversation(_rng("session", seed, round_index, shape.session), token_range)
-        conversation = conversations[shape.session]
-        history, spans = conversation.history(shape.prompt.history_tokens)
-        new = conversation.fresh(shape.prompt.new_tokens)
-        conversation.tokens = history + new + conversation.fresh(shape.output_tokens)
-        conversation.answers = [
-            *spans,
-            AnswerSpan(start=len(history) + len(new), length=shape.output_tokens, request_id=shape.id),
-        ]
-        built[shape.id] = _replay_request(
-            shape,
-            prefix + history + new,
-            tuple(span.shifted(len(prefix)) for span in spans),
-            time_scale,
+    """Every request of the trace with its prompt, in the trace's order."""
+    built = {
+        request.request_id: request
+        for session in synthesize_sessions(
+            trace, token_range=token_range, seed=seed, round_index=round_index, time_scale=time_scale
         )
+        for request in session
+    }
     return [built[request_id] for request_id in trace.ids]
+
+
+# Shared blocks kept made (a Mooncake day names hundreds of thousands): a block made again is the same.
+_BLOCKS_KEPT = 4096
+
+
+def synthesize_sessions(
+    trace: Trace,
+    *,
+    token_range: tuple[int, int],
+    seed: int,
+    round_index: int,
+    time_scale: float = 1.0,
+) -> Iterator[list[ReplayRequest]]:
+    """Each session's requests with their prompts, its turns in order, sessions in the order of their
+    first arrival; made as they are read, so a replay holds only the sessions under way. What is made
+    does not depend on the order: a session's tokens come from its own seed, a block's from its id."""
+    low, high = token_range
+    blocks: OrderedDict[str, list[int]] = OrderedDict()
+    codes, turns, offsets = trace.session_codes, trace.turn, trace.offset_s
+    by_session = np.lexsort((offsets, turns, codes))
+    ordered_codes = codes[by_session]
+    starts = np.flatnonzero(np.concatenate(([True], ordered_codes[1:] != ordered_codes[:-1])))
+    ends = np.concatenate((starts[1:], [len(by_session)]))
+    first_offsets = offsets[by_session[starts]]
+    for group in np.argsort(first_offsets, kind="stable").tolist():
+        conversation: _Conversation | None = None
+        session: list[ReplayRequest] = []
+        for shape in map(trace.request, by_session[starts[group] : ends[group]].tolist()):
+            prefix: list[int] = []
+            for block in shape.prompt.shared_prefix:
+                made = blocks.get(block.block)
+                if made is None or len(made) < block.tokens:
+                    block_rng = _rng("block", seed, block.block)
+                    made = blocks[block.block] = [block_rng.randrange(low, high) for _ in range(block.tokens)]
+                    if len(blocks) > _BLOCKS_KEPT:
+                        blocks.popitem(last=False)
+                blocks.move_to_end(block.block)
+                prefix.extend(made[: block.tokens])
+            if conversation is None:
+                conversation = _Conversation(_rng("session", seed, round_index, shape.session), token_range)
+            history, spans = conversation.history(shape.prompt.history_tokens)
+            new = conversation.fresh(shape.prompt.new_tokens)
+            conversation.tokens = history + new + conversation.fresh(shape.output_tokens)
+            conversation.answers = [
+                *spans,
+                AnswerSpan(start=len(history) + len(new), length=shape.output_tokens, request_id=shape.id),
+            ]
+            session.append(
+                _replay_request(
+                    shape,
+                    prefix + history + new,
+                    tuple(span.shifted(len(prefix)) for span in spans),
+                    time_scale,
+                )
+            )
+        yield session
 
 
 def _replay_request(
