@@ -469,14 +469,13 @@ def test_a_trial_round_that_fell_behind_its_schedule_is_reported_to_the_user(
 ) -> None:
     # The round's requests are made a session at a time as the replay takes them; when that cannot keep
     # up (here: each session takes 0.2 s to make), the user is told, not shown figures of a lighter load.
-    import tuner.trial_runner as trial_runner
+    from tuner import trial_runner
     from tuner.config import load_study
     from tuner.deployers import create_deployer
     from tuner.observers import NullObserver
     from tuner.study import prepare_study
     from tuner.transports import create_transport
-
-    made = trial_runner.synthesize_sessions
+    from tuner.workloads import synthesize_sessions as made
 
     def slowly_made(*args: object, **kwargs: object) -> Iterator[list[ReplayRequest]]:
         for session in made(*args, **kwargs):  # type: ignore[arg-type]
@@ -504,7 +503,7 @@ def test_a_trial_round_that_fell_behind_its_schedule_is_reported_to_the_user(
             await runner.start({}, number=0, log_path=str(tmp_path / "server.log"))
             await runner.measure_round(settings={}, number=0, prompts_index=0, label="round 1/2", records_name=None)
             assert told.behind == []
-            monkeypatch.setattr(trial_runner, "synthesize_sessions", slowly_made)
+            monkeypatch.setattr("tuner.trial_runner.synthesize_sessions", slowly_made)
             await runner.measure_round(settings={}, number=0, prompts_index=1, label="round 2/2", records_name=None)
         return told.behind
 

@@ -439,3 +439,15 @@ def test_a_trace_that_names_a_request_id_twice_is_refused_naming_it(tmp_path: Pa
     path = write(tmp_path, HEADER + LINE % ("a", 100) + LINE % ("b", 50) + LINE % ("a", 7))
     with pytest.raises(WorkloadError, match=r"request id 'a' appears twice; ids must be unique"):
         load_trace(path)
+
+
+def test_prompt_tokens_are_drawn_exactly_as_randrange_draws_them() -> None:
+    # The faster draw must give the numbers randrange gives: a resumed study replays the prompts it began with.
+    import random
+
+    from tuner.workloads.synthesis import _draw
+
+    for low, high in ((100, 49_152), (0, 1), (5, 6), (3, 2**20 + 7)):
+        expected, drawn = random.Random(9), random.Random(9)
+        assert _draw(drawn, low, high, 3000) == [expected.randrange(low, high) for _ in range(3000)]
+        assert drawn.random() == expected.random()  # and leave the generator where randrange leaves it

@@ -25,6 +25,7 @@ from tuner.redact import redact
 __all__ = ["replay", "replay_sessions", "scrape_prometheus", "sessions_in_order", "with_answers"]
 
 _START_LEAD_S = 0.05
+_START_LEAD_PER_SESSION_S = 20e-6  # creating a session's task takes a few microseconds
 # A session's task is made this long before its first request is due (its prompts, where they are made
 # as they are read, with it): long enough for any session's synthesis, short enough to hold few at once.
 _SESSION_LEAD_S = 0.5
@@ -79,7 +80,11 @@ async def replay_sessions(
         gc.collect()
         gc.freeze()
         gc.disable()
-        started = time.perf_counter() + _START_LEAD_S
+        # Sessions given all at once are made already: the clock leaves time to start those due at once.
+        at_once = (
+            sum(1 for t in sessions if t and t[0].offset_s < _SESSION_LEAD_S) if isinstance(sessions, Sequence) else 0
+        )
+        started = time.perf_counter() + _START_LEAD_S + at_once * _START_LEAD_PER_SESSION_S
 
         async def run_session(turns: Sequence[ReplayRequest]) -> None:
             previous_end: float | None = None
@@ -107,8 +112,9 @@ async def replay_sessions(
                     if delay > 0:
                         await asyncio.sleep(delay)
                     group.create_task(run_session(turns))
-                    # Sends that fell due while this session was made go first, before the next is made.
-                    await asyncio.sleep(0)
+                    if time.perf_counter() >= started:
+                        # Sends that fell due while this session was made go first, before the next is made.
+                        await asyncio.sleep(0)
         finally:
             gc.enable()
             gc.unfreeze()
