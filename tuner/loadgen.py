@@ -19,6 +19,7 @@ import httpx
 
 from tuner.engines.base import Engine, parse_prometheus_text
 from tuner.faults import crash_point
+from tuner.http import tls_context
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 from tuner.redact import redact
 
@@ -43,7 +44,7 @@ async def replay(
     timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
     records: list[RequestRecord] = []
     async with httpx.AsyncClient(
-        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers()
+        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers(), verify=tls_context()
     ) as client:
         # The first request through httpx pays for lazy setup (about 0.1 s); paying it here, and starting
         # the clock only once every session task is waiting, keeps the first arrivals on schedule.
@@ -191,7 +192,9 @@ async def scrape_prometheus(engine: Engine, base_url: str) -> dict[str, float]:
     if engine.metrics_path is None:
         return {}
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=engine.request_headers()) as client:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=10.0, headers=engine.request_headers(), verify=tls_context()
+        ) as client:
             response = await client.get(engine.metrics_path)
     except httpx.HTTPError:
         return {}

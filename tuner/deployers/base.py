@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from tuner.config import PluginSpec, validate_options
 from tuner.errors import ServerNotReady
 from tuner.faults import crash_point
+from tuner.http import tls_context
 from tuner.models import LaunchSpec
 from tuner.registry import Registry
 from tuner.transports.base import Transport
@@ -128,7 +129,7 @@ async def wait_until_healthy(
     """
     started = time.monotonic()
     last = "no answer yet"
-    async with httpx.AsyncClient(timeout=httpx.Timeout(2.0)) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), verify=tls_context()) as client:
         while True:
             reason = await exited()
             crash_point("mid-health-wait")
