@@ -163,9 +163,11 @@ class _WrongAnswersAt256(SimulatedTrialRunner):
 
     n_batch: object = None
 
-    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
         self.n_batch = settings.get("n_batch")
-        await super().start(settings, number=number, log_path=log_path)
+        await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
 
     async def probe_answers(
         self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None

@@ -92,6 +92,11 @@ class ConsoleObserver(NullObserver):
     def server_ready(self, *, number: int, seconds: float) -> None:
         self.console.print(f"  trial {number}: server healthy after {seconds:.1f} s", style="dim")
 
+    def server_reused(self, *, number: int) -> None:
+        self.console.print(
+            f"  trial {number}: on the running server, its slots cleared (same server settings)", style="dim"
+        )
+
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
         if metrics.get("server_stall_tok_s") is not None:

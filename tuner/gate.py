@@ -20,6 +20,7 @@ import httpx
 from tuner.config import ParamValue
 from tuner.engines.base import Engine
 from tuner.errors import MeasurementError
+from tuner.http import tls_context
 from tuner.models import ReplayRequest
 from tuner.redact import redact
 from tuner.workloads import Trace
@@ -50,7 +51,8 @@ async def ask_probes(
     lora: tuple[tuple[str, float], ...] | None = None,
 ) -> list[tuple[int, ...]]:
     answers = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=engine.request_headers()) as client:
+    headers = engine.request_headers()
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers, verify=tls_context()) as client:
         for prompt in PROBE_PROMPTS:
             call = engine.probe_request(prompt, tokens=tokens, lora=lora)
             try:

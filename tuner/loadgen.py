@@ -19,6 +19,7 @@ import httpx
 
 from tuner.engines.base import Engine, parse_prometheus_text
 from tuner.faults import crash_point
+from tuner.http import tls_context
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 from tuner.redact import redact
 
@@ -69,7 +70,7 @@ async def replay_sessions(
     # No pool limit: a request waiting for a free connection would be sent late, by the pool, unseen.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
-        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers()
+        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers(), verify=tls_context()
     ) as client:
         # The first request through httpx pays for lazy setup (about 0.1 s); paying it here, and starting
         # the clock only once it is paid, keeps the first arrivals on schedule.
@@ -232,7 +233,9 @@ async def scrape_prometheus(engine: Engine, base_url: str) -> dict[str, float]:
     if engine.metrics_path is None:
         return {}
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=engine.request_headers()) as client:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=10.0, headers=engine.request_headers(), verify=tls_context()
+        ) as client:
             response = await client.get(engine.metrics_path)
     except httpx.HTTPError:
         return {}

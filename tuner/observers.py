@@ -18,6 +18,8 @@ class StudyObserver(Protocol):
 
     def server_ready(self, *, number: int, seconds: float) -> None: ...
 
+    def server_reused(self, *, number: int) -> None: ...
+
     def round_finished(
         self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int
     ) -> None: ...
@@ -53,6 +55,9 @@ class NullObserver:
         pass
 
     def server_ready(self, *, number: int, seconds: float) -> None:
+        pass
+
+    def server_reused(self, *, number: int) -> None:
         pass
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:

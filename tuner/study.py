@@ -271,6 +271,14 @@ class _Pending:
     pruned: bool = False
 
 
+@dataclass(kw_only=True)
+class _RunningServer:
+    """The server the last start left running: its server settings and the trials it measured a round of."""
+
+    settings: dict[str, ParamValue]
+    trials: set[int]
+
+
 class _StudyRun:
     def __init__(
         self,
@@ -288,6 +296,7 @@ class _StudyRun:
         self._runner = runner  # set once the host is reached
         self.exhausted = False  # the sampler had nothing new to offer
         self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
+        self.servers = _Servers(self)
 
     @property
     def runner(self) -> TrialRunner:
@@ -445,6 +454,7 @@ class _StudyRun:
                     try:
                         await self.measure_pending(pending, round_index)
                     except (DeployError, MeasurementError) as exc:
+                        self.servers.forget()  # the server may have died, or a failed step changed what it holds
                         active.remove(pending)
                         self.fail(pending, str(exc))
                         continue
@@ -476,7 +486,7 @@ class _StudyRun:
             # Counted against the budget from its first start: a trial of the batch that an interruption
             # kept from starting was never deployed, and a resumed study measures it.
             update_trial_record(trial, deployed=True)
-        await self.runner.start(settings, number=trial.number, log_path=self.log_path(trial.number, "server.log"))
+        await self.servers.deploy(settings, number=trial.number, probing=round_index == 0)
         if round_index == 0:
             await _Gates(self).check(trial, pending.settings, baseline=pending.baseline)
         measured = await self.runner.measure_round(
@@ -507,9 +517,6 @@ class _StudyRun:
         self.observer.trial_failed(number=pending.trial.number, reason=reason)
         if pending.baseline:
             raise StudyError(f"the baseline could not be measured: {reason}")
-
-    def log_path(self, number: int, name: str) -> str:
-        return str(self.run_dir.trial_dir(number) / name)
 
     def noisy(self, rounds: list[dict[str, float | None]]) -> bool:
         """True if the rounds differ by 20% or more on an objective metric: such a trial is measured more."""
@@ -588,6 +595,52 @@ def record_constraints(
     for index, amount in enumerate(amounts):
         trial.set_constraint(str(index), amount)
     return amounts, broken
+
+
+class _Servers:
+    """Which server a round runs on: the running one where that measures the same as a restart (`deploy`)."""
+
+    def __init__(self, loop: _StudyRun) -> None:
+        self.loop = loop
+        self.running: _RunningServer | None = None  # None: the next round restarts the server
+
+    def forget(self) -> None:
+        """The running server is not reused (it may have died, or a failed step left it in another state)."""
+        self.running = None
+
+    async def deploy(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_name: str = "server.log", probing: bool = False
+    ) -> None:
+        """Readies a server for a round of trial `number`: the running one where that measures the same as a
+        restart, else a restart. `probing`: the correctness probes come next, and warm a new server as the
+        warm-up would, so it gets none.
+
+        A restart per round is what keeps one round from being served from another's cached prompts (round k
+        of every trial replays the same prompts) and gives each of a trial's rounds its own start. A running
+        server is reused for a round only if:
+        - its server settings equal the trial's (a trial differing only in request-scope knobs, such as a
+          LoRA policy, or a confirmation's baseline after its candidate with equal server settings);
+        - it has not measured a round of this trial yet: the rounds of one trial, and a confirmation's pairs,
+          keep their restart-to-restart spread, which the noise flag and the paired interval rest on;
+        - the engine can clear what a restart would (`Engine.reuse_refusal`: llama-server's slots, by
+          requests that replace each slot's prompt; never with its host-RAM prompt cache on, which no
+          request empties), and the runner saw in the server's log that every slot was cleared.
+        """
+        engine, log_path = self.loop.prepared.engine, str(self.loop.run_dir.trial_dir(number) / log_name)
+        server = engine.server_settings(settings)
+        running, self.running = self.running, None  # a failed reuse or start leaves nothing to reuse
+        if running is not None and running.settings == server and number not in running.trials:
+            refusal = engine.reuse_refusal(settings)
+            if refusal is None:
+                refusal = await self.loop.runner.reuse(settings, number=number, log_path=log_path)
+            if refusal is None:
+                running.trials.add(number)
+                self.running = running
+                self.loop.observer.server_reused(number=number)
+                return
+        warm_up = not (probing and self.loop.spec.gate.enabled)
+        await self.loop.runner.start(settings, number=number, log_path=log_path, warm_up=warm_up)
+        self.running = _RunningServer(settings=server, trials={number})
 
 
 class _Gates:
@@ -672,9 +725,7 @@ class _Confirmation:
         self, number: int, settings: Mapping[str, ParamValue], *, candidate: int, pair: int, baseline: FrozenTrial
     ) -> dict[str, float | None]:
         runner = self.loop.runner
-        await runner.start(
-            settings, number=number, log_path=self.loop.log_path(number, f"confirm-{candidate}-server.log")
-        )
+        await self.loop.servers.deploy(settings, number=number, log_name=f"confirm-{candidate}-server.log")
         measured = await runner.measure_round(
             settings=settings,
             number=number,

@@ -12,6 +12,8 @@ loop's behaviour can be tested over hundreds of studies in seconds. Both derive 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,7 +21,7 @@ from typing import Protocol
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import Deployer
 from tuner.engines.base import Engine
-from tuner.errors import DeployError, MeasurementError
+from tuner.errors import DeployError, MeasurementError, TransportError
 from tuner.gate import ask_probes
 from tuner.gpu import GpuMemorySampler
 from tuner.loadgen import replay, replay_sessions, scrape_prometheus
@@ -38,10 +40,15 @@ __all__ = [
     "round_metrics",
     "round_requests",
     "round_sessions",
+    "slots_missed",
     "warm_up_request",
 ]
 
+# The server logs a task's release just after its last chunk is sent, so the client may see a round end
+# before the log does: the round's log is read again until it shows every completed request's task
+# released, for at most this long (an engine whose log accounts no tasks waits it in full, as it always did).
 _LOG_SETTLE_S = 0.3
+_LOG_POLL_S = 0.02
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +74,19 @@ class RoundResult:
 
 
 class TrialRunner(Protocol):
-    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
-        """Starts the server with `settings` over the engine's base settings and warms it up.
-        `DeployError` if it does not come up or ignores a setting, `MeasurementError` if the warm-up fails."""
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        """Starts the server with `settings` over the engine's base settings and warms it up (unless the
+        caller's next requests, the correctness probes, do that). `DeployError` if it does not come up or
+        ignores a setting, `MeasurementError` if the warm-up fails."""
+        ...
+
+    async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
+        """Readies the running server, started with the same server settings, for a round of trial `number`
+        without a restart: clears every slot (`Engine.flush_requests`) and checks in the server's log that
+        each was. None when done; otherwise why not, and the caller restarts. The caller checks
+        `Engine.reuse_refusal` first."""
         ...
 
     async def probe_answers(
@@ -133,6 +150,16 @@ def round_sessions(
         yield engine.apply_request_settings(session, settings, lora_mix=lora_mix)
 
 
+def slots_missed(tasks: Sequence[TaskTimeline], slots: int) -> str | None:
+    """None if the slot-clearing requests' tasks (in the server's log) were released on every one of the
+    server's `slots`; otherwise which slots they reached. Two of them on one slot leave another slot holding
+    an earlier round's prompt, which the next round could be served from."""
+    cleared = {t.slot for t in tasks if t.n_tokens_at_release is not None}
+    if cleared == set(range(slots)):
+        return None
+    return f"the slot-clearing requests reached slots {sorted(cleared)} of {slots}"
+
+
 def check_round(records: Sequence[RequestRecord], label: str) -> None:
     if not any(r.ok for r in records):
         first_error = next((r.error for r in records if r.error), "unknown")
@@ -188,14 +215,19 @@ class ServerTrialRunner:
         self.observer = observer or NullObserver()
         self._base_url: str | None = None
         self._log_mark = 0
+        self._slots: int | None = None
+        self._server_log: str | None = None  # the running server's log
 
     @property
     def base_url(self) -> str:
         assert self._base_url is not None, "start() first"
         return self._base_url
 
-    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
         engine = self.prepared.engine
+        self._base_url, self._slots = None, None
         deployment = await self.deployer.apply(engine.launch_spec(settings), log_path=log_path)
         self.observer.server_ready(number=number, seconds=deployment.started_in_s)
         startup_log, log_mark = await self.deployer.read_log(0)
@@ -203,6 +235,11 @@ class ServerTrialRunner:
         if ignored is not None:
             raise DeployError(ignored)
         self._base_url = deployment.base_url
+        self._slots = engine.slot_count(startup_log)
+        self._server_log = deployment.log_path
+        self._log_mark = log_mark
+        if not warm_up:
+            return
         records = await replay(
             [warm_up_request(engine)],
             engine=engine,
@@ -212,6 +249,61 @@ class ServerTrialRunner:
         if not records[0].ok:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
         _, self._log_mark = await self.deployer.read_log(log_mark)
+
+    async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
+        engine = self.prepared.engine
+        if self._base_url is None:
+            return "no server is running"
+        if self._slots is None:
+            return "the server's startup log does not say how many slots it runs"
+        gone = await self.deployer.check_alive()
+        if gone is not None:
+            return gone
+        requests = engine.flush_requests(self._slots)
+        if not requests:
+            return f"{engine.kind} has no request that clears a slot"
+        records = await replay(
+            requests,
+            engine=engine,
+            base_url=self.base_url,
+            request_timeout_s=self.prepared.spec.workload.request_timeout_s,
+        )
+        failed = next((r for r in records if not r.ok), None)
+        if failed is not None:
+            return f"a slot-clearing request failed: {failed.error}"
+        _, tasks, mark = await self._settled_log(len(records))
+        missed = slots_missed(tasks, self._slots)
+        if missed is not None:
+            return missed
+        self._log_mark = mark
+        await self._note_in_log(log_path, number)
+        return None
+
+    async def _note_in_log(self, log_path: str, number: int) -> None:
+        """The reused server keeps writing to the log of the trial that started it; the trial's own log
+        says where its round's server lines are (its records and server tasks are in its own directory)."""
+        started_log = self._server_log
+        if started_log is None or started_log == log_path:
+            return
+        try:
+            before = await self.transport.read_file(log_path)
+        except TransportError:
+            before = b""
+        note = f"serve-tuner: trial {number} reused the running server; its lines are in {started_log}\n"
+        with contextlib.suppress(TransportError):  # evidence only: never in the way of the measurement
+            await self.transport.write_file(log_path, before + note.encode())
+
+    async def _settled_log(self, completed: int) -> tuple[str, list[TaskTimeline], int]:
+        """The log since the mark once it shows `completed` tasks released, or once _LOG_SETTLE_S has passed."""
+        engine = self.prepared.engine
+        deadline = time.monotonic() + _LOG_SETTLE_S
+        while True:
+            log_text, mark = await self.deployer.read_log(self._log_mark)
+            tasks = engine.parse_log(log_text.splitlines())
+            released = sum(1 for t in tasks if t.n_tokens_at_release is not None)
+            if released >= completed or time.monotonic() >= deadline:
+                return log_text, tasks, mark
+            await asyncio.sleep(_LOG_POLL_S)
 
     async def probe_answers(
         self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
@@ -248,11 +340,8 @@ class ServerTrialRunner:
         if gone is not None:
             raise MeasurementError(f"the server died during {label}: {gone}")
         check_round(records, label)
-        # The server logs a task's release just after its last chunk is sent.
-        await asyncio.sleep(_LOG_SETTLE_S)
+        _, tasks, self._log_mark = await self._settled_log(sum(1 for r in records if r.ok))
         counters_after = await scrape_prometheus(engine, self.base_url)
-        log_text, self._log_mark = await self.deployer.read_log(self._log_mark)
-        tasks = engine.parse_log(log_text.splitlines())
         metrics, joined = round_metrics(
             prepared.spec, engine, records, tasks, counters=(counters_before, counters_after)
         )

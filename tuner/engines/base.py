@@ -128,6 +128,24 @@ class KnobbedEngine(Generic[OptionsT]):
         """Why the server ignores a setting it was given, read from its startup log; None by default."""
         return None
 
+    def server_settings(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """The effective settings the server itself runs with: request-scope knobs left out."""
+        merged = self.effective_settings(settings)
+        return {name: value for name, value in merged.items() if self.knobs[name].scope == "server"}
+
+    def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
+        """By default a running server is never reused for another trial: nothing is known to clear its
+        caches (prefix or prompt caches would serve the next trial's round from the last one's prompts)."""
+        return f"{self.kind} has no request known to clear its caches"
+
+    def slot_count(self, startup_log: str) -> int | None:
+        """How many slots the server runs, from its startup log; None where it does not say."""
+        return None
+
+    def flush_requests(self, slots: int) -> list[ReplayRequest]:
+        """Requests that leave no slot holding an earlier prompt; none by default."""
+        return []
+
     def host_files(self) -> dict[str, str]:
         """No files of the host's by default."""
         return {}
@@ -212,6 +230,25 @@ class Engine(Protocol):
     def ignored_settings(self, startup_log: str) -> str | None:
         """Why the server ignores one of the settings it was given (a flag in a systemd unit's own
         ExecStart wins over the environment variable, say), read from its startup log; None if none."""
+        ...
+
+    def server_settings(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+        """The effective settings the server itself runs with: request-scope knobs (a LoRA policy) left out.
+        Two trials with equal server settings can share a running server."""
+        ...
+
+    def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
+        """Why a running server with these settings cannot measure a round of another trial without a
+        restart (a cache that no request clears); None where `flush_requests` clears what a restart would."""
+        ...
+
+    def slot_count(self, startup_log: str) -> int | None:
+        """How many slots (sequences served at once) the server runs, from its startup log; None if unknown."""
+        ...
+
+    def flush_requests(self, slots: int) -> list[ReplayRequest]:
+        """Requests, tagged "slot-flush", that together leave each of `slots` idle slots holding a short
+        prompt of their own instead of an earlier round's (see `reuse_refusal`)."""
         ...
 
     def build_request(self, request: ReplayRequest) -> HttpCall: ...

@@ -188,6 +188,7 @@ _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-t
 # Ids below 100 hold SmolLM2's and most vocabularies' special tokens; 30000 fits any vocabulary of
 # 32K or more, so synthesized prompts never contain a control token.
 _PROMPT_TOKEN_RANGE = (100, 30000)
+_N_SLOTS = re.compile(r"load_model: initializing, n_slots = (\d+)")
 
 
 class LlamaServerOptions(StrictModel):
@@ -398,6 +399,44 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
                     'which wins; remove it from the unit\'s ExecStart or set deploy.exec_start = "replace"'
                 )
         return None
+
+    def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
+        # A slot's cache is cleared by a request with an unrelated prompt (`flush_requests`): the slot keeps
+        # no token of the earlier prompt. The host-RAM prompt cache (cache_ram, on by default) is another
+        # matter: the server saves each displaced slot into it, no endpoint of llama-server clears it, and
+        # the next trial's round (the same prompts as this round of every trial) would be restored from it.
+        # A restart is the only way to empty it, so a server with it on is never reused.
+        cache_ram = self.effective_settings(settings).get("cache_ram")
+        if cache_ram != 0:
+            shown = "llama-server's default, 8192 MiB" if cache_ram is None else f"{cache_ram} MiB"
+            return f"the host-RAM prompt cache is on (cache_ram: {shown}) and only a restart empties it"
+        if any(arg in ("--cache-ram", "-cram") or arg.startswith("--cache-ram=") for arg in self._options.extra_args):
+            return "engine.extra_args sets --cache-ram, which wins over the setting"
+        return None
+
+    def slot_count(self, startup_log: str) -> int | None:
+        found = _N_SLOTS.findall(startup_log)
+        return int(found[-1]) if found else None
+
+    def flush_requests(self, slots: int) -> list[ReplayRequest]:
+        # Token ids no synthesized round starts with in the same place (the warm-up uses the first 16):
+        # each shares at most a chance token with a round's prompt, below the slot-similarity threshold,
+        # so each goes to the least recently used idle slot and replaces what it held, from position 0.
+        low, high = self.prompt_token_range()
+        requests = []
+        for index in range(slots):
+            first = low + (16 * (index + 1)) % max(16, high - low - 16)
+            requests.append(
+                ReplayRequest(
+                    request_id=f"slot-flush-{index}",
+                    session=f"slot-flush-{index}",
+                    offset_s=0.0,
+                    prompt_token_ids=tuple(range(first, first + 16)),
+                    output_tokens=1,
+                    tag="slot-flush",
+                )
+            )
+        return requests
 
     def check_lora_adapters(self, names: set[str]) -> None:
         missing = sorted(names - set(self._options.lora_adapters))

@@ -25,7 +25,15 @@ from tuner.observers import NullObserver, StudyObserver
 from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, answer_tokens, format_log_line, load_cost_model
 from tuner.sim.server import Fault, _parse_fault, _text_tokens, parse_command_line
 from tuner.sim.virtual import replay_virtual
-from tuner.trial_runner import PreparedStudy, RoundResult, check_round, round_metrics, round_requests, warm_up_request
+from tuner.trial_runner import (
+    PreparedStudy,
+    RoundResult,
+    check_round,
+    round_metrics,
+    round_requests,
+    slots_missed,
+    warm_up_request,
+)
 
 __all__ = ["SimulatedTrialRunner", "parse_faults"]
 
@@ -67,13 +75,20 @@ class SimulatedTrialRunner:
         self._started: _Started | None = None
         self.rounds_measured = 0
         self.starts_by_settings: list[dict[str, ParamValue]] = []
+        self.reuses_by_settings: list[dict[str, ParamValue]] = []
+        # ("start" or "reuse", trial number) for each round's server, in order: a "start" begins a server.
+        self.servers: list[tuple[str, int]] = []
 
     @property
     def started(self) -> _Started:
         assert self._started is not None, "start() first"
         return self._started
 
-    async def start(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> None:
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        # The warm-up is replayed whatever `warm_up` says: this runner's probes are answered without the
+        # simulated server, so they would not warm it (and its model has no cold start to pay).
         engine = self.prepared.engine
         launch = engine.launch_spec(settings)
         command = parse_command_line(launch.args, launch.env)
@@ -83,6 +98,7 @@ class SimulatedTrialRunner:
         if any(f.kind == "refuse-start" for f in faults):
             raise ServerNotReady("the server exited with status 1 before it was healthy; server log: simulated fault")
         self._starts += 1
+        self.servers.append(("start", number))
         log: list[str] = []
         server = SimulatedLlamaServer(
             command.settings,
@@ -99,6 +115,26 @@ class SimulatedTrialRunner:
         if not warm.records[0].ok:
             raise MeasurementError(f"the warm-up request failed: {warm.records[0].error}")
         self.started.clock_s = warm.ended_s + _BETWEEN_ROUNDS_S
+
+    async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
+        """As on a real host: the engine's slot-clearing requests, and the log checked for every slot."""
+        engine, started = self.prepared.engine, self.started
+        slots = len(started.server.slots)
+        requests = engine.flush_requests(slots)
+        if not requests:
+            return f"{engine.kind} has no request that clears a slot"
+        mark = len(started.log)
+        done = replay_virtual(requests, started.server, engine=engine, start_s=started.clock_s, request_timeout_s=60)
+        started.clock_s = done.ended_s + _BETWEEN_ROUNDS_S
+        failed = next((r for r in done.records if not r.ok), None)
+        if failed is not None:
+            return f"a slot-clearing request failed: {failed.error}"
+        missed = slots_missed(engine.parse_log(started.log[mark:]), slots)
+        if missed is not None:
+            return missed
+        self.reuses_by_settings.append(dict(settings))
+        self.servers.append(("reuse", number))
+        return None
 
     async def probe_answers(
         self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None

@@ -1,0 +1,176 @@
+"""No restart where none is needed, and none where it would change a measurement (tuner.study `deploy`).
+
+On the simulated server (tests/sim_study.py), whose slots and host-RAM prompt cache behave as llama-server's:
+a trial that differs from the running server only in its LoRA policy (a request-scope knob) is measured on
+it, its slots cleared first; a trial with other server settings, a trial's own next round, and a server with
+the prompt cache on (llama-server's default) restart as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.sim_study import ROOT, prepare_simulated, run_simulated
+from tuner.config import ParamValue
+from tuner.engines.llama_server import LlamaServerEngine
+from tuner.models import ReplayRequest
+from tuner.sim.model import NoiseModel
+from tuner.sim.runner import SimulatedTrialRunner
+from tuner.trial_runner import PreparedStudy, RoundResult
+
+LORA_DEMO = ROOT / "studies" / "lora-demo.toml"
+QUIET = NoiseModel()
+
+
+def _lora_study(*overrides: str) -> PreparedStudy:
+    return prepare_simulated(
+        ["budget.trials=2", "confirm.pairs=3", "extra_rounds_if_noisy=0", *overrides], study_file=LORA_DEMO
+    )
+
+
+def _servers(runner: SimulatedTrialRunner) -> list[list[int]]:
+    """The trials each server measured a round of, one list per server start, in order."""
+    servers: list[list[int]] = []
+    for kind, number in runner.servers:
+        if kind == "start":
+            servers.append([])
+        servers[-1].append(number)
+    return servers
+
+
+def test_a_trial_differing_only_in_its_lora_policy_is_measured_on_the_running_server(tmp_path: Path) -> None:
+    result = run_simulated(_lora_study("engine.settings.cache_ram=0"), tmp_path / "s", seed=0, noise=QUIET)
+    runner = result.runner
+    assert runner.reuses_by_settings, runner.servers
+    assert all(set(settings) <= {"lora_policy"} for settings in runner.reuses_by_settings)  # {}: the baseline
+    servers = _servers(runner)
+    # Fewer starts than measured rounds, and no server measured two rounds of one trial: a trial's rounds
+    # and the confirmation's pairs keep their restart-to-restart spread.
+    assert len(servers) < runner.rounds_measured
+    assert sum(len(trials) for trials in servers) == runner.rounds_measured
+    assert all(len(trials) == len(set(trials)) for trials in servers), servers
+    assert result.board.recommendation.message  # the study ran to its end
+
+
+def test_a_reused_server_serves_no_prompt_from_an_earlier_trials_round(tmp_path: Path) -> None:
+    # Round k of every trial replays the same prompts: without its slots cleared, a reused server would
+    # answer part of the next trial's round from the last one's cached prompts. Every round, reused or
+    # not, must find in the cache exactly what it finds on a server started for it.
+    def cached_tokens(reuse: bool, run: str) -> dict[tuple[int, str], int]:
+        prepared = _lora_study("engine.settings.cache_ram=0", "confirm.top=0")
+        runner = _RecordingRunner(prepared, seed=0, noise=QUIET)
+        if not reuse:
+            runner.refuse_reuse = True
+        result = _run(prepared, runner, tmp_path / run)
+        assert bool(result.reuses_by_settings) == reuse
+        return runner.cached
+
+    with_reuse, restarted = cached_tokens(True, "reused"), cached_tokens(False, "restarted")
+    assert with_reuse.keys() == restarted.keys()
+    assert with_reuse == restarted
+
+
+def test_a_trial_with_other_server_settings_restarts_the_server(tmp_path: Path) -> None:
+    # The demo's n_batch x n_ubatch study, the prompt cache off so that only the settings keep a restart.
+    prepared = prepare_simulated(["engine.settings.cache_ram=0", "budget.trials=3", "extra_rounds_if_noisy=0"])
+    result = run_simulated(prepared, tmp_path / "s", seed=0, noise=QUIET)
+    runner = result.runner
+    assert runner.reuses_by_settings == []
+    assert len(runner.starts_by_settings) == runner.rounds_measured
+
+
+def test_with_the_prompt_cache_on_even_a_lora_policy_restarts_the_server(tmp_path: Path) -> None:
+    # llama-server's default cache_ram (8192 MiB): no request empties the host-RAM prompt cache, which
+    # would hand the next trial the same round's prompts.
+    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
+    assert result.runner.reuses_by_settings == []
+    assert len(result.runner.starts_by_settings) == result.runner.rounds_measured
+
+
+def test_a_server_whose_slots_could_not_all_be_cleared_is_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared = _lora_study("engine.settings.cache_ram=0", "confirm.top=0")
+    flush, flushes = prepared.engine.flush_requests, []
+
+    def one_slot_missed(slots: int) -> list[ReplayRequest]:
+        flushes.append(slots)
+        return flush(slots - 1)  # as if two of them had shared a slot: one slot keeps its earlier prompt
+
+    monkeypatch.setattr(prepared.engine, "flush_requests", one_slot_missed)
+    runner = _run(prepared, SimulatedTrialRunner(prepared, seed=0, noise=QUIET), tmp_path / "s")
+    assert flushes and runner.reuses_by_settings == []
+    assert len(runner.starts_by_settings) == runner.rounds_measured
+
+
+def test_llama_server_refuses_reuse_with_the_prompt_cache_on_and_clears_every_slot_otherwise() -> None:
+    def engine(**options: object) -> LlamaServerEngine:
+        from tuner.engines.llama_server import LlamaServerOptions
+
+        return LlamaServerEngine(LlamaServerOptions.model_validate({"binary": "simulated", **options}))
+
+    default = engine()
+    assert "cache_ram" in (default.reuse_refusal({}) or "")
+    assert "8192" in (default.reuse_refusal({}) or "")
+    assert "cache_ram: 1024 MiB" in (default.reuse_refusal({"cache_ram": 1024}) or "")
+    assert default.reuse_refusal({"cache_ram": 0}) is None
+    assert engine(settings={"cache_ram": 0}).reuse_refusal({"lora_policy": "all_on"}) is None
+    flagged = engine(settings={"cache_ram": 0}, extra_args=["--cache-ram", "512"])
+    assert "--cache-ram" in (flagged.reuse_refusal({}) or "")
+    # The server settings leave the request-scope knobs out: a LoRA policy alone changes nothing there.
+    assert default.server_settings({"lora_policy": "all_off"}) == default.server_settings({})
+    assert default.server_settings({"n_batch": 64}) != default.server_settings({})
+    assert default.slot_count("I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 2048") == 4
+    assert default.slot_count("no such line") is None
+    flush = default.flush_requests(4)
+    assert len(flush) == 4 and {r.tag for r in flush} == {"slot-flush"}
+    assert len({r.prompt_token_ids[0] for r in flush}) == 4  # no two share a prefix, so each takes its own slot
+    low, high = default.prompt_token_range()
+    assert all(low <= t < high for r in flush for t in r.prompt_token_ids)
+
+
+class _RecordingRunner(SimulatedTrialRunner):
+    """Counts each round's cached prompt tokens, by trial and round; can refuse every reuse."""
+
+    refuse_reuse = False
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.cached: dict[tuple[int, str], int] = defaultdict(int)
+
+    async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
+        if self.refuse_reuse:
+            return "refused by the test"
+        return await super().reuse(settings, number=number, log_path=log_path)
+
+    async def measure_round(
+        self,
+        *,
+        settings: Mapping[str, ParamValue],
+        number: int,
+        prompts_index: int,
+        label: str,
+        records_name: str | None,
+    ) -> RoundResult:
+        result = await super().measure_round(
+            settings=settings, number=number, prompts_index=prompts_index, label=label, records_name=records_name
+        )
+        self.cached[(number, label)] += sum(r.timings.cache_n for r in result.records if r.timings is not None)
+        return result
+
+
+def _run(prepared: PreparedStudy, runner: SimulatedTrialRunner, path: Path) -> SimulatedTrialRunner:
+    from optuna.storages import InMemoryStorage
+
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study, run_search
+
+    with RunDirectory(path, notice=lambda _line: None) as run_dir:
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=InMemoryStorage())
+        asyncio.run(run_search(prepared, run_dir, study, runner))
+    return runner
