@@ -1,14 +1,14 @@
 """Replay at production scale: the load generator's send-time accuracy while it replays a compressed
 trace at hundreds of requests per second against a loopback stub, and its report when it cannot.
 
-    bench/replay_rate.py [--seconds 30] [--rates 300,600,1000,4000] [--table]
+    bench/replay_rate.py [--seconds 20] [--rates 100:16,300:16,300:64,600:64,1000:64,2000:64] [--table]
 
 The trace is an Azure-shaped one (`bench/big_traces.py`'s, 20 requests/s, prompts with a median of
 about 1,000 tokens), imported with `tuner workload import azure` and compressed with the study's own
 `time_scale` to each rate. The client is the study's replay path itself: the trace loaded as a study
 loads it, its prompts made a session at a time (`synthesize_sessions`) as the replay takes them, sent by
-`replay_sessions`; pinned to CPU 0, the stub (`bench/sse_server.py`, 64 tokens a request, one every
-15 ms) to CPU 1.
+`replay_sessions`; pinned to CPU 0, the stub (`bench/sse_server.py`, 16 or 64 tokens a request, one
+every 15 ms, each its own network write as a real server streams them) to CPU 1.
 
 Two measures of lateness per request: the client's own (its send time minus the time the schedule
 had it sent), and the server's (its arrival on the server's clock against the schedule, less the median
@@ -59,7 +59,14 @@ def client(trace_path: Path, rate: float, seconds: float, base_url: str, out: Pa
     sessions = synthesize_sessions(
         keep, token_range=engine.prompt_token_range(), seed=0, round_index=0, time_scale=SOURCE_RATE / rate
     )
-    records = asyncio.run(replay_sessions(sessions, engine=engine, base_url=base_url, request_timeout_s=600))
+    replayed = replay_sessions(sessions, engine=engine, base_url=base_url, request_timeout_s=600)
+    if os.environ.get("BENCH_LOOP") == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            records = runner.run(replayed)
+    else:
+        records = asyncio.run(replayed)
     out.write_text(
         json.dumps(
             {
@@ -82,12 +89,12 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
     return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(ordered[-1], 3)}
 
 
-def measure(trace: Path, rate: float, seconds: float, work: Path) -> dict[str, object]:
+def measure(trace: Path, rate: float, seconds: float, work: Path, answer_tokens: int) -> dict[str, object]:
     port = free_port()
     stats, out = work / f"stats-{rate:g}.json", work / f"client-{rate:g}.json"
     server = subprocess.Popen(
         pinned(1, [sys.executable, str(BENCH / "sse_server.py"), "--port", str(port), "--stats", str(stats),
-                   "--tokens", "64", "--interval-ms", "15"]),
+                   "--tokens", str(answer_tokens), "--interval-ms", "15"]),
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -123,16 +130,16 @@ def measure(trace: Path, rate: float, seconds: float, work: Path) -> dict[str, o
 
 def table(data: dict[str, object]) -> str:
     lines = [
-        "| schedule | requests | client: sent late p50 / p99 / max | server: arrival error p50 / p99 / max "
-        "| reported |",
-        "|---|---|---|---|---|",
+        "| schedule | answer tokens | requests | client: sent late p50 / p99 / max "
+        "| server: arrival error p50 / p99 / max | reported |",
+        "|---|---|---|---|---|---|",
     ]
     for run in data["runs"]:  # type: ignore[attr-defined]
         c, s = run["client_late"], run["server_error"]
         behind = "fell behind" if run["fell_behind"] else "nothing (on schedule)"
         flag = "**" if c["p99_ms"] <= TARGET_P99_MS and s["p99_ms"] <= TARGET_P99_MS else ""
         lines.append(
-            f"| {run['rate']:g} requests/s | {run['requests']:,} | {flag}{c['p50_ms']:.2f} / {c['p99_ms']:.2f} / "
+            f"| {run['rate']:g} requests/s | {run.get('answer_tokens', 64)} | {run['requests']:,} | {flag}{c['p50_ms']:.2f} / {c['p99_ms']:.2f} / "
             f"{c['max_ms']:.1f} ms{flag} | {s['p50_ms']:.2f} / {s['p99_ms']:.2f} / {s['max_ms']:.1f} ms | {behind} |"
         )
     return "\n".join(lines)
@@ -144,26 +151,34 @@ def main() -> None:
         client(Path(given[0]), float(given[1]), float(given[2]), given[3], Path(given[4]))
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="seconds of compressed trace per rate")
-    parser.add_argument("--rates", default="300,600,1000,4000", help="requests/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds of compressed trace per rate")
+    parser.add_argument(
+        "--rates",
+        default="100:16,300:16,300:64,600:64,1000:64,2000:64",
+        help="requests/s, comma-separated, each with the tokens the stub streams a request (RATE:TOKENS)",
+    )
+    parser.add_argument("--answer-tokens", type=int, default=64, help="tokens the stub streams a request")
     parser.add_argument("--table", action="store_true", help=f"print the table from {RESULTS.name} and exit")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(RESULTS.read_text())))
         return
-    rates = [float(r) for r in args.rates.split(",")]
+    rates = [
+        (float(rate), int(tokens or args.answer_tokens))
+        for rate, _, tokens in (part.partition(":") for part in args.rates.split(","))
+    ]
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         source, trace = work / "azure.csv", work / "azure.jsonl"
-        write_azure(source, int(max(rates) * args.seconds) + 10)
+        write_azure(source, int(max(rate for rate, _ in rates) * args.seconds) + 10)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         subprocess.run(
             [sys.executable, "-m", "tuner", "workload", "import", "azure", str(source), "--out", str(trace)],
             check=True, capture_output=True, env=env,
         )  # fmt: skip
         runs = []
-        for rate in rates:
-            runs.append(measure(trace, rate, args.seconds, work))
+        for rate, tokens in rates:
+            runs.append({**measure(trace, rate, args.seconds, work, tokens), "answer_tokens": tokens})
             print(json.dumps(runs[-1]))
     data = {
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",

@@ -177,14 +177,27 @@ def test_a_refused_request_is_recorded_without_the_key_the_server_quoted(monkeyp
     engine = leaky_engine(monkeypatch)
     padding = "x" * 260  # the key then starts at character 287 of the record's error
 
-    def refusing(request: httpx.Request) -> httpx.Response:
-        key = request.headers["Authorization"].removeprefix("Bearer ")
-        return httpx.Response(401, text=f"{padding} invalid api key {key}")
+    async def refusing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        fields = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
+        await reader.readexactly(int(fields["Content-Length"]))
+        key = fields["Authorization"].removeprefix("Bearer ")
+        body = f"{padding} invalid api key {key}".encode()
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
 
     async def scenario() -> RequestRecord:
-        transport = httpx.MockTransport(refusing)
-        async with httpx.AsyncClient(base_url="http://server", transport=transport) as client:
-            client.headers.update(engine.request_headers())
+        from tuner.streaming_http import StreamingClient
+
+        server = await asyncio.start_server(refusing, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with (
+            server,
+            StreamingClient(
+                f"http://127.0.0.1:{port}", headers=engine.request_headers(), connect_timeout_s=5
+            ) as client,
+        ):
             request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
             record, _ = await _send(client, engine, request, 0.0, 5.0, due_s=0.0)
             return record

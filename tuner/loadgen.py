@@ -22,10 +22,12 @@ from tuner.faults import crash_point
 from tuner.http import tls_context
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimings
 from tuner.redact import redact
+from tuner.streaming_http import StreamError, StreamingClient, StreamingResponse
 
 __all__ = ["replay", "replay_sessions", "scrape_prometheus", "sessions_in_order", "with_answers"]
 
 _START_LEAD_S = 0.05
+_DRAIN_S = 1.0
 _START_LEAD_PER_SESSION_S = 20e-6  # creating a session's task takes a few microseconds
 # A session's task is made this long before its first request is due (its prompts, where they are made
 # as they are read, with it): long enough for any session's synthesis, short enough to hold few at once.
@@ -65,17 +67,14 @@ async def replay_sessions(
     one record per request, in the order they were sent. `sessions` may be made as it is read (a round's
     prompts synthesized a session at a time): a session is taken `_SESSION_LEAD_S` before its first
     request is due, so a long round holds only the sessions under way, never all its prompts at once."""
-    timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
     records: list[RequestRecord] = []
     # No pool limit: a request waiting for a free connection would be sent late, by the pool, unseen.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=base_url, limits=limits, timeout=timeout, headers=engine.request_headers(), verify=tls_context()
+    async with StreamingClient(
+        base_url,
+        headers=engine.request_headers(),
+        connect_timeout_s=min(10.0, request_timeout_s),
+        tls=tls_context() if base_url.startswith("https:") else None,
     ) as client:
-        # The first request through httpx pays for lazy setup (about 0.1 s); paying it here, and starting
-        # the clock only once it is paid, keeps the first arrivals on schedule.
-        with contextlib.suppress(httpx.HTTPError):
-            await client.get("/health")
         # A collector pass over everything the process holds takes tens of milliseconds: the schedule would
         # slip by that much. The replay's own garbage is freed as it goes (reference counts), so it waits.
         gc.collect()
@@ -138,7 +137,7 @@ def with_answers(request: ReplayRequest, answers: Mapping[str, Sequence[int]]) -
 
 
 async def _send(
-    client: httpx.AsyncClient,
+    client: StreamingClient,
     engine: Engine,
     request: ReplayRequest,
     started: float,
@@ -154,9 +153,10 @@ async def _send(
     status = RequestStatus.OK
     http_status: int | None = None
     error: str | None = None
+    ended_s: float | None = None
     try:
         async with asyncio.timeout(request_timeout_s):
-            async with client.stream(call.method, call.path, json=call.json) as response:
+            async with client.stream(call.method, call.path, json_body=call.json) as response:
                 http_status = response.status_code
                 if response.status_code != 200:
                     body = (await response.aread()).decode(errors="replace")
@@ -185,12 +185,17 @@ async def _send(
                             else:
                                 continue
                             break
+                        ended_s = time.perf_counter() - started
+                        # What follows the last event (the stream's end) is read, so the connection can
+                        # carry the next request; a server slow to end it only loses the connection.
+                        with contextlib.suppress(TimeoutError, StreamError):
+                            async with asyncio.timeout(_DRAIN_S):
+                                async for _ in batches:
+                                    pass
     except TimeoutError:
         status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
-    except httpx.TimeoutException:
-        status, error = RequestStatus.TIMEOUT, "the server stopped sending"
-    except httpx.HTTPError as exc:
-        status, error = RequestStatus.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"[:300]
+    except StreamError as exc:
+        status, error = RequestStatus.CONNECTION_ERROR, str(exc)[:300]
     if status is RequestStatus.OK and not token_s:
         status, error = RequestStatus.NO_OUTPUT, "the answer had no tokens"
     if error is not None:
@@ -207,7 +212,7 @@ async def _send(
         send_s=send_s,
         due_s=due_s,
         token_s=tuple(token_s),
-        end_s=time.perf_counter() - started,
+        end_s=ended_s if ended_s is not None else time.perf_counter() - started,
         status=status,
         http_status=http_status,
         error=error,
@@ -216,7 +221,7 @@ async def _send(
     return record, generated
 
 
-async def _line_batches(response: httpx.Response) -> AsyncGenerator[list[str]]:
+async def _line_batches(response: StreamingResponse) -> AsyncGenerator[list[str]]:
     """The stream's non-empty lines, a network read at a time: one timestamp serves a whole read, and
     splitting text ourselves costs a fraction of a line iterator's per-line overhead."""
     pending = ""
