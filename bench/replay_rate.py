@@ -139,7 +139,8 @@ def table(data: dict[str, object]) -> str:
         behind = "fell behind" if run["fell_behind"] else "nothing (on schedule)"
         flag = "**" if c["p99_ms"] <= TARGET_P99_MS and s["p99_ms"] <= TARGET_P99_MS else ""
         lines.append(
-            f"| {run['rate']:g} requests/s | {run.get('answer_tokens', 64)} | {run['requests']:,} | {flag}{c['p50_ms']:.2f} / {c['p99_ms']:.2f} / "
+            f"| {run['rate']:g} requests/s | {run.get('answer_tokens', 64)} | {run['requests']:,} | "
+            f"{flag}{c['p50_ms']:.2f} / {c['p99_ms']:.2f} / "
             f"{c['max_ms']:.1f} ms{flag} | {s['p50_ms']:.2f} / {s['p99_ms']:.2f} / {s['max_ms']:.1f} ms | {behind} |"
         )
     return "\n".join(lines)

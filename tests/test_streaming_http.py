@@ -148,7 +148,9 @@ def test_an_answer_cut_mid_way_is_a_named_error_and_its_connection_is_dropped() 
         async with client.stream("POST", "/x", json_body={}) as response:
             return str(cut.value), await response.aread()
 
-    message, second = run(handler, scenario)  # type: ignore[misc]
+    outcome = run(handler, scenario)
+    assert isinstance(outcome, tuple)
+    message, second = outcome
     assert "closed the connection mid-answer" in message
     assert second == b"ok" and len(connections) == 2
 

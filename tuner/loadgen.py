@@ -186,12 +186,7 @@ async def _send(
                                 continue
                             break
                         ended_s = time.perf_counter() - started
-                        # What follows the last event (the stream's end) is read, so the connection can
-                        # carry the next request; a server slow to end it only loses the connection.
-                        with contextlib.suppress(TimeoutError, StreamError):
-                            async with asyncio.timeout(_DRAIN_S):
-                                async for _ in batches:
-                                    pass
+                        await _drain(batches)
     except TimeoutError:
         status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
     except StreamError as exc:
@@ -219,6 +214,15 @@ async def _send(
         timings=timings,
     )
     return record, generated
+
+
+async def _drain(batches: AsyncGenerator[list[str]]) -> None:
+    """Reads what follows an answer's last event (the stream's end), so that its connection can carry the
+    next request; a server slow to end it only loses the connection, never the answer."""
+    with contextlib.suppress(TimeoutError, StreamError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in batches:
+                pass
 
 
 async def _line_batches(response: StreamingResponse) -> AsyncGenerator[list[str]]:
