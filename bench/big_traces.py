@@ -4,7 +4,7 @@ workload show --plot` and the replay's loader on traces of 100,000 and 1,000,000
     bench/big_traces.py [--rows 100000,1000000] [--table]
 
 The sources are synthetic, in the shapes of the public traces (no real trace is shipped or fetched):
-- **mooncake**: JSONL in Mooncake's format, about 12,000 prompt tokens and 20 to 50 block ids a request, as in
+- **mooncake**: JSONL in Mooncake's format, about 13,000 prompt tokens and up to 32 block ids a request (its
   its conversation trace; requests belong to 20,000 conversations whose turns share a growing chain
   of blocks, and every request adds blocks of its own, so most ids are named once (a real day's trace
   names tens of millions of blocks);
