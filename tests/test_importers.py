@@ -175,3 +175,16 @@ def test_an_import_is_written_whole_and_reads_back(tmp_path: Path) -> None:
     assert len(load_trace(out).requests) == 3
     assert main(["workload", "import", "mooncake", str(DATA / "azure.csv"), "--out", str(tmp_path / "x.jsonl")]) == 2
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_mooncake_block_ids_that_only_look_like_numbers_are_names(tmp_path: Path) -> None:
+    # "--5" and a 30-digit id are names, not numbers: counted as blocks, never a traceback.
+    from tuner.importers import import_trace
+
+    source = tmp_path / "mc.jsonl"
+    rows = [
+        {"timestamp": at, "input_length": 1100, "output_length": 5, "hash_ids": ["--5", "1" * 30, 5]} for at in (0, 10)
+    ]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    trace = import_trace("mooncake", source, {}, name="mc")
+    assert [block for block, _ in trace.prefix_blocks(1)] == ["mc---5", f"mc-{'1' * 30}", "mc-5"]

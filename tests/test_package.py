@@ -16,7 +16,7 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 
 # Lower layers first; a module may import only from its own layer or below (docs/architecture.md).
 LAYERS = [
-    {"errors", "registry", "catalog", "assets", "files", "adapters", "faults", "redact", "http"},
+    {"errors", "registry", "catalog", "assets", "files", "adapters", "faults", "redact", "http", "streaming_http"},
     {"models", "config"},
     {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs"},
     {"engines", "deployers", "importers"},

@@ -162,6 +162,10 @@ def test_an_answer_cut_mid_way_is_a_named_error_and_its_connection_is_dropped() 
         (b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n", "Content-Length 'many'"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "a malformed chunk"),
         (b"", "closed the connection before answering"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "Content-Length '-5'"),
+        # A chunk of a terabyte is read in pieces as it comes, never buffered whole.
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\ne8d4a51000\r\nabc", "closed the connection mid-answer"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n", "a malformed chunk"),
     ],
 )
 def test_what_is_not_an_http_answer_is_named(answer: bytes, named: str) -> None:
@@ -220,3 +224,18 @@ def test_an_answer_left_unread_closes_its_connection_so_the_next_request_reads_o
 
     assert run(handler, scenario) == [b"first-0", b"first-0"]
     assert len(connections) == 2
+
+
+def test_an_answer_without_a_body_ends_at_its_head_though_the_connection_stays_open() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # keeps the connection open until the client is gone
+        writer.close()
+
+    async def scenario(client: StreamingClient) -> bytes:
+        async with client.stream("POST", "/x", json_body={}) as response:
+            return await response.aread()
+
+    assert run(handler, scenario) == b""

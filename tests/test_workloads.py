@@ -407,7 +407,9 @@ def test_the_column_summary_counts_what_the_request_by_request_summary_of_0_1_0_
     for trace in traces:
         expected = reference_summary(list(trace.requests))
         summary = summarize_trace(trace)
-        prompt_total = summary.prompt_tokens.total
+        prompt_total = sum(r.prompt.total_tokens for r in trace.requests)
+        assert summary.prompt_tokens.total == prompt_total, trace.header.name
+        assert trace.prefix_tokens.tolist() == [r.prompt.prefix_tokens for r in trace.requests]
         assert summary.prefix_reuse == expected["prefix"] / prompt_total, trace.header.name
         assert summary.history_reuse == expected["history"] / prompt_total, trace.header.name
         profile = concurrency_profile(trace)
@@ -451,3 +453,41 @@ def test_prompt_tokens_are_drawn_exactly_as_randrange_draws_them() -> None:
         expected, drawn = random.Random(9), random.Random(9)
         assert _draw(drawn, low, high, 3000) == [expected.randrange(low, high) for _ in range(3000)]
         assert drawn.random() == expected.random()  # and leave the generator where randrange leaves it
+
+
+def test_a_session_named_like_one_of_its_requests_is_one_session(tmp_path: Path) -> None:
+    # A request whose session is its own id is stored without a session entry; a later turn naming that
+    # session must still be the same session: one conversation, its history reused, replayed in order.
+    from tuner.workloads import summarize_trace, synthesize_sessions
+
+    lines = [
+        '{"id": "a", "offset_s": 0, "session": "a", "prompt": {"new_tokens": 40}, "output_tokens": 20}',
+        '{"id": "b", "offset_s": 1, "session": "a", "turn": 1, "prompt": {"history_tokens": 60, "new_tokens": 5},'
+        ' "output_tokens": 3}',
+        '{"id": "c", "offset_s": 2, "session": "c", "prompt": {"new_tokens": 9}, "output_tokens": 2}',
+    ]
+    trace = load_trace(write(tmp_path, HEADER + "\n".join(lines) + "\n"))
+    summary = summarize_trace(trace)
+    assert summary.sessions == 2
+    assert summary.history_reuse == 60 / (40 + 65 + 9)
+    sessions = list(synthesize_sessions(trace, token_range=(100, 30000), seed=1, round_index=0))
+    assert [[r.request_id for r in s] for s in sessions] == [["a", "b"], ["c"]]
+
+
+def test_a_requests_prefix_tokens_are_all_its_blocks_tokens_when_no_block_follows(tmp_path: Path) -> None:
+    lines = [
+        '{"id": "a", "offset_s": 0, "session": "a", "prompt": {"shared_prefix": [{"block": "x", "tokens": 100},'
+        ' {"block": "y", "tokens": 7}], "new_tokens": 1}, "output_tokens": 2}',
+        '{"id": "b", "offset_s": 1, "session": "b", "prompt": {"new_tokens": 3}, "output_tokens": 2}',
+    ]
+    trace = load_trace(write(tmp_path, HEADER + "\n".join(lines) + "\n"))
+    assert trace.prefix_tokens.tolist() == [107, 0]
+
+
+def test_an_empty_token_range_is_refused_not_drawn_from_forever() -> None:
+    import random
+
+    from tuner.workloads.synthesis import _draw
+
+    with pytest.raises(ValueError, match="empty token range"):
+        _draw(random.Random(1), 5, 5, 3)

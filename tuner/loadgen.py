@@ -188,7 +188,8 @@ async def _send(
                         ended_s = time.perf_counter() - started
                         await _drain(batches)
     except TimeoutError:
-        status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
+        if ended_s is None:  # past the answer's last event, the deadline only cut the stream's end
+            status, error = RequestStatus.TIMEOUT, f"no complete answer within {request_timeout_s:g} s"
     except StreamError as exc:
         status, error = RequestStatus.CONNECTION_ERROR, str(exc)[:300]
     if status is RequestStatus.OK and not token_s:

@@ -172,11 +172,15 @@ def _response(head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamW
             headers[name.strip().lower()] = value.strip()
     if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
         headers["connection"] = "close"
+    if status in (204, 304) or 100 <= status < 200:
+        return StreamingResponse(status, headers, _empty())
     if "chunked" in headers.get("transfer-encoding", "").lower():
         return StreamingResponse(status, headers, _chunked(reader))
     if "content-length" in headers:
         try:
             length = int(headers["content-length"])
+            if length < 0:
+                raise ValueError(length)
         except ValueError:
             writer.close()
             raise StreamError(f"RemoteProtocolError: Content-Length {headers['content-length']!r}") from None
@@ -194,12 +198,25 @@ async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
                 while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
                     pass
                 return
-            data = await reader.readexactly(size + 2)
-            yield data[:-2]
+            # In pieces: a chunk's size is the server's word, and a huge one must not be buffered whole.
+            left = size
+            while left > 0:
+                data = await reader.read(min(left, _READ))
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", left)
+                left -= len(data)
+                yield data
+            if await reader.readexactly(2) != b"\r\n":
+                raise ValueError("a chunk not followed by CRLF")
     except (asyncio.IncompleteReadError, ConnectionError, OSError):
         raise StreamError("RemoteProtocolError: the server closed the connection mid-answer") from None
     except (ValueError, asyncio.LimitOverrunError):
         raise StreamError("RemoteProtocolError: a malformed chunk in the answer") from None
+
+
+async def _empty() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
 
 
 async def _sized(reader: asyncio.StreamReader, length: int) -> AsyncIterator[bytes]:

@@ -99,7 +99,8 @@ def _block_key(block_id: int | str) -> int | str:
     """The key a block id is counted by: ids 5 and "5" name one block (both are written `mc-5`)."""
     if isinstance(block_id, int):
         return block_id
-    if block_id.isascii() and block_id.lstrip("-").isdigit():
+    digits = block_id[1:] if block_id.startswith("-") else block_id
+    if digits.isascii() and digits.isdigit() and len(digits) <= 20:  # longer is no 64-bit id
         number = int(block_id)
         if str(number) == block_id:
             return number

@@ -32,6 +32,8 @@ def _draw(rng: random.Random, low: int, high: int, count: int) -> list[int]:
     """`[rng.randrange(low, high) for _ in range(count)]`, the same numbers from the same generator, at
     half the cost: the replay makes a thousand-token prompt in the time it has between two requests."""
     width = high - low
+    if width <= 0:
+        raise ValueError(f"empty token range [{low}, {high})")
     bits, take = width.bit_length(), rng.getrandbits
     drawn = []
     for _ in range(count):

@@ -289,12 +289,9 @@ class Trace:
             lo, hi = int(self._prefix_start[rows.start]), int(self._prefix_start[rows.stop])
             if hi == lo:
                 continue
-            tokens = self.use_tokens(lo, hi)
-            # reduceat gives a request without blocks the next block's tokens, hence the zeros.
+            running = np.concatenate(([0], np.cumsum(self.use_tokens(lo, hi), dtype=np.int64)))
             starts = self._prefix_start[rows.start : rows.stop + 1] - lo
-            chunk = np.add.reduceat(tokens, np.minimum(starts[:-1], hi - lo - 1)).astype(np.int64)
-            chunk[starts[1:] == starts[:-1]] = 0
-            sums[rows] = chunk
+            sums[rows] = running[starts[1:]] - running[starts[:-1]]
         return sums
 
     def use_tokens(self, lo: int, hi: int) -> Small:
@@ -583,6 +580,15 @@ class TraceBuilder:
         trace._block_tokens = _view(prefix, "sizes", np.int32)
         trace._odd_positions, trace._odd_tokens = _view(prefix, "odd at", np.int64), _view(prefix, "odd", np.int32)
         trace._ids = _Strings(self._id_blob, _view({"ends": self._id_ends}, "ends", np.int64))
+        # A session named like one of its requests and also named by others has a table code: the request
+        # coded by its position gets that code too, or the session would count as two.
+        table = self._codes["session"]
+        if table:
+            own = np.flatnonzero(trace._session_codes < 0)
+            for index, name in zip(own.tolist(), (trace._ids[i] for i in own.tolist()), strict=True):
+                code = table.get(name)
+                if code is not None:
+                    trace._session_codes[index] = code
         trace._sessions = list(self._codes["session"])
         trace._tags = list(self._codes["tag"])
         trace._lora_table = list(self._codes["lora"])
