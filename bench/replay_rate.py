@@ -59,6 +59,8 @@ def client(trace_path: Path, rate: float, seconds: float, base_url: str, out: Pa
     sessions = synthesize_sessions(
         keep, token_range=engine.prompt_token_range(), seed=0, round_index=0, time_scale=SOURCE_RATE / rate
     )
+    if os.environ.get("BENCH_PREMADE"):  # an experiment: every prompt made before the clock starts
+        sessions = iter(list(sessions))
     replayed = replay_sessions(sessions, engine=engine, base_url=base_url, request_timeout_s=600)
     if os.environ.get("BENCH_LOOP") == "uvloop":
         import uvloop
