@@ -188,3 +188,66 @@ def test_mooncake_block_ids_that_only_look_like_numbers_are_names(tmp_path: Path
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     trace = import_trace("mooncake", source, {}, name="mc")
     assert [block for block, _ in trace.prefix_blocks(1)] == ["mc---5", f"mc-{'1' * 30}", "mc-5"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "named"),
+    [
+        (
+            "mooncake",
+            '{"timestamp": 0, "input_length": 20000000, "output_length": 5, "hash_ids": [1]}\n',
+            r":1: 20000000 new prompt tokens: a request has 0 to 10,000,000",
+        ),
+        (
+            "mooncake",
+            '{"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [1]}\n'
+            '{"timestamp": 99999999999, "input_length": 20, "output_length": 5, "hash_ids": [2]}\n',
+            r":2: arrives 1e\+08 s after the trace's first request; a trace spans at most 366 days",
+        ),
+        (
+            "azure",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,5,20000001\n",
+            r":2: 20000001 output tokens: a request has 1 to 10,000,000",
+        ),
+        (
+            "azure",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,5,2\n2026-05-10 00:00:00,5,2\n",
+            r":3: arrives 6.3072e\+07 s after the trace's first request",
+        ),
+    ],
+)
+def test_a_row_past_a_traces_limits_is_named_at_its_line_not_a_traceback(
+    tmp_path: Path, kind: str, text: str, named: str
+) -> None:
+    from tuner.errors import WorkloadError
+    from tuner.importers import import_trace
+
+    source = tmp_path / "source"
+    source.write_text(text)
+    with pytest.raises(WorkloadError, match=named):
+        import_trace(kind, source, {}, name="t")
+
+
+def test_an_imported_request_is_stored_as_its_model_would_be() -> None:
+    # The importers add requests without a model; what is stored must be what the model would store.
+    from tuner.workloads import PrefixBlock, PromptShape, Trace, TraceBuilder, TraceHeader, TraceRequest, trace_lines
+
+    header = TraceHeader(format="serve-tuner-trace", version=1, name="t")
+    shapes = [(0.0, 5, 3, []), (1.25, 0, 7, [("a", 512), ("b", 40)]), (2.5, 9, 1, [("a", 100), ("c", 512)])]
+    fast = TraceBuilder(header)
+    for index, (offset, new, output, blocks) in enumerate(shapes):
+        fast.add_own_session(f"r{index}", offset_s=offset, new_tokens=new, output_tokens=output, tag="x", blocks=blocks)
+    models = [
+        TraceRequest(
+            id=f"r{index}",
+            offset_s=offset,
+            session=f"r{index}",
+            prompt=PromptShape(shared_prefix=[PrefixBlock(block=b, tokens=t) for b, t in blocks], new_tokens=new),
+            output_tokens=output,
+            tag="x",
+        )
+        for index, (offset, new, output, blocks) in enumerate(shapes)
+    ]
+    built = fast.build()
+    assert list(built.requests) == models
+    assert b"".join(trace_lines(built)) == b"".join(trace_lines(Trace(header=header, requests=models)))

@@ -19,7 +19,7 @@ from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, import_builder
-from tuner.workloads import PromptShape, Trace, TraceRequest
+from tuner.workloads import Trace
 
 __all__ = ["AzureImporter", "AzureOptions"]
 
@@ -51,19 +51,21 @@ class AzureImporter:
         index = 0
         for nanoseconds, counts in _chunks(path, options.limit, blank_lines, header_at=header_at):
             offsets = [round(elapsed / 1e9, 6) for elapsed in (nanoseconds - start).tolist()]
-            for offset, context, generated in zip(
-                offsets, counts["ContextTokens"].tolist(), counts["GeneratedTokens"].tolist(), strict=True
+            contexts, generated = counts["ContextTokens"], counts["GeneratedTokens"]
+            lines = contexts.index.tolist()  # each row's line in the file
+            for line, offset, context, output in zip(
+                lines, offsets, contexts.tolist(), generated.tolist(), strict=True
             ):
-                builder.add(
-                    TraceRequest(
-                        id=f"r{index}",
+                try:
+                    builder.add_own_session(
+                        f"r{index}",
                         offset_s=offset,
-                        session=f"r{index}",
-                        prompt=PromptShape(new_tokens=int(context)),
-                        output_tokens=int(generated),
+                        new_tokens=int(context),
+                        output_tokens=int(output),
                         tag=options.tag,
                     )
-                )
+                except ValueError as exc:
+                    raise WorkloadError(f"{path}:{line}: {exc}") from None
                 index += 1
         return builder.build().in_arrival_order()
 

@@ -22,7 +22,7 @@ from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, import_builder, stream_lines
-from tuner.workloads import Trace, TraceRequest
+from tuner.workloads import Trace
 
 __all__ = ["MooncakeImporter", "MooncakeOptions"]
 
@@ -52,24 +52,25 @@ class MooncakeImporter:
         del counted
         builder = import_builder(path, name)
         block_tokens = options.block_tokens
-        for index, (_, (at, prompt_tokens, output_tokens, ids)) in enumerate(_records(path)):
-            blocks: list[dict[str, Any]] = []
+        for index, (number, (at, prompt_tokens, output_tokens, ids)) in enumerate(_records(path)):
+            blocks: list[tuple[str, int]] = []
             for position, block_id in enumerate(ids):
                 size = min(block_tokens, prompt_tokens - position * block_tokens)
                 if size <= 0 or (block_id if type(block_id) is int else _block_key(block_id)) not in shared:
                     break
-                blocks.append({"block": f"mc-{block_id}", "tokens": size})
-            new = prompt_tokens - sum(b["tokens"] for b in blocks)
-            # Validated as one nested value: a model a block would cost more than the rest of the import.
-            request = {
-                "id": f"r{index}",
-                "offset_s": round(at - start, 6),
-                "session": f"r{index}",
-                "prompt": {"shared_prefix": blocks, "new_tokens": max(new, 0 if blocks else 1)},
-                "output_tokens": output_tokens,
-                "tag": options.tag,
-            }
-            builder.add(TraceRequest.model_validate(request))
+                blocks.append((f"mc-{block_id}", size))
+            new = prompt_tokens - sum(tokens for _, tokens in blocks)
+            try:
+                builder.add_own_session(
+                    f"r{index}",
+                    offset_s=round(at - start, 6),
+                    new_tokens=max(new, 0 if blocks else 1),
+                    output_tokens=output_tokens,
+                    tag=options.tag,
+                    blocks=blocks,
+                )
+            except ValueError as exc:
+                raise WorkloadError(f"{path}:{number}: {exc}") from None
         return builder.build().in_arrival_order()
 
 

@@ -53,7 +53,7 @@ TRACE_VERSION = 1
 # The token limit lives in tuner/catalog.py, where the command line checks it without loading pydantic.
 _MAX_TOKENS = MAX_PROMPT_TOKENS
 # A trace spans at most a year of arrivals.
-_MAX_OFFSET_S = 366 * 86_400.0
+MAX_OFFSET_S = 366 * 86_400.0
 
 
 class TraceHeader(StrictModel):
@@ -103,11 +103,11 @@ class LoraUse(StrictModel):
 
 class TraceRequest(StrictModel):
     id: str
-    offset_s: float = Field(ge=0, le=_MAX_OFFSET_S, description="Arrival time from the start of the trace.")
+    offset_s: float = Field(ge=0, le=MAX_OFFSET_S, description="Arrival time from the start of the trace.")
     session: str
     turn: int = Field(default=0, ge=0, le=2**31 - 1)
     think_s: float = Field(
-        default=0.0, ge=0, le=_MAX_OFFSET_S, description="Pause after the session's previous turn ended."
+        default=0.0, ge=0, le=MAX_OFFSET_S, description="Pause after the session's previous turn ended."
     )
     prompt: PromptShape
     output_tokens: int = Field(gt=0, le=_MAX_TOKENS)
@@ -379,6 +379,12 @@ class Trace:
             self._lora_codes[indices].tolist(),
         )
         ids = self._ids.spans(indices.start, indices.stop)
+        # The batch's block uses as plain lists, read once: per request, numpy slices cost more than the rest.
+        block_starts = self._prefix_start[indices.start : indices.stop + 1].tolist()
+        first_use = block_starts[0]
+        names = self._prefix_names
+        block_names = [names[code] for code in self._prefix_blocks[first_use : block_starts[-1]].tolist()]
+        block_tokens = self.use_tokens(first_use, block_starts[-1]).tolist()
         for position, index in enumerate(indices):
             row: dict[str, Any] = {"id": ids[position], "offset_s": offsets[position]}
             code = sessions[position]
@@ -388,9 +394,12 @@ class Trace:
             if thinks[position] != 0.0:
                 row["think_s"] = thinks[position]
             prompt: dict[str, Any] = {}
-            blocks = self.prefix_blocks(index)
-            if blocks:
-                prompt["shared_prefix"] = [{"block": block, "tokens": tokens} for block, tokens in blocks]
+            lo, hi = block_starts[position] - first_use, block_starts[position + 1] - first_use
+            if hi > lo:
+                prompt["shared_prefix"] = [
+                    {"block": block, "tokens": tokens}
+                    for block, tokens in zip(block_names[lo:hi], block_tokens[lo:hi], strict=True)
+                ]
             if history[position] != 0:
                 prompt["history_tokens"] = history[position]
             prompt["new_tokens"] = new[position]
@@ -518,6 +527,47 @@ class TraceBuilder:
             code = codes[value] = len(codes)
         return code
 
+    def add_own_session(
+        self,
+        request_id: str,
+        *,
+        offset_s: float,
+        new_tokens: int,
+        output_tokens: int,
+        tag: str,
+        blocks: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        """A request that is a session of its own (turn 0, no think time, LoRA, duration or content), as an
+        importer reads it, without the model: validating a model of 30 blocks costs more than the rest of
+        a million-row import. The values are checked against the same limits the model holds; ValueError
+        names the one broken."""
+        problem = shape_problem(offset_s=offset_s, new_tokens=new_tokens, output_tokens=output_tokens, blocks=blocks)
+        if problem is not None:
+            raise ValueError(problem)
+        index = len(self._id_ends)
+        self._id_blob += request_id.encode()
+        self._id_ends.append(len(self._id_blob))
+        floats, ints = self._floats, self._ints
+        floats["offset_s"].append(offset_s)
+        floats["think_s"].append(0.0)
+        floats["duration_s"].append(math.nan)
+        for name, value in (("turn", 0), ("new", new_tokens), ("history", 0), ("output", output_tokens)):
+            ints[name].append(value)
+        ints["session"].append(-(index + 1))
+        ints["tag"].append(self._code("tag", tag))
+        ints["lora"].append(self._code("lora", ()))
+        codes, uses, sizes = self._codes["block"], self._prefix_blocks, self._block_tokens
+        for block, tokens in blocks:
+            code = codes.get(block)
+            if code is None:
+                code = codes[block] = len(codes)
+                sizes.append(tokens)
+            elif sizes[code] != tokens:
+                self._odd_positions.append(len(uses))
+                self._odd_tokens.append(tokens)
+            uses.append(code)
+        self._prefix_start.append(len(uses))
+
     def add(self, request: TraceRequest) -> None:
         index = len(self._id_ends)
         self._id_blob += request.id.encode()
@@ -603,6 +653,23 @@ _CHUNK_ROWS = 65_536
 def _row_chunks(count: int) -> list[range]:
     """Ranges of rows to walk a big trace's block uses a chunk at a time."""
     return [range(start, min(start + _CHUNK_ROWS, count)) for start in range(0, count, _CHUNK_ROWS)]
+
+
+def shape_problem(
+    *, offset_s: float, new_tokens: int, output_tokens: int, blocks: Sequence[tuple[str, int]] = ()
+) -> str | None:
+    """What keeps a request of these values out of a trace (the limits `TraceRequest` holds), or None."""
+    if not 0 <= offset_s <= MAX_OFFSET_S:
+        return f"arrives {offset_s:g} s after the trace's first request; a trace spans at most 366 days"
+    for name, value, least in (("output tokens", output_tokens, 1), ("new prompt tokens", new_tokens, 0)):
+        if not least <= value <= _MAX_TOKENS:
+            return f"{value} {name}: a request has {least} to {_MAX_TOKENS:,}"
+    for block, tokens in blocks:
+        if not 1 <= tokens <= _MAX_TOKENS:
+            return f"block {block} of {tokens} tokens: a block has 1 to {_MAX_TOKENS:,}"
+    if new_tokens == 0 and not blocks:
+        return "a prompt needs at least one token"
+    return None
 
 
 def _view(columns: dict[str, array[Any]], name: str, dtype: type[np.generic]) -> Any:
