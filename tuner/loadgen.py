@@ -9,6 +9,7 @@ has its own deadline, because a server can keep answering its health check while
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import gc
 import time
@@ -28,6 +29,7 @@ __all__ = ["replay", "replay_sessions", "scrape_prometheus", "sessions_in_order"
 
 _START_LEAD_S = 0.05
 _DRAIN_S = 1.0
+_WAKE_EARLY_S = 0.0015
 _START_LEAD_PER_SESSION_S = 20e-6  # creating a session's task takes a few microseconds
 # A session's task is made this long before its first request is due (its prompts, where they are made
 # as they are read, with it): long enough for any session's synthesis, short enough to hold few at once.
@@ -94,8 +96,12 @@ async def replay_sessions(
                 if previous_end is not None:
                     due = max(due, previous_end + request.think_s)
                 delay = due - (time.perf_counter() - started)
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                if delay > _WAKE_EARLY_S:
+                    await asyncio.sleep(delay - _WAKE_EARLY_S)
+                # The loop's timers wake up to a millisecond late (epoll waits in whole milliseconds): the
+                # last stretch is waited for by yielding, so a send leaves on time, not up to 1 ms after.
+                while time.perf_counter() - started < due:
+                    await asyncio.sleep(0)
                 record, answers[request.request_id] = await _send(
                     client, engine, with_answers(request, answers), started, request_timeout_s, due_s=due
                 )
@@ -229,11 +235,13 @@ async def _drain(batches: AsyncGenerator[list[str]]) -> None:
 async def _line_batches(response: StreamingResponse) -> AsyncGenerator[list[str]]:
     """The stream's non-empty lines, a network read at a time: one timestamp serves a whole read, and
     splitting text ourselves costs a fraction of a line iterator's per-line overhead."""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
     pending = ""
-    async for text in response.aiter_text():
-        pending += text
+    async for data in response.aiter_bytes():
+        pending += decode(data)
         *lines, pending = pending.split("\n")
         yield [line for line in lines if line and line != "\r"]
+    pending += decode(b"", final=True)
     if pending.strip():
         yield [pending]
 

@@ -31,16 +31,23 @@ class StreamError(Exception):
 
 
 class StreamingResponse:
-    def __init__(self, status_code: int, headers: dict[str, str], body: AsyncIterator[bytes]) -> None:
+    def __init__(self, status_code: int, headers: dict[str, str], reader: asyncio.StreamReader, framing: str) -> None:
         self.status_code = status_code
         self.headers = headers
-        self._body = body
+        self._reader = reader
+        self._framing = framing
         self.complete = False  # the whole body was read: the connection can carry the next request
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        async for data in self._body:
-            yield data
-        self.complete = True
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body as it arrives. One generator, no layer above it: at 20,000 streamed tokens a second,
+        each layer of async iteration is a few percent of a core."""
+        if self._framing == "chunked":
+            return _chunked(self._reader, self)
+        if self._framing == "empty":
+            return _empty(self)
+        if self._framing.startswith("sized "):
+            return _sized(self._reader, int(self._framing.removeprefix("sized ")), self)
+        return _to_close(self._reader, self)
 
     async def aiter_text(self) -> AsyncIterator[str]:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -173,9 +180,9 @@ def _response(head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamW
     if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
         headers["connection"] = "close"
     if status in (204, 304) or 100 <= status < 200:
-        return StreamingResponse(status, headers, _empty())
+        return StreamingResponse(status, headers, reader, "empty")
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return StreamingResponse(status, headers, _chunked(reader))
+        return StreamingResponse(status, headers, reader, "chunked")
     if "content-length" in headers:
         try:
             length = int(headers["content-length"])
@@ -184,12 +191,12 @@ def _response(head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamW
         except ValueError:
             writer.close()
             raise StreamError(f"RemoteProtocolError: Content-Length {headers['content-length']!r}") from None
-        return StreamingResponse(status, headers, _sized(reader, length))
+        return StreamingResponse(status, headers, reader, f"sized {length}")
     headers["connection"] = "close"  # the body ends where the connection does
-    return StreamingResponse(status, headers, _to_close(reader))
+    return StreamingResponse(status, headers, reader, "to close")
 
 
-async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+async def _chunked(reader: asyncio.StreamReader, response: StreamingResponse) -> AsyncIterator[bytes]:
     try:
         while True:
             size_line = await reader.readuntil(b"\r\n")
@@ -197,6 +204,7 @@ async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
             if size == 0:
                 while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
                     pass
+                response.complete = True
                 return
             # In pieces: a chunk's size is the server's word, and a huge one must not be buffered whole.
             left = size
@@ -214,12 +222,13 @@ async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         raise StreamError("RemoteProtocolError: a malformed chunk in the answer") from None
 
 
-async def _empty() -> AsyncIterator[bytes]:
+async def _empty(response: StreamingResponse) -> AsyncIterator[bytes]:
+    response.complete = True
     return
     yield b""  # an async generator that yields nothing
 
 
-async def _sized(reader: asyncio.StreamReader, length: int) -> AsyncIterator[bytes]:
+async def _sized(reader: asyncio.StreamReader, length: int, response: StreamingResponse) -> AsyncIterator[bytes]:
     left = length
     try:
         while left > 0:
@@ -228,13 +237,15 @@ async def _sized(reader: asyncio.StreamReader, length: int) -> AsyncIterator[byt
                 raise StreamError(f"RemoteProtocolError: the answer ended {left} bytes short of its length")
             left -= len(data)
             yield data
+        response.complete = True
     except (ConnectionError, OSError):
         raise StreamError("RemoteProtocolError: the server closed the connection mid-answer") from None
 
 
-async def _to_close(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+async def _to_close(reader: asyncio.StreamReader, response: StreamingResponse) -> AsyncIterator[bytes]:
     try:
         while data := await reader.read(_READ):
             yield data
+        response.complete = True
     except (ConnectionError, OSError):
         raise StreamError("RemoteProtocolError: the server closed the connection mid-answer") from None
