@@ -251,3 +251,14 @@ def test_an_imported_request_is_stored_as_its_model_would_be() -> None:
     built = fast.build()
     assert list(built.requests) == models
     assert b"".join(trace_lines(built)) == b"".join(trace_lines(Trace(header=header, requests=models)))
+
+
+def test_an_imported_value_that_is_not_a_whole_number_is_refused_before_anything_is_stored() -> None:
+    from tuner.workloads import TraceBuilder, TraceHeader
+
+    builder = TraceBuilder(TraceHeader(format="serve-tuner-trace", version=1, name="t"))
+    with pytest.raises(ValueError, match=r"2\.5 new prompt tokens: a whole number"):
+        builder.add_own_session("r0", offset_s=0.0, new_tokens=2.5, output_tokens=1, tag="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"block a of 2\.0 tokens"):
+        builder.add_own_session("r0", offset_s=0.0, new_tokens=1, output_tokens=1, tag="x", blocks=[("a", 2.0)])  # type: ignore[list-item]
+    assert len(builder) == 0

@@ -239,3 +239,26 @@ def test_an_answer_without_a_body_ends_at_its_head_though_the_connection_stays_o
             return await response.aread()
 
     assert run(handler, scenario) == b""
+
+
+def test_a_body_read_in_two_goes_is_read_on_from_where_the_first_stopped() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        writer.write(b"5\r\nworld\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    async def scenario(client: StreamingClient) -> tuple[bytes, bytes, bytes, bool]:
+        async with client.stream("POST", "/x", json_body={}) as response:
+            first = b""
+            async for data in response.aiter_bytes():
+                first = data
+                break
+            rest = await response.aread()
+            again = await response.aread()
+            return first, rest, again, response.complete
+
+    assert run(handler, scenario) == (b"hello", b"world", b"", True)

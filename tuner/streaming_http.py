@@ -36,18 +36,23 @@ class StreamingResponse:
         self.headers = headers
         self._reader = reader
         self._framing = framing
+        self._body: AsyncIterator[bytes] | None = None
         self.complete = False  # the whole body was read: the connection can carry the next request
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. One generator, no layer above it: at 20,000 streamed tokens a second,
-        each layer of async iteration is a few percent of a core."""
-        if self._framing == "chunked":
-            return _chunked(self._reader, self)
-        if self._framing == "empty":
-            return _empty(self)
-        if self._framing.startswith("sized "):
-            return _sized(self._reader, int(self._framing.removeprefix("sized ")), self)
-        return _to_close(self._reader, self)
+        """The body as it arrives, one generator for the response: a second call goes on where the first
+        stopped. No layer above it: at 20,000 streamed tokens a second, each layer of async iteration is a
+        few percent of a core."""
+        if self._body is None:
+            if self._framing == "chunked":
+                self._body = _chunked(self._reader, self)
+            elif self._framing == "empty":
+                self._body = _empty(self)
+            elif self._framing.startswith("sized "):
+                self._body = _sized(self._reader, int(self._framing.removeprefix("sized ")), self)
+            else:
+                self._body = _to_close(self._reader, self)
+        return self._body
 
     async def aiter_text(self) -> AsyncIterator[str]:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

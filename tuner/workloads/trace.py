@@ -662,10 +662,12 @@ def shape_problem(
     if not 0 <= offset_s <= MAX_OFFSET_S:
         return f"arrives {offset_s:g} s after the trace's first request; a trace spans at most 366 days"
     for name, value, least in (("output tokens", output_tokens, 1), ("new prompt tokens", new_tokens, 0)):
+        if type(value) is not int:  # the columns hold whole numbers; checked before any is written
+            return f"{value!r} {name}: a whole number"
         if not least <= value <= _MAX_TOKENS:
             return f"{value} {name}: a request has {least} to {_MAX_TOKENS:,}"
     for block, tokens in blocks:
-        if not 1 <= tokens <= _MAX_TOKENS:
+        if type(tokens) is not int or not 1 <= tokens <= _MAX_TOKENS:
             return f"block {block} of {tokens} tokens: a block has 1 to {_MAX_TOKENS:,}"
     if new_tokens == 0 and not blocks:
         return "a prompt needs at least one token"
