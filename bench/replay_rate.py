@@ -61,14 +61,7 @@ def client(trace_path: Path, rate: float, seconds: float, base_url: str, out: Pa
     )
     if os.environ.get("BENCH_PREMADE"):  # an experiment: every prompt made before the clock starts
         sessions = iter(list(sessions))
-    replayed = replay_sessions(sessions, engine=engine, base_url=base_url, request_timeout_s=600)
-    if os.environ.get("BENCH_LOOP") == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            records = runner.run(replayed)
-    else:
-        records = asyncio.run(replayed)
+    records = asyncio.run(replay_sessions(sessions, engine=engine, base_url=base_url, request_timeout_s=600))
     out.write_text(
         json.dumps(
             {

@@ -12,7 +12,6 @@ call. Only what the replay needs: one request at a time per connection, kept ali
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import json
 import ssl
@@ -53,16 +52,6 @@ class StreamingResponse:
             else:
                 self._body = _to_close(self._reader, self)
         return self._body
-
-    async def aiter_text(self) -> AsyncIterator[str]:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        async for data in self.aiter_bytes():
-            text = decoder.decode(data)
-            if text:
-                yield text
-        rest = decoder.decode(b"", final=True)
-        if rest:
-            yield rest
 
     async def aread(self) -> bytes:
         return b"".join([data async for data in self.aiter_bytes()])

@@ -322,15 +322,6 @@ class Trace:
     def tag_codes(self) -> Small:
         return self._tag_codes
 
-    @property
-    def lora_table(self) -> list[tuple[tuple[str, float], ...]]:
-        """The distinct adapter sets ((adapter, scale), ...) in the trace; () is none."""
-        return self._lora_table
-
-    @property
-    def lora_codes(self) -> Small:
-        return self._lora_codes
-
     def lora_mix(self) -> dict[tuple[tuple[str, float], ...], int]:
         """Requests per adapter set ((adapter, scale), ...; () for none), in the order of each set's first
         request."""
