@@ -125,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
 
+    _add_report_command(commands)
     workload = commands.add_parser("workload", help="inspect a workload trace")
     workload_commands = workload.add_subparsers(dest="workload_command", required=True)
     show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
@@ -196,6 +197,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    report = commands.add_parser(
+        "report", help="write a study's morning report: one self-contained HTML page (also made by every run)"
+    )
+    report.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/stall-demo")
+    report.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/report.html)")
+
+
 def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     apply = commands.add_parser(
         "apply", help="make a study's recommended settings the host's own, after a verification run (systemd)"
@@ -224,6 +233,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     spec, base_dir = load_study(args.study, args.overrides)
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.console import ConsoleObserver
+    from tuner.morning_report import ReportWriter, write_report
+    from tuner.observers import ObserverGroup
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
 
@@ -233,14 +244,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     async def main() -> None:
         _stop_on_signals(received)
-        await run_study(spec, base_dir, run_path, ConsoleObserver(console))
+        report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow"))
+        await run_study(spec, base_dir, run_path, ObserverGroup(ConsoleObserver(console), report))
 
     started = time.monotonic()
     _run_stoppable(main(), received)
     board = _show(run_path, console)
     write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
+    report = write_report(run_path)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
-    console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
+    console.print(
+        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}, "
+        f"the report in {report}"
+    )
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
     return 0
 
@@ -573,6 +589,19 @@ def _leaderboard(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace, console: Console) -> int:
+    if not (args.run_dir / "optuna.journal").is_file():
+        raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
+    out = args.out if args.out is not None else args.run_dir / "report.html"
+    study_files = [args.run_dir / name for name in _STUDY_FILES]  # never to be overwritten by a report
+    _check_output_in_existing_directory("--out", out, example="report.html")
+    check_output(out, inputs=study_files)
+    from tuner.morning_report import write_report
+
+    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files)}")
+    return 0
+
+
 def _setup(_args: argparse.Namespace, console: Console) -> int:
     from tuner import assets
 
@@ -595,6 +624,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "apply": _apply,
     "restore": _restore,
     "leaderboard": _leaderboard,
+    "report": _report,
     "workload": _workload,
     "record": _record,
     "trust-host": _trust_host,
