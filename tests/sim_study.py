@@ -61,6 +61,7 @@ def run_simulated(
     with RunDirectory(run_path, notice=lambda _line: None) as run_dir:
         if save_rounds:
             runner.run_dir = run_dir
+            run_dir.check_spec(prepared.spec.model_dump(mode="json"), measured=False)
         storage = optuna.storages.InMemoryStorage() if in_memory else None
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
         asyncio.run(run_search(prepared, run_dir, study, runner, observer=observer or NullObserver()))

@@ -78,6 +78,18 @@ def render_report(run_path: Path) -> str:
     return report.page()
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Window:
+    """A long prompt's prefill as the stall metric sees it, and a stream's speed during it."""
+
+    request_id: str
+    prompt_tokens: int
+    start_s: float
+    end_s: float
+    overlap: tuple[float, float]  # the part of the window the stream was decoding in
+    rate: float  # the stream's tokens per second in the overlap, as `stall_tok_s` counts them
+
+
 class ReportWriter(NullObserver):
     """Rewrites the run's report after every trial and confirmation, so a half-finished night can be read.
 
@@ -399,35 +411,50 @@ class _Report:
                     f"request beside a prompt of {long_tokens}+ tokens</div>"
                 )
                 continue
-            stream, long_request, round_name = found
-            charts.append(_timeline_chart(label, stream, long_request, round_name))
+            stream, window, round_name = found
+            charts.append(_timeline_chart(label, stream, window, round_name))
         note = (
             "<p class='muted'>Tokens one streaming user received over time (client clock, from the trial's "
-            "round file); shaded: another request's long prompt, from its send to its first token. Flat "
-            "stretches are the stall.</p>"
+            "round file); shaded: another request's long prompt being prefilled (from the server's prompt "
+            "time back from its first token), the window the stall speed is measured in. Flat stretches "
+            "are the stall.</p>"
         )
         return _section("timeline", title, note + "<div class='charts'>" + "".join(charts) + "</div>")
 
-    def _stall_example(self, number: int, long_tokens: int) -> tuple[RequestRecord, RequestRecord, str] | None:
-        """The stream that saw the most of a long prefill in the trial's first round that has one."""
+    def _stall_example(self, number: int, long_tokens: int) -> tuple[RequestRecord, _Window, str] | None:
+        """The stream that saw the most of a long prefill, in the trial's first round that has one: the
+        windows and the speed the `stall_tok_s` metric uses."""
+        from tuner.metrics import long_prefill_windows, tokens_between
+
         for path in sorted((self.run_path / "trials" / f"{number:04d}").glob("round-*.jsonl")):
             if path.name.endswith(".server.jsonl"):
                 continue
             round_file = _read_round(path)
             if round_file is None:
                 continue
-            best: tuple[float, RequestRecord, RequestRecord] | None = None
-            for long_request in round_file.records:
-                first = long_request.first_token_s
-                if long_request.prompt_tokens < long_tokens or first is None:
-                    continue
-                start, end = long_request.send_s, first
-                for stream in round_file.records:
-                    if stream is long_request or len(stream.token_s) < 2:
+            ok = [r for r in round_file.records if r.ok]
+            by_id = {r.request_id: r for r in ok}
+            best: tuple[float, RequestRecord, _Window] | None = None
+            for window in long_prefill_windows(ok, long_prompt_tokens=long_tokens):
+                for stream in ok:
+                    if stream.request_id == window.request_id or len(stream.token_s) < 2:
                         continue
-                    overlap = min(end, stream.token_s[-1]) - max(start, stream.token_s[0])
-                    if overlap > 0 and (best is None or overlap > best[0]):
-                        best = (overlap, stream, long_request)
+                    start, end = max(stream.token_s[0], window.start_s), min(stream.token_s[-1], window.end_s)
+                    if end - start > 0 and (best is None or end - start > best[0]):
+                        long_request = by_id[window.request_id]
+                        rate = tokens_between(stream.token_s, start, end) / (end - start)
+                        best = (
+                            end - start,
+                            stream,
+                            _Window(
+                                request_id=window.request_id,
+                                prompt_tokens=long_request.prompt_tokens,
+                                start_s=window.start_s,
+                                end_s=window.end_s,
+                                overlap=(start, end),
+                                rate=rate,
+                            ),
+                        )
             if best is not None:
                 return best[1], best[2], round_file.name
         return None
@@ -698,7 +725,7 @@ def _fmt(value: float | None) -> str:
         return f"{value:,.0f}"
     if abs(value) >= 10:
         return f"{value:.1f}"
-    return f"{value:.2f}"
+    return f"{value:.3g}"
 
 
 def _ratio_text(ratio: float) -> str:
@@ -836,22 +863,17 @@ def _pareto(rows: Sequence[LeaderboardRow], x: str, y: str, directions: Mapping[
     return front
 
 
-def _timeline_chart(label: str, stream: RequestRecord, long_request: RequestRecord, round_name: str) -> str:
-    first = long_request.first_token_s
-    assert first is not None
-    start, end = long_request.send_s, first
+def _timeline_chart(label: str, stream: RequestRecord, window: _Window, round_name: str) -> str:
+    start, end = window.start_s, window.end_s
     origin = min(stream.send_s, start)
-    window_end = max(end + (end - start) * 0.5, stream.token_s[-1] if stream.token_s else end)
-    window_end = min(window_end, end + max(2.0, (end - start) * 2))
+    shown_until = min(max(end + (end - start) * 0.5, stream.token_s[-1]), end + max(2.0, (end - start) * 2))
     points = [(stream.send_s - origin, 0.0)]
     for count, at in enumerate(stream.token_s, start=1):
-        if at - origin > window_end - origin:
+        if at > shown_until:
             break
         points.append((at - origin, float(count)))
     gaps = [b - a for a, b in zip(stream.token_s, stream.token_s[1:], strict=False)]
     longest = max(gaps) if gaps else 0.0
-    during = [t for t in stream.token_s if start <= t <= end]
-    rate = len(during) / (end - start) if end > start else 0.0
     svg = chart(
         title=f"{label}: {stream.request_id}",
         x_label="seconds",
@@ -861,17 +883,18 @@ def _timeline_chart(label: str, stream: RequestRecord, long_request: RequestReco
             Band(
                 start=start - origin,
                 end=end - origin,
-                label=f"{long_request.request_id}: {long_request.prompt_tokens}-token prompt prefilled",
+                label=f"{window.request_id}: {window.prompt_tokens}-token prompt prefilled",
             )
         ],
         width=440,
         height=260,
     )
+    overlap = window.overlap[1] - window.overlap[0]
     return (
-        f"<figure class='timeline' data-longest-gap='{longest:.6g}' data-rate-during='{rate:.6g}'>"
-        f"<figcaption><b>{escape(label)}</b> ({escape(round_name)}): {len(during)} tokens in the "
-        f"{end - start:.1f} s of {escape(long_request.request_id)}'s {long_request.prompt_tokens}-token prefill "
-        f"({rate:.2f} tok/s); longest gap {longest:.2f} s</figcaption>{svg}</figure>"
+        f"<figure class='timeline' data-longest-gap='{longest:.6g}' data-rate-during='{window.rate:.6g}'>"
+        f"<figcaption><b>{escape(label)}</b> ({escape(round_name)}): {_fmt(window.rate)} tok/s while "
+        f"{escape(window.request_id)}'s {window.prompt_tokens}-token prompt was prefilled ({overlap:.2f} s "
+        f"beside it); longest gap between two tokens {longest:.2f} s</figcaption>{svg}</figure>"
     )
 
 
