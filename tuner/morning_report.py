@@ -637,14 +637,15 @@ class _Report:
         deploy = self.spec.get("deploy", {}) if isinstance(self.spec.get("deploy"), dict) else {}
         engine = self.spec.get("engine", {}) if isinstance(self.spec.get("engine"), dict) else {}
         rows.append(
-            ("host", escape(f"{host.get('kind', 'absent')}" + (f" {host['address']}" if host.get("address") else "")))
+            ("host", escape(f"{host.get('kind', 'absent')}" + (f" {host['host']}" if host.get("host") else "")))
         )
         rows.append(("deploy", escape(str(deploy.get("kind", "absent")))))
         rows.append(("engine", escape(str(engine.get("kind", "absent")))))
-        build = _server_build(self.run_path)
-        rows.append(
-            ("engine build", escape(build) if build else "<span class='absent'>absent: not in the server log</span>")
-        )
+        facts = _host_facts(self.run_path)
+        for key, label in (("engine_build", "engine build"), ("host", "host system")):
+            value = facts.get(key)
+            absent = f"<span class='absent'>absent: {_absent_fact(facts, key)}</span>"
+            rows.append((label, escape(value) if value else absent))
         rows.append(("serve-tuner", escape(_own_version())))
         rows.extend(self._time_spent())
         table = "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
@@ -661,9 +662,9 @@ class _Report:
         ends = [t.datetime_complete for t in self.trials.values() if t.datetime_complete is not None]
         if not starts or not ends:
             return [("time spent", "<span class='absent'>absent: no trial has ended yet</span>")]
-        wall = (max(ends) - min(starts)).total_seconds()
         search = confirm = 0.0
         rounds = pairs = 0
+        newest = max(ends).timestamp()
         for directory in sorted((self.run_path / "trials").glob("[0-9][0-9][0-9][0-9]")):
             for path in directory.glob("*.jsonl"):
                 if path.name.endswith(".server.jsonl"):
@@ -671,15 +672,18 @@ class _Report:
                 round_file = _read_round(path)
                 if round_file is None:
                     continue
+                # Confirmations end after the last trial did: their files say when.
+                newest = max(newest, path.stat().st_mtime)
                 if path.name.startswith("confirm-"):
                     confirm += round_file.span_s
                     pairs += 1
                 else:
                     search += round_file.span_s
                     rounds += 1
+        wall = newest - min(starts).timestamp()
         other = max(0.0, wall - search - confirm)
         result = [
-            ("time spent", f"{_duration(wall)} from the first trial's start to the last one's end"),
+            ("time spent", f"{_duration(wall)} from the baseline's start to the last measurement's end"),
             ("measuring the search", f"{_duration(search)} in {rounds} rounds"),
             ("measuring confirmations", f"{_duration(confirm)} in {pairs} measurements"),
             (
@@ -766,18 +770,21 @@ def _long_prompt_tokens(spec: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and value > 0 else 1000
 
 
-def _server_build(run_path: Path) -> str | None:
-    """llama-server's `build: N (commit) with COMPILER for TARGET` line from the baseline's log."""
-    path = run_path / "trials" / "0000" / "server.log"
+def _host_facts(run_path: Path) -> dict[str, str | None]:
+    """host.json, which a run writes when its baseline's server first comes up; {} for older runs."""
     try:
-        with path.open("rb") as handle:
-            for _, line in zip(range(200), handle, strict=False):
-                text = line.decode("utf-8", "replace")
-                if "build:" in text or "build =" in text:
-                    return redact(text.split("build", 1)[1].lstrip(":= ").strip())[:200]
-    except OSError:
-        return None
-    return None
+        loaded = json.loads((run_path / "host.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {str(k): redact(v) if isinstance(v, str) else None for k, v in loaded.items()}
+
+
+def _absent_fact(facts: Mapping[str, str | None], key: str) -> str:
+    if not facts:
+        return "this run recorded no host facts (made by an earlier version, or its baseline never started)"
+    return "the server or the host did not say"
 
 
 def _engine_knobs(kind: str) -> Mapping[str, Any]:
