@@ -179,6 +179,12 @@ def test_every_flag_stays_visible_on_a_narrow_terminal(demo: Demo) -> None:
     assert "* = on the Pareto front" in notes(text)
 
 
+def test_a_study_without_trials_yet_shows_an_empty_table(demo: Demo) -> None:
+    text = rendered(dataclasses.replace(demo.board, rows=[]), 80)
+    assert headers(text) == list(FIXED_HEADERS) and "…" not in text
+    assert demo.board.recommendation.message.split()[0] in notes(text)
+
+
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     try:
         code = main(list(argv))

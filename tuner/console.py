@@ -193,7 +193,7 @@ class _Column:
     cells: list[Text]
 
     def width(self) -> int:
-        return max(cell_len(self.header), *(cell.cell_len for cell in self.cells)) + _PADDING
+        return max([cell_len(self.header), *(cell.cell_len for cell in self.cells)]) + _PADDING
 
 
 def _layouts(available: tuple[str, ...]) -> Iterator[_Layout]:
@@ -263,7 +263,7 @@ def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
 
 def _settings_min_width(cells: list[Text]) -> int:
     """The narrowest the settings column may wrap to: no word split, and not a sliver either."""
-    natural = max(cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in cells))
+    natural = max([cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in cells)])
     longest_word = max(cell_len(word) for cell in [Text(_SETTINGS_HEADER), *cells] for word in cell.plain.split())
     return min(natural, max(longest_word, _SETTINGS_MIN_WIDTH)) + _PADDING
 
@@ -316,10 +316,9 @@ def render_leaderboard(
     for index, settings_cell in enumerate(settings):
         table.add_row(columns[0].cells[index], settings_cell, *(column.cells[index] for column in columns[1:]))
     if wide:
-        width = sum(column.width() for column in columns) + max(
-            cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in settings)
-        )
-        console.print(_AtWidth(table, width + _PADDING + len(columns) + 2), crop=False)
+        settings_width = max([cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in settings)]) + _PADDING
+        width = sum(column.width() for column in columns) + settings_width + len(columns) + 2
+        console.print(_AtWidth(table, width), crop=False)
     else:
         console.print(table)
     _render_notes(board, console, layout, available, show_all)
@@ -332,16 +331,16 @@ def _settings_cells(board: Leaderboard, layout: _Layout) -> list[Text]:
 def _render_notes(
     board: Leaderboard, console: Console, layout: _Layout, available: tuple[str, ...], show_all: str
 ) -> None:
-    if layout.short_headers:
+    abbreviated = [name for name in layout.metrics if layout.short_headers and name in _SHORT_HEADERS]
+    if abbreviated:
         legend = Table.grid(padding=(0, 2))
         legend.add_column(no_wrap=True)
-        legend.add_column()
-        for name in layout.metrics:
-            if name in _SHORT_HEADERS:
-                info = _metric_info(name)
-                unit = f" ({info.unit})" if info and info.unit else ""
-                description = f"{name}{unit}: {info.description if info else ''}"
-                legend.add_row(Text(_SHORT_HEADERS[name]), Text(description))
+        legend.add_column()  # wraps on a narrow terminal: the descriptions are sentences
+        for name in abbreviated:
+            info = _metric_info(name)
+            unit = f" ({info.unit})" if info and info.unit else ""
+            description = f"{name}{unit}: {info.description if info else ''}"
+            legend.add_row(Text(_SHORT_HEADERS[name]), Text(description))
         console.print(legend)
     left_out = [name for name in available if name not in layout.metrics]
     parts = []
