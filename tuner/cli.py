@@ -120,12 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     _add_apply_commands(commands)
-
-    board = commands.add_parser("leaderboard", help="show a study's trials, best first")
-    board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
-    board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
-
+    _add_leaderboard_command(commands)
     _add_report_command(commands)
+
     workload = commands.add_parser("workload", help="inspect a workload trace")
     workload_commands = workload.add_subparsers(dest="workload_command", required=True)
     show = workload_commands.add_parser("show", help="what a trace will replay, in numbers")
@@ -205,6 +202,20 @@ def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     report.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/report.html)")
 
 
+def _add_leaderboard_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    board = commands.add_parser("leaderboard", help="show a study's trials, best first")
+    board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
+    board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
+    board.add_argument("--parquet", type=Path, help="also write the leaderboard as Parquet (the CSV's columns)")
+    shown = board.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--wide", action="store_true", help="every column with its full header and ranges, wider than the terminal"
+    )
+    shown.add_argument(
+        "--json", action="store_true", help="the leaderboard as one JSON document on stdout, for scripts (no table)"
+    )
+
+
 def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     apply = commands.add_parser(
         "apply", help="make a study's recommended settings the host's own, after a verification run (systemd)"
@@ -249,7 +260,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     started = time.monotonic()
     _run_stoppable(main(), received)
-    board = _show(run_path, console)
+    board = _show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
     write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
     report = write_report(run_path)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
@@ -455,22 +466,42 @@ def _record(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
-    from tuner.console import render_leaderboard
-    from tuner.report import build_leaderboard, leaderboard_frame
+def _show(
+    run_path: Path,
+    console: Console,
+    *,
+    csv: Path | None = None,
+    parquet: Path | None = None,
+    wide: bool = False,
+    as_json: bool = False,
+    show_all: str = "--wide shows all",
+) -> Leaderboard:
+    """Shows the leaderboard (a table, or JSON on stdout) and writes the report files asked for; their
+    paths are checked before the study is read, so a bad one is refused with nothing shown or written."""
+    from tuner.console import make_console, render_leaderboard
+    from tuner.report import build_leaderboard, leaderboard_document, leaderboard_frame, leaderboard_parquet
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
     study_files = [run_path / name for name in _STUDY_FILES]  # never to be overwritten by a report
-    if csv is not None:
-        _check_csv_path(csv)
-        check_output(csv, inputs=study_files)
+    for flag, path in (("--csv", csv), ("--parquet", parquet)):
+        if path is not None:
+            _check_report_path(flag, path, study_files=study_files)
+    if csv is not None and parquet is not None and check_output(csv) == check_output(parquet):
+        raise ConfigError(f"--csv and --parquet both name {csv}: one would replace the other; pass two file names")
     study = open_optuna_study_readonly(RunDirectory(run_path))
     board = build_leaderboard(study)
-    render_leaderboard(board, console)
+    if as_json:
+        console.file.write(leaderboard_document(board).model_dump_json(indent=2) + "\n")
+    else:
+        render_leaderboard(board, console, wide=wide, show_all=show_all)
+    notes = make_console(stderr=True) if as_json else console  # stdout holds the JSON document alone
     if csv is not None:
         write_atomic(csv, leaderboard_frame(board).to_csv(index=False).encode(), inputs=study_files)
-        console.print(f"wrote {csv}")
+        notes.print(f"wrote {csv}", highlight=False)
+    if parquet is not None:
+        write_atomic(parquet, leaderboard_parquet(board), inputs=study_files)
+        notes.print(f"wrote {parquet}", highlight=False)
     return board
 
 
@@ -478,9 +509,11 @@ def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderbo
 _STUDY_FILES = ("optuna.journal", "spec.json")
 
 
-def _check_csv_path(csv: Path) -> None:
-    """`--csv` names a file in a directory that exists: checked before the study is read."""
-    _check_output_in_existing_directory("--csv", csv, example="leaderboard.csv")
+def _check_report_path(flag: str, path: Path, *, study_files: list[Path]) -> None:
+    """`--csv` or `--parquet` names a file in a directory that exists, and none of the study's own."""
+    example = "leaderboard." + flag.removeprefix("--")
+    _check_output_in_existing_directory(flag, path, example=example)
+    check_output(path, inputs=study_files)
 
 
 def _check_output_in_existing_directory(flag: str, path: Path, *, example: str) -> None:
@@ -585,7 +618,7 @@ def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) 
 def _leaderboard(args: argparse.Namespace, console: Console) -> int:
     if not (args.run_dir / "optuna.journal").is_file():
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
-    _show(args.run_dir, console, csv=args.csv)
+    _show(args.run_dir, console, csv=args.csv, parquet=args.parquet, wide=args.wide, as_json=args.json)
     return 0
 
 
