@@ -256,3 +256,35 @@ def test_a_run_rewrites_its_report_after_every_trial_and_goes_on_when_it_cannot(
     ).board
     assert board.recommendation.message  # the study ran to its end
     assert len(said) == 1 and "the report could not be written" in said[0] and "the run goes on" in said[0]
+
+
+def test_the_run_section_says_where_the_nights_time_went_and_what_the_host_ran(
+    simulated_run: tuple[Path, Leaderboard], tmp_path: Path
+) -> None:
+    run_path = tmp_path / "facts"
+    shutil.copytree(simulated_run[0], run_path)
+    visible = _Page(render_report(run_path)).visible
+    assert "engine build absent: this run recorded no host facts" in visible
+    rounds = [p for p in run_path.glob("trials/*/round-*.jsonl") if not p.name.endswith(".server.jsonl")]
+    confirms = [p for p in run_path.glob("trials/*/confirm-*.jsonl") if not p.name.endswith(".server.jsonl")]
+    assert rounds and confirms
+    search = re.search(rf"measuring the search ([\d.]+) (s|min|h) in {len(rounds)} rounds", visible)
+    confirm = re.search(rf"measuring confirmations ([\d.]+) (s|min|h) in {len(confirms)} measurements", visible)
+    assert search is not None and confirm is not None, visible
+    for shown, paths in ((search, rounds), (confirm, confirms)):
+        unit = {"s": 1, "min": 60, "h": 3600}[shown[2]]
+        assert abs(float(shown[1]) * unit - _seconds(paths)) <= unit / 2 + 1
+
+    (run_path / "host.json").write_text(
+        json.dumps({"engine": "llama-server", "engine_build": "b11434-0123abc", "host": "Linux 6.1.0 x86_64"})
+    )
+    visible = _Page(render_report(run_path)).visible
+    assert "engine build b11434-0123abc" in visible and "host system Linux 6.1.0 x86_64" in visible
+
+
+def _seconds(paths: list[Path]) -> float:
+    total = 0.0
+    for path in paths:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        total += max(r["end_s"] for r in records) - min(r["send_s"] for r in records)
+    return total

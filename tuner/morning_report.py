@@ -127,27 +127,9 @@ class _RoundFile:
     name: str
     records: list[RequestRecord]
 
-    @property
-    def span_s(self) -> float:
-        if not self.records:
-            return 0.0
-        return max(r.end_s for r in self.records) - min(r.send_s for r in self.records)
-
-
-# Round files parsed once per process: `tuner run` renders the report after every trial, and only the
-# new trial's files need reading then. Keyed by path, size and modification time.
-_ROUND_CACHE: dict[tuple[str, int, int], _RoundFile] = {}
-
 
 def _read_round(path: Path) -> _RoundFile | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    cached = _ROUND_CACHE.get(key)
-    if cached is not None:
-        return cached
+    """A round's records; None for a torn or foreign file (the report shows what it can without it)."""
     records = []
     try:
         with path.open("rb") as handle:
@@ -155,10 +137,38 @@ def _read_round(path: Path) -> _RoundFile | None:
                 if line.strip():
                     records.append(RequestRecord.model_validate_json(line))
     except (OSError, ValidationError, ValueError):
-        return None  # a torn or foreign file: the report shows what it can without it
-    result = _RoundFile(name=path.stem, records=records)
-    _ROUND_CACHE[key] = result
-    return result
+        return None
+    return _RoundFile(name=path.stem, records=records)
+
+
+# Each round file's span (first send to last end), read once per process: `tuner run` rewrites the
+# report after every trial, and then only the new files need reading. Keyed by path, size and
+# modification time; a span, not the records, so that a long night's rounds are not all kept in memory.
+_SPANS: dict[tuple[str, int, int], float | None] = {}
+
+
+def _round_span_s(path: Path) -> float | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SPANS:
+        first: float | None = None
+        last: float | None = None
+        try:
+            with path.open("rb") as handle:
+                for line in handle:
+                    if not line.strip():
+                        continue
+                    record = json.loads(line)
+                    send, end = float(record["send_s"]), float(record["end_s"])
+                    first = send if first is None else min(first, send)
+                    last = end if last is None else max(last, end)
+            _SPANS[key] = None if first is None or last is None else last - first
+        except (OSError, ValueError, KeyError, TypeError):
+            _SPANS[key] = None
+    return _SPANS[key]
 
 
 class _Report:
@@ -669,16 +679,16 @@ class _Report:
             for path in directory.glob("*.jsonl"):
                 if path.name.endswith(".server.jsonl"):
                     continue
-                round_file = _read_round(path)
-                if round_file is None:
+                span = _round_span_s(path)
+                if span is None:
                     continue
                 # Confirmations end after the last trial did: their files say when.
                 newest = max(newest, path.stat().st_mtime)
                 if path.name.startswith("confirm-"):
-                    confirm += round_file.span_s
+                    confirm += span
                     pairs += 1
                 else:
-                    search += round_file.span_s
+                    search += span
                     rounds += 1
         wall = newest - min(starts).timestamp()
         other = max(0.0, wall - search - confirm)
