@@ -29,6 +29,39 @@ def llama_server_binary() -> Path:
     return binary
 
 
+@dataclass(frozen=True, kw_only=True)
+class TinyRun:
+    """`tuner run tests/data/tiny-study.toml` against the real llama-server, once per test process."""
+
+    runs_dir: Path
+    result: subprocess.CompletedProcess[str]
+    servers_before: list[int]
+    servers_after: list[int]
+
+    @property
+    def run_path(self) -> Path:
+        return self.runs_dir / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """A real run shared by the tests that read one (its leaderboard, its report in a browser): the study
+    takes a few minutes on 2 cores, so it runs once."""
+    from tests.tuner_process import run_tuner
+
+    runs_dir = tmp_path_factory.mktemp("tiny-runs")
+    before = llama_server_processes(llama_server_binary)
+    result = run_tuner(
+        ["run", str(Path(__file__).resolve().parent / "data" / "tiny-study.toml"), "--runs-dir", str(runs_dir)]
+    )
+    return TinyRun(
+        runs_dir=runs_dir,
+        result=result,
+        servers_before=before,
+        servers_after=llama_server_processes(llama_server_binary),
+    )
+
+
 def llama_server_processes(binary: Path) -> list[int]:
     """PIDs of running processes of this binary, to check that nothing was left running."""
     pids = []

@@ -36,6 +36,7 @@ class _Page(HTMLParser):
         self.text: list[str] = []
         self.ids: dict[str, str] = {}
         self._row: int | None = None
+        self._table: str | None = None
         self._capture: str | None = None
         self._skip = 0
         self.feed(text)
@@ -44,7 +45,9 @@ class _Page(HTMLParser):
         found = dict(attrs)
         if tag in ("script", "style"):
             self._skip += 1
-        if tag == "tr" and found.get("data-trial") is not None:
+        if tag == "table":
+            self._table = found.get("id")
+        if tag == "tr" and found.get("data-trial") is not None and self._table == "leaderboard":
             self._row = int(str(found["data-trial"]))
             self.rows[self._row] = []
         if tag == "td" and self._row is not None:
@@ -60,6 +63,8 @@ class _Page(HTMLParser):
             self._skip -= 1
         if tag == "tr":
             self._row = None
+        if tag == "table":
+            self._table = None
         if tag == "p":
             self._capture = None
 

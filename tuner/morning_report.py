@@ -364,9 +364,30 @@ class _Report:
             "<table id='leaderboard' class='board'><thead><tr><th class='num' data-sort='num'>trial</th>"
             "<th data-sort='text'>settings changed</th><th class='num' data-sort='num'>score</th>"
             f"{head}<th data-sort='text'>flags</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
-            f"{pruned}{skipped_html}"
+            f"{pruned}{skipped_html}{self._every_metric()}"
         )
         return _section("leaderboard-section", "Leaderboard", body)
+
+    def _every_metric(self) -> str:
+        """Every metric of every trial, the server's own and the load generator's included: folded away,
+        since the table above shows the ones the study is about."""
+        rows = self.board.rows
+        names = sorted({name for row in rows for name in row.metrics})
+        if not names:
+            return ""
+        head = "".join(f"<th class='num' data-sort='num'>{escape(name)}</th>" for name in names)
+        lines = "".join(
+            f"<tr data-trial='{row.number}'><td class='num' data-value='{row.number}'>{row.number}</td>"
+            + "".join(_metric_cell(row, name) for name in names)
+            + "</tr>"
+            for row in rows
+        )
+        return (
+            f"<details id='every-metric'><summary>every metric of every trial ({len(names)} metrics; "
+            "docs/metrics.md says what each is)</summary><div class='wide'><table class='board'><thead><tr>"
+            f"<th class='num' data-sort='num'>trial</th>{head}</tr></thead><tbody>{lines}</tbody></table></div>"
+            "</details>"
+        )
 
     def _settings_cell(self, row: LeaderboardRow) -> str:
         if row.baseline:
@@ -949,7 +970,7 @@ small{color:#777}.flag{display:inline-block;border-radius:3px;padding:0 4px;back
 .flag.win{background:#0b7a3a;color:#fff}.flag.bad{background:#b00020;color:#fff}.flag.warn{background:#e69f00;color:#000}
 pre{background:#f4f4f4;padding:8px 10px;border-radius:4px;overflow-x:auto}
 .charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:13px;max-width:440px}
-.bar{display:inline-block;height:10px;background:#0072b2}table.facts th{width:190px;color:#444}
+.wide{overflow-x:auto}.bar{display:inline-block;height:10px;background:#0072b2}table.facts th{width:190px;color:#444}
 """
 
 # Sorting only: the page is complete without it.
