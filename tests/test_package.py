@@ -18,16 +18,17 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 LAYERS = [
     {"errors", "registry", "catalog", "assets", "files", "adapters", "faults", "redact", "http", "streaming_http"},
     {"models", "config"},
-    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs"},
+    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},
     {"sampling"},
     {"study", "report", "apply", "sim"},
     {"console"},
+    {"live"},
     {"cli", "__main__", "__init__"},
 ]
-RICH_ALLOWED = {"console", "cli"}
+RICH_ALLOWED = {"console", "live", "cli"}
 
 
 def layer_of(module: str) -> int:

@@ -240,6 +240,7 @@ class ServerTrialRunner:
         self._log_mark = log_mark
         if not warm_up:
             return
+        self.observer.warming_up(number=number)
         records = await replay(
             [warm_up_request(engine)],
             engine=engine,
@@ -323,6 +324,7 @@ class ServerTrialRunner:
         records_name: str | None,
     ) -> RoundResult:
         prepared, engine = self.prepared, self.prepared.engine
+        self.observer.replay_started(number=number, label=label)
         counters_before = await scrape_prometheus(engine, self.base_url)
         async with GpuMemorySampler(self.transport) as gpu:
             records = await replay_sessions(
