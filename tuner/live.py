@@ -128,7 +128,7 @@ class LiveDisplay(ConsoleObserver):
         snapshot = self.tracker.snapshot()
         if not snapshot.study:  # before the study began: its checks, the host reached
             return Group(Text("starting ...", style="dim"))
-        return progress_panel(snapshot)
+        return progress_panel(snapshot, now=snapshot.updated_at)
 
     def refresh(self) -> None:
         self.live.refresh()

@@ -314,10 +314,10 @@ class ProgressTracker(NullObserver):
         if measured:
             s.rounds_done += 1
 
-    def _end_trial(self, s: _State, number: int) -> _Trial | None:
+    def _end_trial(self, s: _State, number: int, *, scored: bool = False) -> _Trial | None:
         trial = s.batch.pop(number, None)
         if trial is not None and trial.baseline:
-            s.baseline_done = True
+            s.baseline_done = s.baseline_done or scored  # a failed baseline ends the run unmeasured
         elif trial is not None:
             s.trials_done += 1
         if s.current is not None and s.current.number == number:
@@ -410,7 +410,7 @@ class ProgressTracker(NullObserver):
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         def change(s: _State, now: float) -> None:
-            self._end_trial(s, number)
+            self._end_trial(s, number, scored=True)
             s.last = f"trial {number} scored {score:+.2f}"
 
         self._event(change)
