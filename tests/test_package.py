@@ -24,8 +24,7 @@ LAYERS = [
     {"trial_runner"},
     {"sampling"},
     {"study", "report", "apply", "sim"},
-    {"console"},
-    {"live"},
+    {"console", "live"},
     {"cli", "__main__", "__init__"},
 ]
 RICH_ALLOWED = {"console", "live", "cli"}

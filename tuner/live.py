@@ -78,13 +78,14 @@ def _rounds_line(p: Progress, *, live: bool) -> str:
     return text
 
 
-def progress_panel(p: Progress, *, now: float | None = None, live: bool = True) -> RenderableType:
+def progress_panel(p: Progress, *, now: float | None = None, live: bool = True, expand: bool = False) -> RenderableType:
     """The panel: study, time, trials, what runs now, rounds, best so far, the last event. `live`: the run is
-    going on, so the time runs on and the estimate is shown."""
+    going on, so the time runs on and the estimate is shown; `expand`: as wide as the console (a live panel
+    that keeps its width as its lines change)."""
     now = time.time() if now is None else now
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(min_width=72)  # a panel that keeps its width as its lines change
+    grid.add_column()
     grid.add_row("time", _time_line(p, now, live=live))
     grid.add_row("trials", _trials_line(p))
     grid.add_row("now", Text(_now_line(p, now), style="cyan" if p.current is not None else ""))
@@ -96,7 +97,7 @@ def progress_panel(p: Progress, *, now: float | None = None, live: bool = True) 
     else:
         grid.add_row("best so far", "none yet")
     grid.add_row("last", Text(p.last))
-    return Panel(grid, title=escape(f"study {p.study}"), title_align="left", expand=False)
+    return Panel(grid, title=escape(f"study {p.study}"), title_align="left", expand=expand)
 
 
 def render_status(status: RunStatus, console: Console) -> None:
@@ -128,7 +129,7 @@ class LiveDisplay(ConsoleObserver):
         snapshot = self.tracker.snapshot()
         if not snapshot.study:  # before the study began: its checks, the host reached
             return Group(Text("starting ...", style="dim"))
-        return progress_panel(snapshot, now=snapshot.updated_at)
+        return progress_panel(snapshot, now=snapshot.updated_at, expand=True)
 
     def refresh(self) -> None:
         self.live.refresh()

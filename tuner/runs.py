@@ -8,6 +8,7 @@ runs/<study>/
   trials/0003/server.log        the server's log for that trial
   trials/0003/round-1.jsonl     one RequestRecord per line
   summary.json        the last leaderboard and recommendation
+  progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it)
 """
 
 from __future__ import annotations
