@@ -298,7 +298,7 @@ def test_status_of_a_finished_run_shows_its_counts_and_best_and_says_it_is_not_r
         (r for r in board.rows if not r.baseline and r.score is not None and not r.violates and r.state == "COMPLETE"),
         key=lambda r: r.score or 0.0,
     )
-    settings = " ".join(f"{k}={v}" for k, v in sorted(best.changed.items()))
+    settings = " ".join(f"{k}={v}" for k, v in sorted(best.settings.items()))
     assert f"best so far trial {best.number}: score {best.score:+.2f} {settings}" in shown
     assert "the run finished" in shown and "left" not in shown  # no estimate for a run that is over
 
@@ -534,3 +534,18 @@ def test_the_study_reports_each_rounds_phases_in_order(tmp_path: Path) -> None:
         "round_started pair 2/2 (baseline) 4/4",
     ]
     assert told[-1] == ("study_ended finished", -1)
+
+
+def test_a_resumed_run_shows_the_best_trial_its_earlier_runs_measured(tmp_path: Path) -> None:
+    prepared = prepare_simulated(["budget.trials=2", "confirm.top=0"])
+    run_path = tmp_path / prepared.spec.name
+    first = ProgressTracker(Plan.of(prepared.spec), path=run_path / PROGRESS_FILE)
+    run_simulated(prepared, run_path, seed=2, noise=NoiseModel(), in_memory=False, observer=first)
+    measured = first.snapshot().best
+    assert measured is not None
+    # The same budget again: nothing is left to measure, and the best comes from the journal alone.
+    again = ProgressTracker(Plan.of(prepared.spec), path=run_path / PROGRESS_FILE)
+    run_simulated(prepared, run_path, seed=2, noise=NoiseModel(), in_memory=False, observer=again)
+    resumed = again.snapshot()
+    assert resumed.rounds_done == 0 and resumed.best == measured
+    assert resumed.trials_done == 2 and resumed.baseline_done

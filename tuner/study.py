@@ -285,20 +285,23 @@ class _BestSoFar:
     def __init__(self, study: optuna.Study, observer: StudyObserver) -> None:
         self.study = study
         self.observer = observer
-        self.told: int | None = None
+        self.best: tuple[float, int, dict[str, ParamValue]] | None = None
 
-    def tell(self) -> None:
-        best: tuple[float, int, dict[str, ParamValue]] | None = None
+    def tell_stored(self) -> None:
+        """The best of the trials the study already holds (a resume's), read once."""
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             record = TrialRecord.of(trial)
-            score = record.score
-            if not record.deployed or record.baseline or record.violates or score is None or not math.isfinite(score):
-                continue
-            if best is None or score > best[0]:
-                best = (score, trial.number, dict(record.settings or {}))
-        if best is not None and best[1] != self.told:
-            self.told = best[1]
-            self.observer.best_so_far(number=best[1], score=best[0], settings=best[2])
+            if record.deployed and not record.baseline and not record.violates and record.score is not None:
+                self.consider(trial.number, record.score, record.settings or {}, tell=False)
+        if self.best is not None:
+            self.observer.best_so_far(number=self.best[1], score=self.best[0], settings=self.best[2])
+
+    def consider(self, number: int, score: float, settings: Mapping[str, ParamValue], *, tell: bool = True) -> None:
+        """A trial just scored (one that breaks no constraint, not the baseline)."""
+        if math.isfinite(score) and (self.best is None or score > self.best[0]):
+            self.best = (score, number, dict(settings))
+            if tell:
+                self.observer.best_so_far(number=number, score=score, settings=self.best[2])
 
 
 @dataclass(kw_only=True)
@@ -361,7 +364,7 @@ class _StudyRun:
             trials_done=self.deployed_trials(),
             budget=spec.budget.trials,
         )
-        self.best.tell()  # a resumed study's best so far
+        self.best.tell_stored()  # a resumed study's best so far
 
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         self._runner = runner
@@ -605,7 +608,8 @@ class _StudyRun:
                 trial.report(value, step=0)  # the pruner compares later first rounds with it
             self.study.tell(trial, value if math.isfinite(value) else None)
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
-        self.best.tell()
+        if not baseline and not broken:
+            self.best.consider(trial.number, value, TrialRecord.of(trial).settings or {})
 
 
 def record_constraints(
