@@ -15,6 +15,7 @@ from tests.real_parts import FIXTURE_PARTS, OPT_IN_PARTS, REQUIRED_PARTS, need_r
 from tuner import assets
 
 if TYPE_CHECKING:
+    from tests.browser import Browser
     from tests.systemd_host import SystemdHost
 
 
@@ -136,6 +137,20 @@ def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFac
         yield host
     finally:
         booting.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium, headless, driven over the DevTools protocol (tests/browser.py). One per test
+    process; each `open_page` is a fresh tab. A chromium that is there but does not start is a failure."""
+    from tests.browser import chromium_path, start_browser
+
+    if chromium_path() is None:
+        need_real_part(
+            "chromium", "`chromium` is not on PATH (scripts/test.sh installs it where apt-get and root allow)"
+        )
+    with start_browser() as running:
+        yield running
 
 
 # ---- which real parts ran ------------------------------------------------------------------------

@@ -53,10 +53,15 @@ def run_simulated(
     faults: Sequence[str] = (),
     in_memory: bool = True,
     observer: StudyObserver | None = None,
+    save_rounds: bool = False,
 ) -> SimulatedStudy:
-    """One study from start to recommendation; `in_memory` keeps Optuna's storage out of the run directory."""
+    """One study from start to recommendation; `in_memory` keeps Optuna's storage out of the run directory,
+    `save_rounds` writes each round's records into it as a real run does."""
     runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise, faults=parse_faults(faults), observer=observer)
     with RunDirectory(run_path, notice=lambda _line: None) as run_dir:
+        if save_rounds:
+            runner.run_dir = run_dir
+            run_dir.check_spec(prepared.spec.model_dump(mode="json"), measured=False)
         storage = optuna.storages.InMemoryStorage() if in_memory else None
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
         asyncio.run(run_search(prepared, run_dir, study, runner, observer=observer or NullObserver()))

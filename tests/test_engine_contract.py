@@ -627,3 +627,23 @@ def test_the_stand_in_answers_what_the_documented_api_takes(
 
     answer = httpx.post(f"{stand_ins[kind].base_url}{path}", json=body, timeout=10)
     assert answer.status_code == 200, answer.text
+
+
+# What each server answers on its version endpoint (llama-server's /props from the reference's field list,
+# Ollama's /api/version and vLLM's /version as documented), and an answer without it.
+VERSIONS = [
+    ("llama-server", "/props", {"build_info": "b11434-0123abc", "total_slots": 4}, "b11434-0123abc"),
+    ("ollama", "/api/version", {"version": "0.12.6"}, "0.12.6"),
+    ("vllm", "/version", {"version": "0.11.0"}, "0.11.0"),
+]
+
+
+@pytest.mark.parametrize(("kind", "path", "body", "expected"), VERSIONS)
+def test_every_engine_reads_its_servers_build_from_its_version_endpoint(
+    kind: str, path: str, body: dict[str, Any], expected: str
+) -> None:
+    engine = engine_of(kind)
+    assert engine.version_path == path
+    assert engine.parse_version(body) == expected
+    assert engine.parse_version({}) is None
+    assert engine.parse_version({"version": 3, "build_info": ""}) is None

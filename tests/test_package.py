@@ -16,14 +16,26 @@ PACKAGE = Path(tuner.__file__).resolve().parent
 
 # Lower layers first; a module may import only from its own layer or below (docs/architecture.md).
 LAYERS = [
-    {"errors", "registry", "catalog", "assets", "files", "adapters", "faults", "redact", "http", "streaming_http"},
+    {
+        "errors",
+        "registry",
+        "catalog",
+        "assets",
+        "files",
+        "adapters",
+        "faults",
+        "redact",
+        "http",
+        "streaming_http",
+        "svg",
+    },
     {"models", "config"},
     {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},
     {"sampling"},
-    {"study", "report", "apply", "sim"},
+    {"study", "report", "apply", "sim", "morning_report"},
     {"console", "live"},
     {"cli", "__main__", "__init__"},
 ]

@@ -121,10 +121,8 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_status_command(commands)
     _add_apply_commands(commands)
-
-    board = commands.add_parser("leaderboard", help="show a study's trials, best first")
-    board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
-    board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
+    _add_leaderboard_command(commands)
+    _add_report_command(commands)
 
     workload = commands.add_parser("workload", help="inspect a workload trace")
     workload_commands = workload.add_subparsers(dest="workload_command", required=True)
@@ -205,6 +203,28 @@ def _add_status_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     status.add_argument("--json", action="store_true", help="print it as JSON")
 
 
+def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    report = commands.add_parser(
+        "report", help="write a study's morning report: one self-contained HTML page (also made by every run)"
+    )
+    report.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/stall-demo")
+    report.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/report.html)")
+
+
+def _add_leaderboard_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    board = commands.add_parser("leaderboard", help="show a study's trials, best first")
+    board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
+    board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
+    board.add_argument("--parquet", type=Path, help="also write the leaderboard as Parquet (the CSV's columns)")
+    shown = board.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--wide", action="store_true", help="every column with its full header and ranges, wider than the terminal"
+    )
+    shown.add_argument(
+        "--json", action="store_true", help="the leaderboard as one JSON document on stdout, for scripts (no table)"
+    )
+
+
 def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     apply = commands.add_parser(
         "apply", help="make a study's recommended settings the host's own, after a verification run (systemd)"
@@ -233,6 +253,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     spec, base_dir = load_study(args.study, args.overrides)
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.live import run_observer
+    from tuner.morning_report import ReportWriter, write_report
+    from tuner.observers import Observers
     from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
@@ -244,15 +266,20 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     async def main() -> None:
         _stop_on_signals(received)
+        report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow"))
         with run_observer(console, tracker) as observer:
-            await run_study(spec, base_dir, run_path, observer)
+            await run_study(spec, base_dir, run_path, Observers(observer, report))
 
     started = time.monotonic()
     _run_stoppable(main(), received)
-    board = _show(run_path, console)
+    board = _show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
     write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
+    report = write_report(run_path)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
-    console.print(f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}")
+    console.print(
+        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}, "
+        f"the report in {report}"
+    )
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
     return 0
 
@@ -466,22 +493,42 @@ def _record(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderboard:
-    from tuner.console import render_leaderboard
-    from tuner.report import build_leaderboard, leaderboard_frame
+def _show(
+    run_path: Path,
+    console: Console,
+    *,
+    csv: Path | None = None,
+    parquet: Path | None = None,
+    wide: bool = False,
+    as_json: bool = False,
+    show_all: str = "--wide shows all",
+) -> Leaderboard:
+    """Shows the leaderboard (a table, or JSON on stdout) and writes the report files asked for; their
+    paths are checked before the study is read, so a bad one is refused with nothing shown or written."""
+    from tuner.console import make_console, render_leaderboard
+    from tuner.report import build_leaderboard, leaderboard_document, leaderboard_frame, leaderboard_parquet
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
     study_files = [run_path / name for name in _STUDY_FILES]  # never to be overwritten by a report
-    if csv is not None:
-        _check_csv_path(csv)
-        check_output(csv, inputs=study_files)
+    for flag, path in (("--csv", csv), ("--parquet", parquet)):
+        if path is not None:
+            _check_report_path(flag, path, study_files=study_files)
+    if csv is not None and parquet is not None and check_output(csv) == check_output(parquet):
+        raise ConfigError(f"--csv and --parquet both name {csv}: one would replace the other; pass two file names")
     study = open_optuna_study_readonly(RunDirectory(run_path))
     board = build_leaderboard(study)
-    render_leaderboard(board, console)
+    if as_json:
+        console.file.write(leaderboard_document(board).model_dump_json(indent=2) + "\n")
+    else:
+        render_leaderboard(board, console, wide=wide, show_all=show_all)
+    notes = make_console(stderr=True) if as_json else console  # stdout holds the JSON document alone
     if csv is not None:
         write_atomic(csv, leaderboard_frame(board).to_csv(index=False).encode(), inputs=study_files)
-        console.print(f"wrote {csv}")
+        notes.print(f"wrote {csv}", highlight=False)
+    if parquet is not None:
+        write_atomic(parquet, leaderboard_parquet(board), inputs=study_files)
+        notes.print(f"wrote {parquet}", highlight=False)
     return board
 
 
@@ -489,9 +536,11 @@ def _show(run_path: Path, console: Console, csv: Path | None = None) -> Leaderbo
 _STUDY_FILES = ("optuna.journal", "spec.json")
 
 
-def _check_csv_path(csv: Path) -> None:
-    """`--csv` names a file in a directory that exists: checked before the study is read."""
-    _check_output_in_existing_directory("--csv", csv, example="leaderboard.csv")
+def _check_report_path(flag: str, path: Path, *, study_files: list[Path]) -> None:
+    """`--csv` or `--parquet` names a file in a directory that exists, and none of the study's own."""
+    example = "leaderboard." + flag.removeprefix("--")
+    _check_output_in_existing_directory(flag, path, example=example)
+    check_output(path, inputs=study_files)
 
 
 def _check_output_in_existing_directory(flag: str, path: Path, *, example: str) -> None:
@@ -596,7 +645,20 @@ def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) 
 def _leaderboard(args: argparse.Namespace, console: Console) -> int:
     if not (args.run_dir / "optuna.journal").is_file():
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
-    _show(args.run_dir, console, csv=args.csv)
+    _show(args.run_dir, console, csv=args.csv, parquet=args.parquet, wide=args.wide, as_json=args.json)
+    return 0
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    if not (args.run_dir / "optuna.journal").is_file():
+        raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
+    out = args.out if args.out is not None else args.run_dir / "report.html"
+    study_files = [args.run_dir / name for name in _STUDY_FILES]  # never to be overwritten by a report
+    _check_output_in_existing_directory("--out", out, example="report.html")
+    check_output(out, inputs=study_files)
+    from tuner.morning_report import write_report
+
+    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files)}")
     return 0
 
 
@@ -623,6 +685,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "apply": _apply,
     "restore": _restore,
     "leaderboard": _leaderboard,
+    "report": _report,
     "workload": _workload,
     "record": _record,
     "trust-host": _trust_host,

@@ -5,10 +5,12 @@ Line-per-event rather than a live display, because overnight runs end up in log 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -143,45 +145,213 @@ class ConsoleObserver(NullObserver):
         self.console.print("restoring the baseline ...")
 
 
-def _cell(row: LeaderboardRow, name: str) -> Text:
+# The leaderboard's metric columns from the most important to the least: on a narrow terminal the last
+# ones go first. Stall speed, prefill speed and TTFT are what the default objectives trade.
+_IMPORTANCE = (
+    "stall_tok_s",
+    "prefill_tok_s",
+    "ttft_p95_s",
+    "failures",
+    "lora_wait_p95_s",
+    "itl_max_s",
+    "unstalled_tok_s",
+    "output_tok_s",
+    "lora_switch_ms",
+)
+# Headers short enough that the demo's table fits 80 columns; the legend under the table spells them out.
+_SHORT_HEADERS = {
+    "stall_tok_s": "stall t/s",
+    "unstalled_tok_s": "unstalled t/s",
+    "prefill_tok_s": "prefill t/s",
+    "ttft_p95_s": "TTFT p95 s",
+    "itl_max_s": "ITL max s",
+    "output_tok_s": "out t/s",
+    "failures": "fail",
+    "lora_wait_p95_s": "LoRA wait s",
+    "lora_switch_ms": "LoRA sw ms",
+}
+_SETTINGS_HEADER = "settings (changed from baseline)"
+# Narrower than this, the settings wrap onto more lines than a row is worth: a metric column goes instead.
+_SETTINGS_MIN_WIDTH = 20
+# Each column's one space of padding either side, and the vertical lines of the default box.
+_PADDING = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    """What one rendering of the leaderboard shows."""
+
+    metrics: tuple[str, ...]  # the metric columns, in table order
+    short_headers: bool
+    metric_ranges: bool
+    score_range: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Column:
+    header: str
+    cells: list[Text]
+
+    def width(self) -> int:
+        return max([cell_len(self.header), *(cell.cell_len for cell in self.cells)]) + _PADDING
+
+
+def _layouts(available: tuple[str, ...]) -> Iterator[_Layout]:
+    """From the most detail to the least: full headers, then short ones; then without the metrics' [min-max]
+    ranges, then without the score's; then without the least important metrics, one at a time."""
+    yield _Layout(metrics=available, short_headers=False, metric_ranges=True, score_range=True)
+    yield _Layout(metrics=available, short_headers=True, metric_ranges=True, score_range=True)
+    yield _Layout(metrics=available, short_headers=True, metric_ranges=False, score_range=True)
+    by_importance = sorted(available, key=_IMPORTANCE.index)
+    for keep in range(len(available), -1, -1):
+        kept = set(by_importance[:keep])
+        metrics = tuple(name for name in available if name in kept)
+        yield _Layout(metrics=metrics, short_headers=True, metric_ranges=False, score_range=False)
+
+
+def _cell(row: LeaderboardRow, name: str, *, ranges: bool) -> Text:
     if name not in row.metrics:
         return Text("-")
     median, low, high = row.metrics[name]
     text = Text(_fmt(median))
-    if _fmt(high) != _fmt(low):
+    if ranges and _fmt(high) != _fmt(low):
         text.append(f" [{_fmt(low)}-{_fmt(high)}]", style="dim")
     if name in row.noisy:
         text.append(" !", style="yellow")
     return text
 
 
-def render_leaderboard(board: Leaderboard, console: Console | None = None) -> None:
-    console = console or make_console()
-    table = Table(title=escape(f"leaderboard: {board.study_name} (median [min-max] over rounds)"), title_justify="left")
-    table.add_column("trial", justify="right", no_wrap=True)
-    table.add_column("settings (changed from baseline)", no_wrap=True, max_width=60)
-    table.add_column("score", justify="right", no_wrap=True)
-    # A column no trial has a value for (no long prompts: no stall figures) only takes room.
-    shown = tuple(n for n in _TABLE_METRICS + _LORA_METRICS if any(n in row.metrics for row in board.rows))
-    for name in shown:
-        table.add_column(_label(name), justify="right", no_wrap=True)
-    for row in board.rows:
-        if row.score is None:
-            settings = Text(_settings(row.changed or row.settings))
-            settings.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
-            table.add_row(str(row.number), settings, "-", *[_cell(row, n) for n in shown])
-            continue
+def _settings_cell(row: LeaderboardRow, shown: tuple[str, ...]) -> Text:
+    """The settings and every flag of the row: why it failed or was pruned, a broken constraint, changed
+    answers, and noise on a metric that has no column here (its `!` would be lost with the column)."""
+    if row.score is None:
+        label = Text(_settings(row.changed or row.settings))
+        label.append(f"  {row.state}: {row.reason or ''}", style="yellow" if row.state == "PRUNED" else "red")
+    else:
         label = Text("baseline", style="bold") if row.baseline else Text(_settings(row.changed) or "same as baseline")
-        if row.violates:
-            label.append(f"  violates {'; '.join(row.violates)}", style="red")
-        if row.answers_changed:
-            label.append(f"  changes ~{row.answers_changed:.0%} of answers", style="magenta")
-        score = Text(f"{row.score:+.2f}")
-        if row.score_range and row.score_range[0] != row.score_range[1]:
-            score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
-        number = f"{row.number} *" if row.pareto else str(row.number)
-        table.add_row(number, label, score, *[_cell(row, n) for n in shown])
-    console.print(table)
+    if row.violates:
+        label.append(f"  violates {'; '.join(row.violates)}", style="red")
+    if row.answers_changed:
+        label.append(f"  changes ~{row.answers_changed:.0%} of answers", style="magenta")
+    unseen_noise = [name for name in row.noisy if name not in shown]
+    if unseen_noise:
+        label.append(f"  ! on {', '.join(unseen_noise)}", style="yellow")
+    return label
+
+
+def _score_cell(row: LeaderboardRow, *, ranges: bool) -> Text:
+    if row.score is None:
+        return Text("-")
+    score = Text(f"{row.score:+.2f}")
+    if ranges and row.score_range and row.score_range[0] != row.score_range[1]:
+        score.append(f" [{row.score_range[0]:+.2f}..{row.score_range[1]:+.2f}]", style="dim")
+    return score
+
+
+def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
+    """The columns beside the settings: the trial, the score and the metrics."""
+    rows = board.rows
+    columns = [
+        _Column(header="trial", cells=[Text(f"{row.number} *" if row.pareto else str(row.number)) for row in rows]),
+        _Column(header="score", cells=[_score_cell(row, ranges=layout.score_range) for row in rows]),
+    ]
+    for name in layout.metrics:
+        header = _SHORT_HEADERS.get(name, _label(name)) if layout.short_headers else _label(name)
+        columns.append(_Column(header=header, cells=[_cell(row, name, ranges=layout.metric_ranges) for row in rows]))
+    return columns
+
+
+def _settings_min_width(cells: list[Text]) -> int:
+    """The narrowest the settings column may wrap to: no word split, and not a sliver either."""
+    natural = max([cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in cells)])
+    longest_word = max(cell_len(word) for cell in [Text(_SETTINGS_HEADER), *cells] for word in cell.plain.split())
+    return min(natural, max(longest_word, _SETTINGS_MIN_WIDTH)) + _PADDING
+
+
+def _fits(columns: list[_Column], settings: list[Text], width: int) -> bool:
+    borders = len(columns) + 2  # one line left of each column, the settings' included, and one at the right
+    return sum(column.width() for column in columns) + _settings_min_width(settings) + borders <= width
+
+
+class _AtWidth:
+    """Renders at a set width, wider than the console's: `--wide` lets the table run past the terminal's
+    edge (the terminal or a pager wraps it) rather than have rich cut its cells down to fit."""
+
+    def __init__(self, renderable: Table, width: int) -> None:
+        self.renderable = renderable
+        self.width = width
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from console.render(self.renderable, options.update_width(self.width))
+
+
+def render_leaderboard(
+    board: Leaderboard, console: Console | None = None, *, wide: bool = False, show_all: str = "--wide shows all"
+) -> None:
+    """The leaderboard as a table that fits the console's width: short headers with a legend, and what
+    does not fit left out and named, with `show_all` saying how to see it. `wide`: every column with its
+    full header and ranges, however wide."""
+    console = console or make_console()
+    # A column no trial has a value for (no long prompts: no stall figures) only takes room.
+    available = tuple(n for n in _TABLE_METRICS + _LORA_METRICS if any(n in row.metrics for row in board.rows))
+    full = _Layout(metrics=available, short_headers=False, metric_ranges=True, score_range=True)
+    if wide:
+        layout = full
+    else:
+        # The least detailed layout is the fallback on a terminal too narrow even for it.
+        candidates = list(_layouts(available))
+        layout = next(
+            (c for c in candidates if _fits(_columns(board, c), _settings_cells(board, c), console.width)),
+            candidates[-1],
+        )
+    columns = _columns(board, layout)
+    settings = _settings_cells(board, layout)
+    ranges = " [min-max]" if layout.metric_ranges else ""
+    table = Table(title=escape(f"leaderboard: {board.study_name} (median{ranges} over rounds)"), title_justify="left")
+    table.add_column(columns[0].header, justify="right", no_wrap=True)
+    # Wrapped, never cut: a failure's reason or a broken constraint can be longer than the terminal.
+    table.add_column(_SETTINGS_HEADER, no_wrap=wide, overflow="fold")
+    for column in columns[1:]:
+        table.add_column(column.header, justify="right", no_wrap=True)
+    for index, settings_cell in enumerate(settings):
+        table.add_row(columns[0].cells[index], settings_cell, *(column.cells[index] for column in columns[1:]))
+    if wide:
+        settings_width = max([cell_len(_SETTINGS_HEADER), *(cell.cell_len for cell in settings)]) + _PADDING
+        width = sum(column.width() for column in columns) + settings_width + len(columns) + 2
+        console.print(_AtWidth(table, width), crop=False)
+    else:
+        console.print(table)
+    _render_notes(board, console, layout, available, show_all)
+
+
+def _settings_cells(board: Leaderboard, layout: _Layout) -> list[Text]:
+    return [_settings_cell(row, layout.metrics) for row in board.rows]
+
+
+def _render_notes(
+    board: Leaderboard, console: Console, layout: _Layout, available: tuple[str, ...], show_all: str
+) -> None:
+    abbreviated = [name for name in layout.metrics if layout.short_headers and name in _SHORT_HEADERS]
+    if abbreviated:
+        legend = Table.grid(padding=(0, 2))
+        legend.add_column(no_wrap=True)
+        legend.add_column()  # wraps on a narrow terminal: the descriptions are sentences
+        for name in abbreviated:
+            info = _metric_info(name)
+            unit = f" ({info.unit})" if info and info.unit else ""
+            description = f"{name}{unit}: {info.description if info else ''}"
+            legend.add_row(Text(_SHORT_HEADERS[name]), Text(description))
+        console.print(legend)
+    left_out = [name for name in available if name not in layout.metrics]
+    parts = []
+    if left_out:
+        parts.append(f"{len(left_out)} column{'s' if len(left_out) > 1 else ''} ({', '.join(left_out)})")
+    if not layout.score_range:
+        parts.append("the [min-max] ranges")
+    elif not layout.metric_ranges:
+        parts.append("the metrics' [min-max] ranges")
+    if parts:
+        console.print(Text(f"left out to fit a width of {console.width}: {' and '.join(parts)}; {show_all}"))
     if board.pruning_saved_s > 0:
         console.print(
             f"pruning stopped {board.pruned} trials after their first round and saved about "

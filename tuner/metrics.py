@@ -30,6 +30,7 @@ __all__ = [
     "join_server_tasks",
     "server_metrics",
     "stall_samples",
+    "tokens_between",
 ]
 
 
@@ -260,7 +261,7 @@ def long_prefill_windows(records: Sequence[RequestRecord], *, long_prompt_tokens
     return windows
 
 
-def _tokens_between(token_s: Sequence[float], start: float, end: float) -> float:
+def tokens_between(token_s: Sequence[float], start: float, end: float) -> float:
     """Decode progress between two instants, in tokens.
 
     Progress is the cumulative token count interpolated linearly between arrivals, so a window that
@@ -293,7 +294,7 @@ def stall_samples(
                 continue
             start, end = max(first, window.start_s), min(last, window.end_s)
             if end - start >= min_overlap_s:
-                inside.append(_tokens_between(record.token_s, start, end) / (end - start))
+                inside.append(tokens_between(record.token_s, start, end) / (end - start))
             if end > start:
                 covered.append((start, end))
         free_time, free_tokens = _outside(record.token_s, first, last, covered)
@@ -312,7 +313,7 @@ def _outside(
         else:
             merged.append([start, end])
     covered_time = sum(end - start for start, end in merged)
-    covered_tokens = sum(_tokens_between(token_s, start, end) for start, end in merged)
+    covered_tokens = sum(tokens_between(token_s, start, end) for start, end in merged)
     # Tokens after the first one are what the decode produced in (first, last].
     return (last - first) - covered_time, (len(token_s) - 1) - covered_tokens
 

@@ -13,12 +13,23 @@ from dataclasses import dataclass, field
 import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.config import ParamValue
 from tuner.scoring import Verdict, verdict
 from tuner.study_record import StudyRecord, TrialRecord
 
-__all__ = ["Leaderboard", "LeaderboardRow", "Recommendation", "build_leaderboard", "leaderboard_frame"]
+__all__ = [
+    "LEADERBOARD_JSON_VERSION",
+    "Leaderboard",
+    "LeaderboardDocument",
+    "LeaderboardRow",
+    "Recommendation",
+    "build_leaderboard",
+    "leaderboard_document",
+    "leaderboard_frame",
+    "leaderboard_parquet",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,3 +242,96 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
             record[f"{name}_cv"] = row.cv.get(name)
         records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+def leaderboard_parquet(board: Leaderboard) -> bytes:
+    """The CSV's table as Parquet. A column whose values mix types (a knob that is a number in one trial
+    and `auto` in another) is written as text, as the CSV has it: Parquet columns have one type."""
+    frame = leaderboard_frame(board)
+    for column in frame.columns:
+        values = frame[column].dropna()
+        if frame[column].dtype == object and len({type(v) for v in values}) > 1:
+            frame[column] = frame[column].map(lambda v: v if v is None else str(v))
+    data = frame.to_parquet(index=False)
+    assert data is not None  # no path given: pandas returns the bytes
+    return data
+
+
+# Bumped when a field of the JSON document changes meaning or goes away; new fields keep it.
+LEADERBOARD_JSON_VERSION = 1
+
+
+class _Document(BaseModel):
+    # Scripts read these: an unknown field is a bug here, not input to tolerate. Values that are not
+    # finite (a ratio over zero) are written as null: JSON has no NaN.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="null")
+
+
+class MetricSummary(_Document):
+    median: float
+    min: float
+    max: float
+
+
+class RowDocument(_Document):
+    number: int = Field(description="The Optuna trial number.")
+    baseline: bool
+    state: str = Field(description="COMPLETE, PRUNED or FAIL.")
+    settings: dict[str, ParamValue] = Field(description="Every searched knob's value in this trial.")
+    changed: dict[str, ParamValue] = Field(description="The settings that differ from the baseline's.")
+    score: float | None = Field(description="Weighted log-ratio against the baseline's median; null if not scored.")
+    score_range: tuple[float, float] | None = Field(description="The lowest and highest round score.")
+    metrics: dict[str, MetricSummary] = Field(description="Each metric's median, min and max over rounds.")
+    cv: dict[str, float] = Field(description="Each metric's coefficient of variation over rounds.")
+    noisy: list[str] = Field(description="Objective metrics whose rounds differ by 20% or more.")
+    reason: str | None = Field(description="Why the trial failed or was pruned.")
+    violates: list[str] = Field(description="The constraints the trial breaks.")
+    pareto: bool = Field(description="On the Pareto front (studies with several objectives).")
+    answers_changed: float | None = Field(description="Share of the workload's requests whose answers change.")
+    answers_changed_note: str | None
+
+
+class LeaderboardDocument(_Document):
+    """`tuner leaderboard RUN_DIR --json`: the leaderboard for scripts, rows best first."""
+
+    version: int = LEADERBOARD_JSON_VERSION
+    study_name: str
+    recommendation: str = Field(description="The recommendation, as the table's last line says it.")
+    recommended_trial: int | None = Field(description="The recommended trial's number; null: keep the baseline.")
+    pruned: int
+    pruning_saved_s: float
+    rows: list[RowDocument]
+
+
+def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
+    recommended = board.recommendation.row
+    return LeaderboardDocument(
+        study_name=board.study_name,
+        recommendation=board.recommendation.message,
+        recommended_trial=None if recommended is None else recommended.number,
+        pruned=board.pruned,
+        pruning_saved_s=board.pruning_saved_s,
+        rows=[
+            RowDocument(
+                number=row.number,
+                baseline=row.baseline,
+                state=row.state,
+                settings=row.settings,
+                changed=row.changed,
+                score=row.score,
+                score_range=row.score_range,
+                metrics={
+                    name: MetricSummary(median=median, min=low, max=high)
+                    for name, (median, low, high) in row.metrics.items()
+                },
+                cv=row.cv,
+                noisy=row.noisy,
+                reason=row.reason,
+                violates=row.violates,
+                pareto=row.pareto,
+                answers_changed=row.answers_changed,
+                answers_changed_note=row.answers_changed_note,
+            )
+            for row in board.rows
+        ],
+    )

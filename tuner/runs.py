@@ -7,8 +7,10 @@ runs/<study>/
                       is moved aside into optuna.journal.torn-<time> by the next run
   trials/0003/server.log        the server's log for that trial
   trials/0003/round-1.jsonl     one RequestRecord per line
-  summary.json        the last leaderboard and recommendation
   progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it)
+  host.json           which server build and host the baseline ran on (for the report)
+  report.html         the morning report, rewritten after every trial
+  leaderboard.csv     the last leaderboard, written at the end of a run
 """
 
 from __future__ import annotations
@@ -246,6 +248,14 @@ class RunDirectory:
                 f"this run directory was made with, or remove {self.path}"
             )
         return stored
+
+    @property
+    def host_facts_path(self) -> Path:
+        return self.path / "host.json"
+
+    def save_host_facts(self, facts: dict[str, str | None]) -> None:
+        """What the report says of the host and the server build; evidence, written once."""
+        write_atomic(self.host_facts_path, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
 
     def save_records(self, number: int, name: str, records: Iterable[RequestRecord]) -> Path:
         """Saves one round's records as trials/<number>/<name>.jsonl (round-1, confirm-7-1, ...)."""

@@ -18,16 +18,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import httpx
+
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import Deployer
 from tuner.engines.base import Engine
 from tuner.errors import DeployError, MeasurementError, TransportError
 from tuner.gate import ask_probes
 from tuner.gpu import GpuMemorySampler
+from tuner.http import tls_context
 from tuner.loadgen import replay, replay_sessions, scrape_prometheus
 from tuner.metrics import compute_metrics, fell_behind, join_server_tasks, server_metrics
 from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
 from tuner.observers import NullObserver, StudyObserver
+from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.transports.base import Transport
 from tuner.workloads import Trace, synthesize_sessions
@@ -238,6 +242,8 @@ class ServerTrialRunner:
         self._slots = engine.slot_count(startup_log)
         self._server_log = deployment.log_path
         self._log_mark = log_mark
+        if self.run_dir is not None and not self.run_dir.host_facts_path.exists():
+            self.run_dir.save_host_facts(await self._host_facts())
         if not warm_up:
             return
         self.observer.warming_up(number=number)
@@ -250,6 +256,24 @@ class ServerTrialRunner:
         if not records[0].ok:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
         _, self._log_mark = await self.deployer.read_log(log_mark)
+
+    async def _host_facts(self) -> dict[str, str | None]:
+        """The server's build (its version endpoint) and the host's kernel and machine (`uname -srm`), each
+        None where it cannot be had: evidence for the report, never in the way of the measurement."""
+        engine = self.prepared.engine
+        build: str | None = None
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=5.0, headers=engine.request_headers(), verify=tls_context()
+            ) as client:
+                response = await client.get(engine.version_path)
+                body = response.json() if response.status_code == 200 else None
+                build = engine.parse_version(body) if isinstance(body, dict) else None
+        host: str | None = None
+        with contextlib.suppress(TransportError):
+            result = await self.transport.run(["uname", "-srm"], timeout_s=5.0, check=False)
+            host = (result.stdout.strip() or None) if result.exit_status == 0 else None
+        return {"engine": engine.kind, "engine_build": redact(build) if build else None, "host": host}
 
     async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
         engine = self.prepared.engine

@@ -266,6 +266,15 @@ class Engine(Protocol):
         """The generated token ids of a probe's answer."""
         ...
 
+    @property
+    def version_path(self) -> str:
+        """The GET endpoint that says which build of the server runs (for the report; never required)."""
+        ...
+
+    def parse_version(self, body: Mapping[str, Any]) -> str | None:
+        """The build or version string in `version_path`'s answer; None when it has none."""
+        ...
+
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         """The server's own account of each task in a stretch of its log."""
         ...

@@ -476,6 +476,14 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         tokens = body.get("tokens")
         return tuple(int(t) for t in tokens) if isinstance(tokens, list) else ()
 
+    @property
+    def version_path(self) -> str:
+        return "/props"
+
+    def parse_version(self, body: Mapping[str, Any]) -> str | None:
+        build = body.get("build_info")  # "b11434-abcdef0"; the startup log does not say it at -lv 3
+        return build if isinstance(build, str) and build else None
+
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         return parse_llama_server_log(lines)
 

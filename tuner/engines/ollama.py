@@ -205,6 +205,14 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
         return probe_answer_units(str(body.get("response", "")))
 
+    @property
+    def version_path(self) -> str:
+        return "/api/version"
+
+    def parse_version(self, body: Mapping[str, Any]) -> str | None:
+        version = body.get("version")
+        return version if isinstance(version, str) and version else None
+
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         # Ollama copies its llama-server child's trace-level lines to its own stderr, without timestamps.
         return parse_llama_server_log(lines)

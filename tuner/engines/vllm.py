@@ -254,6 +254,14 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         choices = body.get("choices") or [{}]
         return probe_answer_units(str(choices[0].get("text", "")))
 
+    @property
+    def version_path(self) -> str:
+        return "/version"
+
+    def parse_version(self, body: Mapping[str, Any]) -> str | None:
+        version = body.get("version")
+        return version if isinstance(version, str) and version else None
+
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         return []  # vLLM logs no per-request timeline; its /metrics histograms stand in
 

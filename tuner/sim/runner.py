@@ -22,6 +22,7 @@ from tuner.config import ParamValue
 from tuner.errors import MeasurementError, ServerNotReady
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus
 from tuner.observers import NullObserver, StudyObserver
+from tuner.runs import RunDirectory
 from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, answer_tokens, format_log_line, load_cost_model
 from tuner.sim.server import Fault, _parse_fault, _text_tokens, parse_command_line
 from tuner.sim.virtual import replay_virtual
@@ -64,8 +65,11 @@ class SimulatedTrialRunner:
         cost: CostModel | None = None,
         faults: Sequence[Fault] = (),
         observer: StudyObserver | None = None,
+        run_dir: RunDirectory | None = None,
     ) -> None:
         self.prepared = prepared
+        # Where the rounds' records go, as a real trial keeps them (the morning report reads them); None: kept nowhere.
+        self.run_dir = run_dir
         self.cost = cost or load_cost_model()
         self.noise = noise or NoiseModel()
         self.faults = tuple(faults)
@@ -189,6 +193,8 @@ class SimulatedTrialRunner:
         check_round(records, label)
         tasks = engine.parse_log(started.log[mark:])
         metrics, _ = round_metrics(prepared.spec, engine, records, tasks)
+        if self.run_dir is not None and records_name is not None:
+            self.run_dir.save_records(number, records_name, records)
         failures = sum(1 for r in records if not r.ok)
         self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
         return RoundResult(metrics=metrics, records=records)
