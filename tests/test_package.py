@@ -30,16 +30,16 @@ LAYERS = [
         "svg",
     },
     {"models", "config"},
-    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs"},
+    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},
     {"sampling"},
     {"study", "report", "apply", "sim", "morning_report"},
-    {"console"},
+    {"console", "live"},
     {"cli", "__main__", "__init__"},
 ]
-RICH_ALLOWED = {"console", "cli"}
+RICH_ALLOWED = {"console", "live", "cli"}
 
 
 def layer_of(module: str) -> int:
