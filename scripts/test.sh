@@ -11,11 +11,14 @@ if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
   export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
 fi
 # The ssh transport is tested against a real sshd on loopback, the systemd deployer's unprivileged
-# login through sudo, and the morning report in a headless chromium; install them where this user may.
+# login through sudo, the morning report in a headless chromium and the fleet on a real PostgreSQL;
+# install them where this user may.
 missing=""
 [ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
 [ -x /usr/bin/sudo ] || missing="$missing sudo"
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+# The fleet tests start a real PostgreSQL (initdb in a temporary directory) for Optuna's shared storage.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing$missing for the ssh, systemd and browser tests ..."
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \

@@ -264,3 +264,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(line)
     if on_ci():
         terminalreporter.write_line("CI=true: a missing required part fails its tests instead of skipping")
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL, started for the test session in a temporary directory (tests/postgres.py)."""
+    from tests.postgres import find_postgres_bin, running_postgres
+
+    if find_postgres_bin() is None:
+        need_real_part("postgresql", "initdb is not installed (Debian's postgresql)")
+    with running_postgres(tmp_path_factory.mktemp("postgres")) as url:
+        yield url

