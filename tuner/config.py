@@ -236,6 +236,61 @@ class SearchSpec(StrictModel):
         return params
 
 
+class StorageSpec(StrictModel):
+    """Where the study's Optuna storage lives: today's journal file in the run directory (no `[storage]`),
+    or a database every controller of a fleet shares."""
+
+    url: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="A SQLAlchemy URL, e.g. postgresql://tuner@db.example/tuner; a password in it is never shown "
+        "or stored (libpq's PGPASSWORD or ~/.pgpass can supply it instead).",
+    )
+    heartbeat_s: float = Field(
+        default=10.0, gt=0, le=3600, description="How often a controller tells the storage its trials are alive."
+    )
+    grace_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86400,
+        description="A running trial whose controller has been silent this long is failed (and re-queued) by a peer.",
+    )
+
+    @model_validator(mode="after")
+    def _grace_outlasts_beats(self) -> StorageSpec:
+        if self.grace_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"grace_s ({self.grace_s:g}) must be at least twice heartbeat_s ({self.heartbeat_s:g}), or a live "
+                "controller's trial could be failed between two beats"
+            )
+        return self
+
+
+class HostEntry(StrictModel):
+    """One host of a fleet: its name, and the `[host]` / `[deploy]` tables it uses instead of the study's."""
+
+    name: str = Field(
+        pattern=_NAME_PATTERN, max_length=100, description="The host's name in the records and the leaderboard."
+    )
+    host: PluginSpec | None = Field(default=None, description="How to reach it; the study's [host] if not set.")
+    deploy: PluginSpec | None = Field(default=None, description="How to deploy on it; the study's [deploy] if not set.")
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine options that differ on this host (port, binary, extra_args); never kind or settings, "
+        "which every host shares.",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _same_engine(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        for key in ("kind", "settings"):
+            if key in engine:
+                raise ValueError(
+                    f"sets engine.{key}, which every host of a study shares; set it in the study's [engine]"
+                )
+        return engine
+
+
 class StudySpec(StrictModel):
     name: str = Field(
         pattern=_NAME_PATTERN,
@@ -284,6 +339,30 @@ class StudySpec(StrictModel):
     constraints: list[MetricConstraint] = Field(
         default_factory=list, description="Bounds on metrics; a trial that breaks one is never recommended."
     )
+    storage: StorageSpec | None = Field(
+        default=None, description="A database shared by a fleet's controllers; the run directory's journal if unset."
+    )
+    hosts: list[HostEntry] = Field(
+        default_factory=list,
+        max_length=64,
+        description="A fleet: one study over these hosts, each measured against its own baseline (at most 64).",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_named_once(cls, hosts: list[HostEntry]) -> list[HostEntry]:
+        names = [h.name for h in hosts]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"names the host {repeated[0]!r} twice; give each host its own name")
+        return hosts
+
+    def for_host(self, entry: HostEntry) -> StudySpec:
+        """The study as one host of the fleet runs it: that host's [host], [deploy] and engine options."""
+        engine = PluginSpec.model_validate({**self.engine.model_dump(), **entry.engine})
+        return self.model_copy(
+            update={"host": entry.host or self.host, "deploy": entry.deploy or self.deploy, "engine": engine}
+        )
 
 
 class ParamSpec(StrictModel):
@@ -599,6 +678,9 @@ def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Pa
     for table, default in (("host", _DEFAULT_HOST.kind), ("deploy", _DEFAULT_DEPLOY.kind)):
         if isinstance(data.get(table), dict):
             data[table].setdefault("kind", default)
+        for entry in data.get("hosts") or []:
+            if isinstance(entry, dict) and isinstance(entry.get(table), dict):
+                entry[table].setdefault("kind", default)
     if "name" not in data:
         data["name"] = path.stem
         if not re.fullmatch(_NAME_PATTERN, path.stem):

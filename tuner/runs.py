@@ -1,7 +1,8 @@
 """The `runs/<study>/` layout: one controller at a time, Optuna's journal, and per-trial evidence.
 
 runs/<study>/
-  .lock               held by the running controller (flock), so a second one refuses to start
+  .lock               held by the running controller (flock), so a second one refuses to start; a fleet's
+                      controllers share it, and each holds .lock-<host> for the hosts it drives
   spec.json           the study as first run; a resume must match it (budget aside)
   optuna.journal      Optuna storage (append-only, locked, fsynced); a last line torn by a full disk
                       is moved aside into optuna.journal.torn-<time> by the next run
@@ -21,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -38,7 +39,19 @@ __all__ = ["RunDirectory", "spec_differences"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
 # they decide what is tried next or how long we wait, not what a trial measured.
-_RESUMABLE_KEYS = ("budget", "confirm", "description", "interleave", "seed", "search.sampler", "search.pruner")
+# A fleet's `hosts` and `storage` say where trials run and where the study is kept: a host may join a
+# fleet's study later (each host is measured against its own baseline).
+_RESUMABLE_KEYS = (
+    "budget",
+    "confirm",
+    "description",
+    "interleave",
+    "seed",
+    "search.sampler",
+    "search.pruner",
+    "hosts",
+    "storage",
+)
 # In [host] and [deploy], every duration (start_timeout_s, dead_man_s, reconnect_window_s, ...) and the
 # keepalive count: how long we wait for the host or the server, never what the server runs.
 _RESUMABLE_PLUGIN_TABLES = ("host", "deploy")
@@ -81,10 +94,28 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _lock_owner(handle: IO[str]) -> str:
+    handle.seek(0)
+    owner = handle.read().strip() or "unknown"
+    handle.close()
+    return owner
+
+
+def _own(handle: IO[str]) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+
+
 class RunDirectory:
-    def __init__(self, path: Path, *, notice: Callable[[str], None] = _to_stderr) -> None:
+    def __init__(self, path: Path, *, notice: Callable[[str], None] = _to_stderr, hosts: Sequence[str] = ()) -> None:
+        """`hosts`: the fleet hosts this controller drives; it then shares the directory with the controllers
+        of the study's other hosts, and a second controller of one of these hosts is refused."""
         self.path = path
+        self.hosts = tuple(hosts)
         self._lock: IO[str] | None = None
+        self._host_locks: list[IO[str]] = []
         self._notice = notice
 
     @property
@@ -97,30 +128,56 @@ class RunDirectory:
     def __enter__(self) -> RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         handle = (self.path / ".lock").open("a+")
+        alone = True
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
-            handle.close()
-            raise StudyError(
-                f"another tuner (pid {owner}) is running the study in {self.path}; wait for it or stop it"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+            alone = False
+            # A fleet's controllers share the directory: each holds the lock shared, beside its hosts' own.
+            try:
+                if not self.hosts:
+                    raise
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _lock_owner(handle)
+                raise StudyError(
+                    f"another tuner (pid {owner}) is running the study in {self.path}; wait for it or stop it"
+                ) from None
+        if alone:
+            _own(handle)
         self._lock = handle
         try:
-            self._repair_journal()
+            for host in self.hosts:
+                self._lock_host(host)
+            if alone:
+                # Alone (no peer appends to the journal now): a torn tail or Optuna's stale lock is repaired.
+                self._repair_journal()
+                if self.hosts:
+                    fcntl.flock(handle, fcntl.LOCK_SH)  # peers of the fleet may join from here on
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
+    def _lock_host(self, host: str) -> None:
+        handle = (self.path / f".lock-{host}").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(handle)
+            raise StudyError(
+                f"another tuner (pid {owner}) is running host {host} of the study in {self.path}; a host runs one "
+                "trial at a time: wait for it, stop it, or run another host (--host NAME)"
+            ) from None
+        _own(handle)
+        self._host_locks.append(handle)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        for handle in self._host_locks:
+            handle.close()
+        self._host_locks = []
         if self._lock is not None:
             self._lock.close()
             self._lock = None

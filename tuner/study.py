@@ -14,23 +14,41 @@ import contextlib
 import importlib.util
 import math
 import statistics
+import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config import ParamSpec, ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
+from tuner.config import (
+    HostEntry,
+    ParamSpec,
+    ParamValue,
+    SearchSpace,
+    StudySpec,
+    load_search_space,
+    validate_options,
+)
 from tuner.deployers.base import DEPLOYERS, RecoveringDeployer, create_deployer
 from tuner.engines.base import Engine, create_engine
 from tuner.engines.llama_server import SIMULATED
-from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError
+from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError, TransportError
 from tuner.faults import crash_point
+from tuner.fleet import (
+    fail_own_interrupted_trials,
+    fail_stale_trials,
+    fleet_seed,
+    open_storage,
+    requeue,
+    stored_spec,
+    write_lease,
+)
 from tuner.gate import judge, lora_answer_changes
 from tuner.metrics import engine_metrics
 from tuner.models import LaunchSpec
@@ -43,9 +61,11 @@ from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study_record import (
     INTERRUPTED,
     Confirmation,
+    HostRecord,
     StudyRecord,
     TrialRecord,
     new_trial_attrs,
+    update_host_record,
     update_study_record,
     update_trial_record,
 )
@@ -54,7 +74,10 @@ from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
 from tuner.workloads import load_trace, thin_sessions
 
 __all__ = [
+    "FleetHost",
     "PreparedStudy",
+    "fleet_loops",
+    "run_fleet",
     "has_measured_trials",
     "open_optuna_study",
     "open_optuna_study_readonly",
@@ -89,14 +112,26 @@ def _qmc_sampler(seed: int) -> optuna.samplers.BaseSampler:
 # The samplers read a trial's constraints from the trial itself (`Trial.set_constraint`, called when a
 # trial is scored); their `constraints_func` argument is deprecated since Optuna 5 and warned about in
 # every run that passed it.
-_SAMPLERS: dict[str, Callable[[int, SearchSpace], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed, space: SpaceFillingStart(
-        optuna.samplers.TPESampler(seed=seed, n_startup_trials=_TPE_STARTUP), space, startup=_TPE_STARTUP, seed=seed
-    ),
-    "random": lambda seed, _space: optuna.samplers.RandomSampler(seed=seed),
-    "qmc": lambda seed, _space: _qmc_sampler(seed),
-    "gp": lambda seed, _space: optuna.samplers.GPSampler(seed=seed),
+# `liar`: trials run in parallel (a fleet); TPE then counts the running ones as bad (constant_liar), so that
+# proposals made while others are measured do not pile onto one region.
+class _MakeSampler(Protocol):
+    def __call__(self, seed: int, space: SearchSpace, liar: bool = False) -> optuna.samplers.BaseSampler: ...
+
+
+_SAMPLERS: dict[str, _MakeSampler] = {
+    "tpe": lambda seed, space, liar=False: SpaceFillingStart(_tpe(seed, liar), space, startup=_TPE_STARTUP, seed=seed),
+    "random": lambda seed, _space, _liar=False: optuna.samplers.RandomSampler(seed=seed),
+    "qmc": lambda seed, _space, _liar=False: _qmc_sampler(seed),
+    "gp": lambda seed, _space, _liar=False: optuna.samplers.GPSampler(seed=seed),
 }
+
+
+def _tpe(seed: int, liar: bool) -> optuna.samplers.BaseSampler:
+    if not liar:
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=_TPE_STARTUP)
+    with warnings.catch_warnings():  # experimental in Optuna 5: our code, held below optuna 6, calls it
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=_TPE_STARTUP, constant_liar=True)
 
 
 def _check_sampler(name: str) -> None:
@@ -219,28 +254,34 @@ def open_optuna_study(
     space: SearchSpace,
     *,
     storage: optuna.storages.BaseStorage | None = None,
+    seed: int | None = None,
 ) -> optuna.Study:
-    """The run directory's study (its journal), or one in `storage` (the simulated studies' memory)."""
+    """The run directory's study (its journal), or one in `storage` (a fleet's database, the simulated studies'
+    memory). `seed`: the sampler's, where it is not the study's (each controller of a fleet has its own)."""
     return optuna.create_study(
         study_name=spec.name,
         storage=storage if storage is not None else run_dir.storage(),
-        sampler=_SAMPLERS[spec.search.sampler](spec.seed, space),
+        sampler=_SAMPLERS[spec.search.sampler](spec.seed if seed is None else seed, space, bool(spec.hosts)),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
     )
 
 
-def has_measured_trials(run_dir: RunDirectory) -> bool:
-    """Whether a trial of the run directory's study has measurements the leaderboard uses (complete or
-    pruned after its first round); a failed start measured nothing, so its fix may change the spec."""
-    if not run_dir.journal.exists():
-        return False
-    storage = run_dir.storage()
+def has_measured_trials(
+    run_dir: RunDirectory, storage: optuna.storages.BaseStorage | None = None, *, name: str | None = None
+) -> bool:
+    """Whether a trial of the run directory's study (or of study `name` in `storage`) has measurements the
+    leaderboard uses (complete or pruned after its first round); a failed start measured nothing, so its fix
+    may change the spec."""
+    if storage is None:
+        if not run_dir.journal.exists():
+            return False
+        storage = run_dir.storage()
     names = optuna.get_all_study_names(storage)
-    if not names:
+    if not names or (name is not None and name not in names):
         return False
-    study = optuna.load_study(study_name=names[0], storage=storage)
+    study = optuna.load_study(study_name=name or names[0], storage=storage)
     # Every record is read here, before the resume writes anything: a damaged one is refused with the
     # run directory as it was.
     StudyRecord.of(study)
@@ -248,13 +289,25 @@ def has_measured_trials(run_dir: RunDirectory) -> bool:
     return any(record.deployed for state, record in records if state in (TrialState.COMPLETE, TrialState.PRUNED))
 
 
-def open_optuna_study_readonly(run_dir: RunDirectory) -> optuna.Study:
-    """Opens the study a run directory holds, for reading; works while a controller is running it."""
-    storage = run_dir.storage()
+def open_optuna_study_readonly(run_dir: RunDirectory, storage_url: str | None = None) -> optuna.Study:
+    """Opens the study a run directory holds, for reading; works while a controller is running it. A fleet's
+    study is read from the storage its spec.json names (the whole fleet's trials), or from `storage_url`."""
+    from tuner.fleet import open_storage, recorded_storage
+
+    recorded, name = recorded_storage(run_dir.path)
+    url = storage_url or recorded
+    storage = open_storage(url) if url else run_dir.storage()
     names = optuna.get_all_study_names(storage)
-    if not names:
-        raise StudyError(f"{run_dir.path} holds no study yet")
-    return optuna.load_study(study_name=names[0], storage=storage)
+    if not names or (name is not None and name not in names):
+        where = f"{run_dir.path}" if url is None else f"the storage {url_shown(url)}"
+        raise StudyError(f"{where} holds no study {name or ''} yet".replace("  ", " "))
+    return optuna.load_study(study_name=name if name in names else names[0], storage=storage)
+
+
+def url_shown(url: str) -> str:
+    from tuner.fleet import shown_url
+
+    return shown_url(url)
 
 
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
@@ -324,6 +377,18 @@ class _RunningServer:
     trials: set[int]
 
 
+@dataclass(frozen=True, kw_only=True)
+class FleetHost:
+    """The loop of one host of a fleet: its name, and how its controller keeps its trials' leases."""
+
+    name: str
+    heartbeat_s: float = 10.0
+    grace_s: float = 120.0
+    # The hosts this controller drives (their RUNNING trials are its own, never a stale peer's).
+    own: frozenset[str] = frozenset()
+    say: Callable[[str], None] = lambda _line: None
+
+
 class _StudyRun:
     def __init__(
         self,
@@ -332,7 +397,13 @@ class _StudyRun:
         study: optuna.Study,
         observer: StudyObserver,
         runner: TrialRunner | None = None,
+        *,
+        fleet: FleetHost | None = None,
     ) -> None:
+        self.fleet = fleet
+        self.host = None if fleet is None else fleet.name
+        # The trials this loop has running, whose leases it keeps fresh (a fleet's).
+        self.leased: dict[int, optuna.Trial] = {}
         self.prepared = prepared
         self.spec = prepared.spec
         self.run_dir = run_dir
@@ -353,10 +424,18 @@ class _StudyRun:
         """What a (re)start does before the host is reached: interrupted trials marked, the baseline queued."""
         spec, study = self.spec, self.study
         update_study_record(
-            study, min_effect=min_effect(spec.objectives), allow_answer_changes=spec.gate.allow_answer_changes
+            study,
+            min_effect=min_effect(spec.objectives),
+            allow_answer_changes=spec.gate.allow_answer_changes,
+            objectives=[o.metric for o in spec.objectives],
         )
-        _fail_interrupted_trials(study)
-        _ensure_baseline_queued(study, self.prepared)
+        if self.fleet is None:
+            _fail_interrupted_trials(study)
+            _ensure_baseline_queued(study, self.prepared)
+        else:
+            # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a
+            # peer host's are failed only once its lease is stale (`fail_stale_trials`, before each ask).
+            fail_own_interrupted_trials(study, {self.host}, requeue=True, say=self.fleet.say)
         self.observer.study_started(
             name=spec.name,
             run_dir=str(self.run_dir.path),
@@ -368,21 +447,71 @@ class _StudyRun:
 
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         self._runner = runner
-        await self.run(deadline)
-        await _Confirmation(self).run()
+        beating = None if self.fleet is None else asyncio.create_task(self.keep_leases(self.fleet.heartbeat_s))
+        try:
+            await self.run(deadline)
+            if self.fleet is not None:
+                await self.wait_for_peers()
+            await _Confirmation(self).run()
+        finally:
+            if beating is not None:
+                beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beating
+
+    async def keep_leases(self, every_s: float) -> None:
+        """Rewrites the lease of each trial this loop runs, so that its peers see its controller alive."""
+        while True:
+            for number, trial in list(self.leased.items()):
+                try:
+                    write_lease(trial, self.host)
+                except (ValueError, RuntimeError):  # told meanwhile
+                    self.leased.pop(number, None)
+            await asyncio.sleep(every_s)
+
+    def fail_stale(self) -> None:
+        if self.fleet is not None:
+            fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+
+    async def wait_for_peers(self) -> None:
+        """Before the confirmation picks the best trial: the other hosts' trials finished (or found dead)."""
+        assert self.fleet is not None
+        poll_s = min(1.0, self.fleet.heartbeat_s)
+        while True:
+            self.fail_stale()
+            running = [
+                t
+                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if not TrialRecord.of(t).baseline
+            ]
+            if not running:
+                return
+            await asyncio.sleep(poll_s)
 
     def baseline_trial(self) -> FrozenTrial | None:
+        """This host's measured baseline: every score of a trial on it is relative to this one's median."""
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if _is_baseline(trial):
+            record = TrialRecord.of(trial)
+            if record.baseline and record.host == self.host:
                 return trial
         return None
 
     def deployed_trials(self) -> int:
+        """Trials deployed on any host of the study (the budget is the study's)."""
         return sum(
             1
             for record in map(TrialRecord.of, self.study.get_trials(deepcopy=False))
             if record.deployed and not record.baseline
         )
+
+    def claimed_trials(self) -> int:
+        """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn)."""
+        claimed = 0
+        for trial in self.study.get_trials(deepcopy=False):
+            record = TrialRecord.of(trial)
+            if not record.baseline and (record.deployed or trial.state == TrialState.RUNNING):
+                claimed += 1
+        return claimed
 
     def measured_settings(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
@@ -395,7 +524,7 @@ class _StudyRun:
 
     async def run(self, deadline: float | None) -> None:
         while True:
-            if self.baseline_trial() is not None and self.deployed_trials() >= self.spec.budget.trials:
+            if self.baseline_trial() is not None and self.claimed_trials() >= self.spec.budget.trials:
                 return
             if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                 return
@@ -408,17 +537,26 @@ class _StudyRun:
     def ask_batch(self) -> list[_Pending]:
         """The next configs to measure together. The baseline goes alone and first: every later score is
         relative to it."""
+        self.fail_stale()
+        if self.fleet is not None and self.baseline_trial() is None:
+            return [self.new_baseline()]
         size = (
             1
             if self.baseline_trial() is None
-            else min(self.spec.interleave, self.spec.budget.trials - self.deployed_trials())
+            else min(self.spec.interleave, self.spec.budget.trials - self.claimed_trials())
         )
         batch: list[_Pending] = []
         skipped = 0
         while len(batch) < size:
             trial = self.study.ask(self.distributions)
             settings = self.prepared.space.decode(trial.params)
-            update_trial_record(trial, settings=settings)
+            if self.fleet is None:
+                update_trial_record(trial, settings=settings)
+            else:
+                # A re-queued trial carries a fresh record (its settings, `requeued_from`): measured anew here.
+                update_trial_record(trial, settings=settings, host=self.host)
+                write_lease(trial, self.host)
+                self.leased[trial.number] = trial
             reason = self.skip_reason(trial, settings, pending=batch)
             if reason is not None:
                 skipped += 1
@@ -436,6 +574,34 @@ class _StudyRun:
             if batch[-1].baseline:
                 break
         return batch
+
+    def new_baseline(self) -> _Pending:
+        """This host's baseline trial, created RUNNING (never queued: a peer's `ask` would take it) and measured
+        on this host before anything else."""
+        settings = self.prepared.baseline_settings
+        params = self.prepared.space.encode(settings)
+        record = TrialRecord(baseline=True, settings=dict(settings), host=self.host)
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.RUNNING,
+                params=params,
+                distributions={name: self.distributions[name] for name in params},
+                user_attrs=new_trial_attrs(record),
+            )
+        )
+        # The newest trial with this record: the storage numbers trials, so it is read back.
+        created = max(
+            (
+                t
+                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if (r := TrialRecord.of(t)).baseline and r.host == self.host
+            ),
+            key=lambda t: t.number,
+        )
+        trial = optuna.Trial(self.study, created._trial_id)
+        write_lease(trial, self.host)
+        self.leased[trial.number] = trial
+        return _Pending(trial=trial, settings=dict(settings), baseline=True, planned=self.spec.rounds)
 
     def skip_reason(
         self, trial: optuna.Trial, settings: dict[str, ParamValue], *, pending: list[_Pending]
@@ -460,6 +626,12 @@ class _StudyRun:
         twin = next((p for p in pending if p.settings == settings), None)
         if twin is not None:
             return self.skip(trial, f"same settings as trial {twin.trial.number}, being measured")
+        if self.fleet is not None:
+            # Across controllers: another host's RUNNING trial with these settings is being measured there.
+            for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                record = TrialRecord.of(other)
+                if other.number != trial.number and not record.baseline and record.settings == settings:
+                    return self.skip(trial, f"same settings as trial {other.number}, being measured on {record.host}")
         return None
 
     def skip(self, trial: optuna.Trial, reason: str) -> str:
@@ -505,7 +677,12 @@ class _StudyRun:
             for pending in active:
                 update_trial_record(pending.trial, fail_reason=INTERRUPTED)
                 self.study.tell(pending.trial, state=TrialState.FAIL)
+                if self.fleet is not None and not pending.baseline:
+                    requeue(self.study, pending.trial.number, dict(pending.trial.params), pending.settings)
             raise
+        finally:
+            for pending in batch:
+                self.leased.pop(pending.trial.number, None)
 
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
         trial, label = pending.trial, f"round {round_index + 1}/{pending.planned}"
@@ -701,10 +878,15 @@ class _Gates:
             return
         self.loop.observer.probing(number=trial.number)
         answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
+        host = self.loop.host
         if baseline:
-            update_study_record(self.study, reference_answers=[list(a) for a in answers])
+            # Each host's baseline answers are its own trials' reference (hosts may differ in their last bits).
+            if host is None:
+                update_study_record(self.study, reference_answers=[list(a) for a in answers])
+            else:
+                update_host_record(self.study, host, reference_answers=[list(a) for a in answers])
             return
-        reference = StudyRecord.of(self.study).reference_answers
+        reference = (StudyRecord.of(self.study) if host is None else HostRecord.of(self.study, host)).reference_answers
         if reference is None:
             return
         result = judge(answers, reference, min_agreement=self.gate.min_agreement)
@@ -756,8 +938,13 @@ class _Confirmation:
             low, high = difference_ci(differences)
             mean = statistics.fmean(differences)
             confirmed = Confirmation(differences=differences, mean=mean, ci=[low, high])
-            confirmations = StudyRecord.of(self.study).confirmations
-            update_study_record(self.study, confirmations={**confirmations, candidate.number: confirmed})
+            host = self.loop.host
+            if host is None:
+                confirmations = StudyRecord.of(self.study).confirmations
+                update_study_record(self.study, confirmations={**confirmations, candidate.number: confirmed})
+            else:  # on this host, against this host's baseline
+                confirmations = HostRecord.of(self.study, host).confirmations
+                update_host_record(self.study, host, confirmations={**confirmations, candidate.number: confirmed})
             self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
 
     async def measure(
@@ -774,13 +961,15 @@ class _Confirmation:
         runner, pairs = self.loop.runner, self.spec.confirm.pairs
         label = f"pair {pair + 1}/{pairs}" + (" (baseline)" if number == baseline.number else "")
         self.loop.observer.round_started(number=number, label=label, index=2 * pair + position + 1, total=2 * pairs)
-        await self.loop.servers.deploy(settings, number=number, log_name=f"confirm-{candidate}-server.log")
+        # A fleet's hosts each confirm the same candidate: their files are told apart by the host's name.
+        name = f"confirm-{candidate}" if self.loop.host is None else f"confirm-{candidate}-{self.loop.host}"
+        await self.loop.servers.deploy(settings, number=number, log_name=f"{name}-server.log")
         measured = await runner.measure_round(
             settings=settings,
             number=number,
             prompts_index=self.spec.rounds + pair,
             label=label,
-            records_name=f"confirm-{candidate}-{pair + 1}",
+            records_name=f"{name}-{pair + 1}",
         )
         return measured.metrics
 
@@ -792,7 +981,8 @@ class _Confirmation:
             if record.deployed and not record.baseline and (record.score or 0.0) > 0 and not record.violates:
                 measured.append((record.score or 0.0, trial))
         best = [t for _, t in sorted(measured, key=lambda st: -st[0])][: self.spec.confirm.top]
-        confirmed = StudyRecord.of(self.study).confirmations
+        host = self.loop.host
+        confirmed = (StudyRecord.of(self.study) if host is None else HostRecord.of(self.study, host)).confirmations
         return [t for t in best if t.number not in confirmed]
 
 
@@ -856,20 +1046,147 @@ async def run_search(
         await loop.search(runner, deadline)
 
 
-async def run_study(
-    spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver | None = None
+# What drops a fleet's host (the others go on): it stayed unreachable, its server could not be deployed or
+# restored, or its baseline could not be measured.
+_DROPS_HOST = (TransportError, DeployError, StudyError, MeasurementError)
+
+
+def _to_stderr(line: str) -> None:
+    print(redact(line), file=sys.stderr, flush=True)
+
+
+async def run_fleet(
+    loops: Sequence[_StudyRun],
+    drive: Callable[[_StudyRun], Awaitable[None]],
+) -> dict[str, str]:
+    """Drives each host's loop concurrently (`drive` reaches the host and runs `loop.search`); a host that
+    fails as `_DROPS_HOST` says is dropped with the reason, in the study too, and the others go on. Returns
+    the dropped hosts' reasons; raises StudyError when every host was dropped."""
+    dropped: dict[str, str] = {}
+
+    async def one(loop: _StudyRun) -> None:
+        assert loop.fleet is not None and loop.host is not None
+        try:
+            await drive(loop)
+        except _DROPS_HOST as exc:
+            reason = redact(str(exc))
+            dropped[loop.host] = reason
+            update_host_record(loop.study, loop.host, dropped=reason)
+            loop.fleet.say(f"host {loop.host} dropped: {reason}; the study goes on without it")
+
+    async with asyncio.TaskGroup() as group:
+        for loop in loops:
+            group.create_task(one(loop))
+    if loops and len(dropped) == len(loops):
+        shown = "; ".join(f"{host}: {reason}" for host, reason in dropped.items())
+        raise StudyError(f"every host was dropped ({shown})")
+    return dropped
+
+
+def fleet_loops(
+    prepared: Mapping[str, PreparedStudy],
+    run_dir: RunDirectory,
+    study: optuna.Study,
+    observer: StudyObserver,
+    *,
+    heartbeat_s: float,
+    grace_s: float,
+    say: Callable[[str], None] = _to_stderr,
+) -> list[_StudyRun]:
+    """One loop per host of this controller, on one study, begun (their interrupted trials marked)."""
+    own = frozenset(prepared)
+    loops = [
+        _StudyRun(
+            host_prepared,
+            run_dir,
+            study,
+            observer,
+            fleet=FleetHost(name=name, heartbeat_s=heartbeat_s, grace_s=grace_s, own=own, say=say),
+        )
+        for name, host_prepared in prepared.items()
+    ]
+    for loop in loops:
+        loop.begin()
+    return loops
+
+
+def _fleet_hosts(spec: StudySpec, only: Sequence[str] | None) -> list[HostEntry]:
+    if not only:
+        return list(spec.hosts)
+    names = [h.name for h in spec.hosts]
+    unknown = [name for name in only if name not in names]
+    if not spec.hosts:
+        raise ConfigError("--host names a host of the study's [[hosts]], and the study has none")
+    if unknown:
+        raise ConfigError(f"--host {unknown[0]!r} is not a host of the study; its hosts: {', '.join(names)}")
+    return [h for h in spec.hosts if h.name in only]
+
+
+async def _run_fleet_study(
+    spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver, only: Sequence[str] | None
 ) -> optuna.Study:
-    """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline."""
+    entries = _fleet_hosts(spec, only)
+    specs = {entry.name: spec.for_host(entry) for entry in entries}
+    prepared = {name: prepare_study(host_spec, base_dir) for name, host_spec in specs.items()}
+    for name, host_spec in specs.items():  # each host's launch, before any host is touched
+        _check_simulated_server(host_spec, prepared[name].engine.launch_spec({}))
+    first = next(iter(prepared.values()))
+    started = time.monotonic()
+    deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
+    storage = None if spec.storage is None else open_storage(spec.storage.url)
+    heartbeat_s = 10.0 if spec.storage is None else spec.storage.heartbeat_s
+    grace_s = 120.0 if spec.storage is None else spec.storage.grace_s
+    with RunDirectory(run_path, hosts=list(specs)) as run_dir, _telling_the_end(observer):
+        measured = has_measured_trials(run_dir, storage, name=spec.name)
+        run_dir.check_spec(stored_spec(spec.model_dump(mode="json")), measured=measured)
+        study = open_optuna_study(run_dir, spec, first.space, storage=storage, seed=fleet_seed(spec.seed, specs))
+        loops = fleet_loops(prepared, run_dir, study, observer, heartbeat_s=heartbeat_s, grace_s=grace_s)
+
+        async def drive(loop: _StudyRun) -> None:
+            assert loop.host is not None
+            host_spec = specs[loop.host]
+            await check_host_files(host_spec, loop.prepared.engine)
+            async with create_transport(host_spec.host) as transport:
+                deployer = create_deployer(host_spec.deploy, transport=transport)
+                if isinstance(deployer, RecoveringDeployer):
+                    deployer.remember_in(run_dir.path / f"deployer-state-{loop.host}.json")
+                async with deployer:
+                    runner = ServerTrialRunner(
+                        loop.prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer
+                    )
+                    try:
+                        await loop.search(runner, deadline)
+                    finally:
+                        observer.restoring()
+
+        await run_fleet(loops, drive)
+        return study
+
+
+async def run_study(
+    spec: StudySpec,
+    base_dir: Path,
+    run_path: Path,
+    observer: StudyObserver | None = None,
+    *,
+    hosts: Sequence[str] | None = None,
+) -> optuna.Study:
+    """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline. A fleet
+    (`[[hosts]]`) runs the hosts named in `hosts` (all of them by default), each against its own baseline."""
     observer = observer or NullObserver()
+    if spec.hosts or hosts:
+        return await _run_fleet_study(spec, base_dir, run_path, observer, hosts)
     prepared = prepare_study(spec, base_dir)
     baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
     _check_simulated_server(spec, baseline_launch)
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
+    storage = None if spec.storage is None else open_storage(spec.storage.url)
     with RunDirectory(run_path) as run_dir, _telling_the_end(observer):
-        run_dir.check_spec(spec.model_dump(mode="json"), measured=has_measured_trials(run_dir))
-        study = open_optuna_study(run_dir, spec, prepared.space)
+        measured = has_measured_trials(run_dir, storage, name=None if storage is None else spec.name)
+        run_dir.check_spec(stored_spec(spec.model_dump(mode="json")), measured=measured)
+        study = open_optuna_study(run_dir, spec, prepared.space, storage=storage)
         loop = _StudyRun(prepared, run_dir, study, observer)
         loop.begin()
         async with create_transport(spec.host) as transport:

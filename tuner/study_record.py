@@ -21,20 +21,35 @@ from tuner.config import ParamValue
 from tuner.errors import StudyError
 
 __all__ = [
+    "HOST_KEY_PREFIX",
     "INTERRUPTED",
+    "LEASE_KEY",
     "RECORD_KEY",
     "RECORD_VERSION",
     "Confirmation",
+    "HostRecord",
     "RoundMetrics",
     "StudyRecord",
     "TrialRecord",
     "new_trial_attrs",
+    "host_records",
+    "update_host_record",
     "update_study_record",
     "update_trial_record",
 ]
 
 RECORD_KEY = "serve_tuner"
-RECORD_VERSION = 1
+# 2: a trial's `host` and `requeued_from`, the study's `objectives`, and each fleet host's own record
+# (`HostRecord`, under HOST_KEY_PREFIX + its name). A version-1 record lacks those fields and reads with
+# their defaults; a version-2 record must have every field.
+RECORD_VERSION = 2
+# The fields each version added, which a record of an older version may lack.
+_ADDED_IN = {2: {"host", "requeued_from", "objectives"}}
+# Per-host study state: each host is driven by exactly one controller (its lock), so no two controllers
+# rewrite the same key.
+HOST_KEY_PREFIX = "serve_tuner:host:"
+# A running trial's lease: {"host": name, "at": wall-clock seconds}, rewritten while the trial runs.
+LEASE_KEY = "serve_tuner:lease"
 
 # The fail reason of a trial the controller's stop cut short (or kept from starting): not the config's fault.
 INTERRUPTED = "interrupted: the controller stopped during this trial"
@@ -90,6 +105,10 @@ class TrialRecord(_Record):
     answer_agreement: list[float] | None = Field(default=None, description="Per probe, against the baseline.")
     answers_changed: float | None = Field(default=None, description="Share of requests a LoRA policy changes.")
     answers_changed_note: str | None = None
+    host: str | None = Field(default=None, description="The fleet host that measured it; None: a one-host study.")
+    requeued_from: int | None = Field(
+        default=None, description="The failed trial whose settings this one measures again (a dead controller's)."
+    )
 
     @classmethod
     def of(cls, trial: FrozenTrial | optuna.Trial) -> Self:
@@ -117,10 +136,47 @@ class StudyRecord(_Record):
     )
     # Keyed by candidate trial number; JSON object keys are strings, so the key alone is read laxly.
     confirmations: dict[Annotated[int, Strict(False)], Confirmation] = Field(default_factory=dict)
+    objectives: list[str] = Field(default_factory=list, description="The objective metrics (the host spread's).")
 
     @classmethod
     def of(cls, study: optuna.Study) -> Self:
         return _read(cls, study.user_attrs, where=f"study {study.study_name!r}")
+
+
+class HostRecord(_Record):
+    """One fleet host's part of the study: what its baseline answered and its confirmations, and why it was
+    dropped if it was. Only the controller holding the host's lock writes it."""
+
+    reference_answers: list[list[int]] | None = None
+    confirmations: dict[Annotated[int, Strict(False)], Confirmation] = Field(default_factory=dict)
+    dropped: str | None = Field(default=None, description="Why the fleet went on without this host.")
+
+    @classmethod
+    def of(cls, study: optuna.Study, host: str) -> Self:
+        return cls.read(study.user_attrs, host, where=f"study {study.study_name!r}")
+
+    @classmethod
+    def read(cls, attrs: Mapping[str, Any], host: str, *, where: str) -> Self:
+        stored = attrs.get(HOST_KEY_PREFIX + host)
+        if stored is None:
+            return cls()
+        return _read(cls, {RECORD_KEY: stored}, where=f"{where}, host {host!r}")
+
+
+def host_records(study: optuna.Study) -> dict[str, HostRecord]:
+    """Every fleet host's record, by name."""
+    attrs = study.user_attrs
+    return {
+        key.removeprefix(HOST_KEY_PREFIX): HostRecord.read(attrs, key.removeprefix(HOST_KEY_PREFIX), where="study")
+        for key in attrs
+        if key.startswith(HOST_KEY_PREFIX)
+    }
+
+
+def update_host_record(study: optuna.Study, host: str, **changes: Any) -> HostRecord:
+    record = HostRecord.of(study, host).updated(**changes)
+    study.set_user_attr(HOST_KEY_PREFIX + host, record.stored())
+    return record
 
 
 def update_trial_record(trial: optuna.Trial, **changes: Any) -> TrialRecord:
@@ -155,7 +211,11 @@ def _read(model: type[RecordT], attrs: Mapping[str, Any], *, where: str) -> Reco
         )
     # Every field we write is there: a record without `deployed` would silently drop a measured trial
     # from the leaderboard and the budget. Defaults serve new records and 0.1.0's loose keys only.
-    missing = sorted(set(model.model_fields) - set(stored))
+    # A record of an older version may lack only the fields a later version added (read with their defaults).
+    optional = {
+        name for added, names in _ADDED_IN.items() if type(version) is int and version < added for name in names
+    }
+    missing = sorted(set(model.model_fields) - set(stored) - optional)
     if missing:
         raise _damaged(where, f"{missing[0]}: missing")
     return _validated(model, stored, where=where)
