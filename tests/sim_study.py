@@ -7,21 +7,32 @@ A study of the demo's size takes a fraction of a second, so a test can run hundr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 
 from tuner.config import load_study
+from tuner.errors import HostUnreachable
 from tuner.observers import NullObserver, StudyObserver
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.sim.model import NoiseModel
+from tuner.sim.model import CostModel, NoiseModel, load_cost_model
 from tuner.sim.runner import SimulatedTrialRunner, parse_faults
-from tuner.study import PreparedStudy, open_optuna_study, prepare_study, run_search
+from tuner.study import PreparedStudy, _StudyRun, fleet_loops, open_optuna_study, prepare_study, run_fleet, run_search
 
-__all__ = ["DEMO", "SimulatedStudy", "prepare_simulated", "run_simulated"]
+__all__ = [
+    "DEMO",
+    "SimulatedFleet",
+    "SimulatedStudy",
+    "fleet_overrides",
+    "prepare_simulated",
+    "run_simulated",
+    "run_simulated_fleet",
+    "slower",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "studies" / "stall-demo.toml"
@@ -66,3 +77,76 @@ def run_simulated(
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
         asyncio.run(run_search(prepared, run_dir, study, runner, observer=observer or NullObserver()))
     return SimulatedStudy(study=study, board=build_leaderboard(study), runner=runner)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedFleet:
+    study: optuna.Study
+    board: Leaderboard
+    runners: dict[str, SimulatedTrialRunner]
+    dropped: dict[str, str]
+
+
+def slower(cost: CostModel, factor: float) -> CostModel:
+    """A host whose every forward pass takes `factor` times as long (hosts of one model differ by ~10%)."""
+    return dataclasses.replace(
+        cost,
+        pass_s=cost.pass_s * factor,
+        token_points=tuple((width, seconds * factor) for width, seconds in cost.token_points),
+        context_s=cost.context_s * factor,
+        sample_s=cost.sample_s * factor,
+    )
+
+
+def fleet_overrides(hosts: Sequence[str]) -> list[str]:
+    """`--set hosts=[...]`: a fleet of simulated hosts of these names."""
+    return ["hosts=[" + ", ".join(f'{{name = "{name}"}}' for name in hosts) + "]"]
+
+
+def run_simulated_fleet(
+    prepared: PreparedStudy,
+    run_path: Path,
+    *,
+    hosts: Mapping[str, float],
+    seed: int,
+    storage: optuna.storages.BaseStorage | None = None,
+    noise: NoiseModel = NOISE,
+    round_wall_s: float = 0.001,
+    unreachable: Sequence[str] = (),
+    grace_s: float = 120.0,
+    heartbeat_s: float = 10.0,
+    say: Callable[[str], None] = lambda _line: None,
+) -> SimulatedFleet:
+    """One fleet study on simulated hosts (name -> how much slower than the calibrated machine), driven by one
+    controller with one loop per host, as `tuner run` drives a fleet; `unreachable` hosts fail to connect."""
+    runners = {
+        name: SimulatedTrialRunner(
+            prepared,
+            seed=seed * 1009 + index,
+            noise=noise,
+            cost=slower(load_cost_model(), factor),
+            round_wall_s=round_wall_s,
+        )
+        for index, (name, factor) in enumerate(hosts.items())
+    }
+    with RunDirectory(run_path, notice=lambda _line: None, hosts=list(hosts)) as run_dir:
+        storage = storage if storage is not None else optuna.storages.InMemoryStorage()
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage, seed=seed)
+        loops = fleet_loops(
+            dict.fromkeys(hosts, prepared),
+            run_dir,
+            study,
+            NullObserver(),
+            heartbeat_s=heartbeat_s,
+            grace_s=grace_s,
+            say=say,
+        )
+
+        async def drive(loop: _StudyRun) -> None:
+            assert loop.host is not None
+            if loop.host in unreachable:
+                raise HostUnreachable(f"{loop.host}: the link stayed down past the reconnect window")
+            await loop.search(runners[loop.host], None)
+
+        dropped = asyncio.run(run_fleet(loops, drive))
+    return SimulatedFleet(study=study, board=build_leaderboard(study), runners=runners, dropped=dropped)

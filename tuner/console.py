@@ -255,6 +255,8 @@ def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
         _Column(header="trial", cells=[Text(f"{row.number} *" if row.pareto else str(row.number)) for row in rows]),
         _Column(header="score", cells=[_score_cell(row, ranges=layout.score_range) for row in rows]),
     ]
+    if any(row.host for row in rows):  # a fleet: which host measured each trial (its score is against that host's)
+        columns.insert(1, _Column(header="host", cells=[Text(row.host or "") for row in rows]))
     for name in layout.metrics:
         header = _SHORT_HEADERS.get(name, _label(name)) if layout.short_headers else _label(name)
         columns.append(_Column(header=header, cells=[_cell(row, name, ranges=layout.metric_ranges) for row in rows]))
@@ -363,6 +365,8 @@ def _render_notes(
         "score: weighted log-ratio against the baseline's median (0 = baseline, +0.69 = twice as good); "
         "! = rounds differ by 20% or more"
     )
+    if board.hosts is not None:
+        console.print(Text(board.hosts.line()))
     style = "bold green" if board.recommendation.row is not None else "bold yellow"
     console.print(Text(board.recommendation.message, style=style))
 

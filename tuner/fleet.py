@@ -81,7 +81,7 @@ def _parse(url: str) -> Any:
 def shown_url(url: str) -> str:
     """The URL without its password: what is shown, and what the run directory keeps."""
     parsed = _parse(url)
-    return str(parsed.set(password=None).render_as_string(hide_password=False))
+    return str(parsed._replace(password=None).render_as_string(hide_password=False))  # set() keeps a None
 
 
 def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:

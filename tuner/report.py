@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.config import ParamValue
 from tuner.scoring import Verdict, verdict
-from tuner.study_record import StudyRecord, TrialRecord
+from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord, host_records
 
 __all__ = [
     "LEADERBOARD_JSON_VERSION",
+    "HostSpread",
     "Leaderboard",
     "LeaderboardDocument",
     "LeaderboardRow",
@@ -49,6 +50,32 @@ class LeaderboardRow:
     pareto: bool = False
     answers_changed: float | None = None  # share of the workload's requests whose answers the settings change
     answers_changed_note: str | None = None
+    host: str | None = None  # the fleet host that measured it; None in a one-host study
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSpread:
+    """The host effect: the baseline measured on every host of a fleet, beside its own round-to-round spread."""
+
+    # objective metric -> host -> the baseline's median there
+    baselines: dict[str, dict[str, float]]
+    # objective metric -> (max - min) / median of the hosts' baseline medians
+    between_hosts: dict[str, float]
+    # objective metric -> the median over hosts of the coefficient of variation of the baseline's rounds
+    between_rounds: dict[str, float]
+    dropped: dict[str, str] = field(default_factory=dict)  # host -> why the fleet went on without it
+
+    def line(self) -> str:
+        """`host-to-host spread of the baseline: stall_tok_s 9.8% (round to round 3.1%), ...`."""
+        parts = [
+            f"{name} {spread:.1%} (round to round {self.between_rounds.get(name, float('nan')):.1%})"
+            for name, spread in self.between_hosts.items()
+        ]
+        hosts = len(next(iter(self.baselines.values()), {}))
+        text = f"host-to-host spread of the baseline over {hosts} hosts: " + (", ".join(parts) or "none measured")
+        for host, reason in self.dropped.items():
+            text += f"; host {host} was dropped: {reason}"
+        return text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +92,7 @@ class Leaderboard:
     recommendation: Recommendation
     pruned: int = 0
     pruning_saved_s: float = 0.0
+    hosts: HostSpread | None = None  # a fleet's host effect; None in a one-host study
 
 
 def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
@@ -119,31 +147,79 @@ def _row(
         pareto=trial.number in front,
         answers_changed=record.answers_changed,
         answers_changed_note=record.answers_changed_note,
+        host=record.host,
     )
 
 
+def _host_spread(
+    baselines: dict[str | None, TrialRecord], objectives: list[str], dropped: dict[str, str]
+) -> HostSpread | None:
+    named = {host: record for host, record in baselines.items() if host is not None}
+    if not named and not dropped:
+        return None
+    names = objectives or sorted({n for record in named.values() for r in record.rounds for n in r})
+    medians: dict[str, dict[str, float]] = {}
+    between_hosts: dict[str, float] = {}
+    between_rounds: dict[str, float] = {}
+    for name in names:
+        per_host = {
+            host: median
+            for host, record in sorted(named.items())
+            if (median := _metric_ranges(record.rounds).get(name))
+        }
+        values = {host: m[0] for host, m in per_host.items()}
+        if not values:
+            continue
+        medians[name] = values
+        middle = statistics.median(values.values())
+        if len(values) >= 2 and middle != 0:
+            between_hosts[name] = (max(values.values()) - min(values.values())) / abs(middle)
+        cvs = [
+            cv for record in named.values() if (cv := _coefficients_of_variation(record.rounds).get(name)) is not None
+        ]
+        if cvs:
+            between_rounds[name] = statistics.median(cvs)
+    return HostSpread(baselines=medians, between_hosts=between_hosts, between_rounds=between_rounds, dropped=dropped)
+
+
 def build_leaderboard(study: optuna.Study) -> Leaderboard:
-    """Deployed trials, best first; failed trials last, with their reasons."""
+    """Deployed trials, best first; failed trials last, with their reasons. In a fleet each trial's score is
+    against its own host's baseline, and the host-to-host spread of the baselines is reported beside."""
     records = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
     trials = [t for t in study.get_trials(deepcopy=False) if records[t.number].deployed]
-    baseline_trial = next((t for t in trials if records[t.number].baseline and t.state == TrialState.COMPLETE), None)
+    baseline_trials: dict[str | None, FrozenTrial] = {}
+    for t in trials:
+        if records[t.number].baseline and t.state == TrialState.COMPLETE:
+            baseline_trials.setdefault(records[t.number].host, t)
+    baselines = {host: records[t.number] for host, t in baseline_trials.items()}
+    baseline_trial = next(iter(baseline_trials.values()), None)
     baseline = None if baseline_trial is None else records[baseline_trial.number]
     baseline_settings = {} if baseline_trial is None or baseline is None else _settings_of(baseline_trial, baseline)
     front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
     rows = [_row(t, records[t.number], baseline_settings, front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
+    study_record = StudyRecord.of(study)
+    fleet = host_records(study)
+    dropped = {host: record.dropped for host, record in fleet.items() if record.dropped}
     return Leaderboard(
         study_name=study.study_name,
         rows=rows,
-        recommendation=_recommend(StudyRecord.of(study), rows, baseline),
+        recommendation=_recommend(study_record, rows, baselines, fleet),
         pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
         pruning_saved_s=sum(records[t.number].saved_s for t in trials),
+        hosts=_host_spread(baselines, study_record.objectives, dropped),
     )
 
 
-def _recommend(study: StudyRecord, rows: list[LeaderboardRow], baseline: TrialRecord | None) -> Recommendation:
+def _recommend(
+    study: StudyRecord,
+    rows: list[LeaderboardRow],
+    baselines: dict[str | None, TrialRecord],
+    fleet: dict[str, HostRecord] | None = None,
+) -> Recommendation:
     """The best setting that was re-measured against the baseline and won beyond noise; without a
     re-measurement (confirm.top = 0, or an interrupted run), the range test on the search rounds."""
+    baseline = next(iter(baselines.values()), None)
     if baseline is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
     scored = [r for r in rows if not r.baseline and r.score is not None and r.changed]
@@ -159,7 +235,11 @@ def _recommend(study: StudyRecord, rows: list[LeaderboardRow], baseline: TrialRe
     allowed = study.allow_answer_changes
     candidates = [r for r in measured if allowed or not r.answers_changed]
     held_back = next((r for r in measured if r not in candidates), None)
-    recommendation = _recommend_among(study, candidates, baseline)
+    recommendation = (
+        _recommend_in_fleet(study, candidates, baselines, fleet)
+        if fleet
+        else _recommend_among(study, candidates, baseline)
+    )
     if held_back is None or (
         recommendation.row is not None and (recommendation.row.score or 0) >= (held_back.score or 0)
     ):
@@ -214,6 +294,78 @@ def _recommend_among(study: StudyRecord, candidates: list[LeaderboardRow], basel
     return Recommendation(row=best if decision.better else None, verdict=decision, message=message)
 
 
+def _held(host: str, confirmation: Confirmation) -> str:
+    low, high = confirmation.ci
+    return f"{host} ({confirmation.mean:+.2f}, {low:+.2f}..{high:+.2f})"
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _recommend_in_fleet(
+    study: StudyRecord,
+    candidates: list[LeaderboardRow],
+    baselines: dict[str | None, TrialRecord],
+    fleet: dict[str, HostRecord],
+) -> Recommendation:
+    """A fleet's: a candidate re-measured against each host's own baseline on that host is recommended only if
+    its gain held (interval above the minimum effect) on every host that re-measured it."""
+    if not candidates:
+        return Recommendation(row=None, verdict=None, message="no trial has been measured beside the baseline yet")
+    min_effect = study.min_effect
+    confirmed = [
+        (
+            row,
+            {
+                host: record.confirmations[row.number]
+                for host, record in sorted(fleet.items())
+                if row.number in record.confirmations
+            },
+        )
+        for row in candidates
+    ]
+    confirmed = [(row, on_hosts) for row, on_hosts in confirmed if on_hosts]
+    if not confirmed:
+        best = candidates[0]
+        reference = baselines.get(best.host) or next(iter(baselines.values()))
+        best_scores = [best.score_range[0], best.score_range[1]] if best.score_range else []
+        decision = verdict(best_scores, reference.round_scores, min_effect=min_effect)
+        where = f" on {best.host}" if best.host else ""
+        if decision.better:
+            message = f"recommended: {_settings(best)} (trial {best.number}{where}, not re-measured): {decision.reason}"
+        else:
+            message = (
+                f"no setting beat the baseline beyond the run-to-run spread; keep the baseline (best candidate was "
+                f"{_settings(best)}, trial {best.number}{where}: {decision.reason})"
+            )
+        return Recommendation(row=best if decision.better else None, verdict=decision, message=message)
+
+    def held_everywhere(on_hosts: dict[str, Confirmation]) -> bool:
+        return all(c.ci[0] > min_effect for c in on_hosts.values())
+
+    winners = [(row, on_hosts) for row, on_hosts in confirmed if held_everywhere(on_hosts)]
+    row, on_hosts = max(winners or confirmed, key=lambda ro: statistics.fmean(c.mean for c in ro[1].values()))
+    held = [_held(h, c) for h, c in on_hosts.items() if c.ci[0] > min_effect]
+    missed = [_held(h, c) for h, c in on_hosts.items() if c.ci[0] <= min_effect]
+    evidence = "paired score difference against each host's own baseline, 95% interval: "
+    evidence += f"held on {_and(held)}" if held else ""
+    evidence += ("; " if held else "") + (f"not on {_and(missed)}" if missed else "")
+    if len(on_hosts) < 2 and len(fleet) >= 2:
+        evidence += f" (re-measured on {len(on_hosts)} host of {len(fleet)})"
+    decision = Verdict(better=bool(winners), reason=evidence)
+    if winners:
+        return Recommendation(
+            row=row, verdict=decision, message=f"recommended: {_settings(row)} (trial {row.number}): {evidence}"
+        )
+    return Recommendation(
+        row=None,
+        verdict=decision,
+        message=f"no setting held its gain on every host; keep the baseline (best candidate was {_settings(row)}, "
+        f"trial {row.number}: {evidence}; the minimum effect is {min_effect:.2f})",
+    )
+
+
 def _settings(row: LeaderboardRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(row.changed.items()))
 
@@ -224,6 +376,7 @@ def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
     for row in board.rows:
         record: dict[str, object] = {
             "trial": row.number,
+            "host": row.host,
             "baseline": row.baseline,
             "state": row.state,
             "score": row.score,
@@ -289,6 +442,14 @@ class RowDocument(_Document):
     pareto: bool = Field(description="On the Pareto front (studies with several objectives).")
     answers_changed: float | None = Field(description="Share of the workload's requests whose answers change.")
     answers_changed_note: str | None
+    host: str | None = Field(default=None, description="The fleet host that measured it; null in a one-host study.")
+
+
+class HostSpreadDocument(_Document):
+    baselines: dict[str, dict[str, float]] = Field(description="Objective metric -> host -> baseline's median.")
+    between_hosts: dict[str, float] = Field(description="(max - min) / median of the hosts' baseline medians.")
+    between_rounds: dict[str, float] = Field(description="Median over hosts of the baseline rounds' CV.")
+    dropped: dict[str, str] = Field(description="Hosts the fleet went on without, and why.")
 
 
 class LeaderboardDocument(_Document):
@@ -301,6 +462,7 @@ class LeaderboardDocument(_Document):
     pruned: int
     pruning_saved_s: float
     rows: list[RowDocument]
+    hosts: HostSpreadDocument | None = Field(default=None, description="A fleet's host effect; null on one host.")
 
 
 def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
@@ -331,7 +493,16 @@ def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
                 pareto=row.pareto,
                 answers_changed=row.answers_changed,
                 answers_changed_note=row.answers_changed_note,
+                host=row.host,
             )
             for row in board.rows
         ],
+        hosts=None
+        if board.hosts is None
+        else HostSpreadDocument(
+            baselines=board.hosts.baselines,
+            between_hosts=board.hosts.between_hosts,
+            between_rounds=board.hosts.between_rounds,
+            dropped=board.hosts.dropped,
+        ),
     )

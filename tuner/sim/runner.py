@@ -15,6 +15,7 @@ warm-up and probes included, so one spec can hit a different request in the two.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,8 +67,12 @@ class SimulatedTrialRunner:
         faults: Sequence[Fault] = (),
         observer: StudyObserver | None = None,
         run_dir: RunDirectory | None = None,
+        round_wall_s: float = 0.0,
     ) -> None:
         self.prepared = prepared
+        # Real seconds each start and round waits (asyncio.sleep), so that several runners of a fleet take turns
+        # as hosts do, and a fleet's wall time can be measured; 0: as fast as the virtual clock goes.
+        self.round_wall_s = round_wall_s
         # Where the rounds' records go, as a real trial keeps them (the morning report reads them); None: kept nowhere.
         self.run_dir = run_dir
         self.cost = cost or load_cost_model()
@@ -99,6 +104,7 @@ class SimulatedTrialRunner:
         values = {**command.values, **vars(command.settings)}
         faults = tuple(f for f in self.faults if f.applies(values))
         self.starts_by_settings.append(dict(settings))
+        await asyncio.sleep(self.round_wall_s / 4)
         if any(f.kind == "refuse-start" for f in faults):
             raise ServerNotReady("the server exited with status 1 before it was healthy; server log: simulated fault")
         self._starts += 1
@@ -166,6 +172,7 @@ class SimulatedTrialRunner:
         label: str,
         records_name: str | None,
     ) -> RoundResult:
+        await asyncio.sleep(self.round_wall_s)
         prepared, engine, started = self.prepared, self.prepared.engine, self.started
         # Synthesizing a round's prompts is most of a simulated round's time, and every trial of a study (and
         # every study of one prepared spec) replays the same ones for the same index.
