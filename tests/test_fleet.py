@@ -13,8 +13,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet
-from tuner.config import load_study
+from tests.sim_study import SimulatedFleet, fleet_overrides, prepare_simulated, run_simulated_fleet
+from tuner.config import ParamValue, load_study
 from tuner.console import render_leaderboard
 from tuner.errors import ConfigError, StudyError
 from tuner.fleet import (
@@ -27,18 +27,18 @@ from tuner.fleet import (
 )
 from tuner.runs import RunDirectory
 from tuner.scoring import median_metrics, score_round
-from tuner.study import _distribution, open_optuna_study
+from tuner.study import PreparedStudy, _distribution, open_optuna_study
 from tuner.study_record import LEASE_KEY, RECORD_KEY, HostRecord, TrialRecord, new_trial_attrs
 
 HOSTS = {"gpu-a": 1.0, "gpu-b": 1.1, "gpu-c": 0.95}
 
 
-def _fleet_prepared(hosts: list[str], *extra: str) -> object:
+def _fleet_prepared(hosts: list[str], *extra: str) -> PreparedStudy:
     return prepare_simulated([*fleet_overrides(hosts), "budget.trials=6", "confirm.pairs=2", *extra])
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> object:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> SimulatedFleet:
     prepared = _fleet_prepared(list(HOSTS))
     return run_simulated_fleet(prepared, tmp_path_factory.mktemp("fleet") / "run", hosts=HOSTS, seed=3)
 
@@ -47,8 +47,8 @@ def _records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, TrialR
     return [(t, TrialRecord.of(t)) for t in study.get_trials()]
 
 
-def test_each_host_measures_its_own_baseline_first_and_every_trial_records_its_host(fleet: object) -> None:
-    study = fleet.study  # type: ignore[attr-defined]
+def test_each_host_measures_its_own_baseline_first_and_every_trial_records_its_host(fleet: SimulatedFleet) -> None:
+    study = fleet.study
     records = _records(study)
     baselines = {r.host: t for t, r in records if r.baseline and t.state == TrialState.COMPLETE}
     assert set(baselines) == set(HOSTS)
@@ -56,15 +56,16 @@ def test_each_host_measures_its_own_baseline_first_and_every_trial_records_its_h
         if record.deployed:
             assert record.host in HOSTS, trial.number
             if not record.baseline:  # measured after its host's baseline
-                assert trial.datetime_start >= baselines[record.host].datetime_complete
+                done = baselines[record.host].datetime_complete
+                assert trial.datetime_start is not None and done is not None and trial.datetime_start >= done
     assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
     assert sum(1 for _, r in records if r.deployed and not r.baseline) == 6  # the budget is the study's
 
 
-def test_every_score_is_against_its_own_hosts_baseline(fleet: object) -> None:
+def test_every_score_is_against_its_own_hosts_baseline(fleet: SimulatedFleet) -> None:
     """Recomputed from the rounds: the trial's host's baseline gives its stored score; another host's, 10% off,
     does not."""
-    study = fleet.study  # type: ignore[attr-defined]
+    study = fleet.study
     spec = load_study(Path("studies/stall-demo.toml"))[0]
     records = _records(study)
     references = {r.host: median_metrics(r.rounds) for t, r in records if r.baseline and t.state == TrialState.COMPLETE}
@@ -81,8 +82,8 @@ def test_every_score_is_against_its_own_hosts_baseline(fleet: object) -> None:
     assert checked >= 2
 
 
-def test_the_leaderboard_shows_each_trials_host_and_the_host_to_host_spread(fleet: object) -> None:
-    board = fleet.board  # type: ignore[attr-defined]
+def test_the_leaderboard_shows_each_trials_host_and_the_host_to_host_spread(fleet: SimulatedFleet) -> None:
+    board = fleet.board
     assert all(row.host in HOSTS for row in board.rows)
     assert board.hosts is not None
     # gpu-b is 10% slower, gpu-c 5% faster: the prefill speed of their baselines spreads by about 15%
@@ -98,12 +99,12 @@ def test_the_leaderboard_shows_each_trials_host_and_the_host_to_host_spread(flee
     assert "host-to-host spread of the baseline over 3 hosts: " in text and "round to round" in text
 
 
-def test_confirmation_remeasures_against_each_hosts_baseline_and_says_where_it_held(fleet: object) -> None:
-    study = fleet.study  # type: ignore[attr-defined]
+def test_confirmation_remeasures_against_each_hosts_baseline_and_says_where_it_held(fleet: SimulatedFleet) -> None:
+    study = fleet.study
     confirmed = {host: HostRecord.of(study, host).confirmations for host in HOSTS}
     assert all(confirmed.values()), confirmed  # every host (at least two) re-measured the best
     assert len({number for c in confirmed.values() for number in c}) == 1  # the same candidate
-    message = fleet.board.recommendation.message  # type: ignore[attr-defined]
+    message = fleet.board.recommendation.message
     assert "held on" in message or "not on" in message
     for host in HOSTS:
         assert host in message
@@ -171,10 +172,10 @@ def test_a_requeued_trial_is_measured_by_another_host_with_a_fresh_record(tmp_pa
     prepared = _fleet_prepared(["gpu-a"], "budget.trials=3", "confirm.top=0")
     storage = optuna.storages.InMemoryStorage()
     with RunDirectory(tmp_path / "seed", notice=lambda _l: None) as run_dir:
-        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)  # type: ignore[attr-defined]
-    settings = {"n_batch": 512, "n_ubatch": 512}
-    params = prepared.space.encode(settings)  # type: ignore[attr-defined]
-    distributions = {n: _distribution(p) for n, p in prepared.space.params.items()}  # type: ignore[attr-defined]
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
+    settings: dict[str, ParamValue] = {"n_batch": 512, "n_ubatch": 512}
+    params = prepared.space.encode(settings)
+    distributions = {n: _distribution(p) for n, p in prepared.space.params.items()}
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.RUNNING,
@@ -223,11 +224,11 @@ def test_the_fleet_sampler_counts_running_trials_constant_liar() -> None:
     with RunDirectory(Path("/tmp") / f"liar-{time.time_ns()}", notice=lambda _l: None) as run_dir:
         study = open_optuna_study(
             run_dir,
-            prepared.spec,  # type: ignore[attr-defined]
-            prepared.space,  # type: ignore[attr-defined]
+            prepared.spec,
+            prepared.space,
             storage=optuna.storages.InMemoryStorage(),
         )
-    model = study.sampler._model  # type: ignore[attr-defined]
+    model = study.sampler._model  # type: ignore[union-attr]
     assert model._constant_liar is True
 
 

@@ -118,6 +118,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a study value, e.g. --set budget.trials=3 (repeatable)",
     )
+    run.add_argument(
+        "--host",
+        dest="hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this host of the study's [[hosts]] (repeatable); the others' controllers share the study",
+    )
+    _add_storage_flag(run, "the study's storage instead of [storage] url (a fleet's shared database)")
 
     _add_status_command(commands)
     _add_apply_commands(commands)
@@ -195,12 +204,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_storage_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--storage", metavar="URL", help=f"{what}; a password is better left to PGPASSWORD or ~/.pgpass"
+    )
+
+
+def _use_storage(args: argparse.Namespace) -> None:
+    """`--storage URL` for the commands that read a run directory: its password becomes a secret at once."""
+    if getattr(args, "storage", None):
+        from tuner.fleet import override_storage
+
+        override_storage(args.storage)
+
+
+def _holds_study(run_path: Path) -> bool:
+    from tuner.fleet import holds_study
+
+    return holds_study(run_path)
+
+
 def _add_status_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     status = commands.add_parser(
         "status", help="where a run stands (also while it runs, from another shell): trials, phase, time left"
     )
     status.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     status.add_argument("--json", action="store_true", help="print it as JSON")
+    _add_storage_flag(status, "read a fleet's hosts from this storage instead of the one the run directory records")
 
 
 def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -209,6 +239,7 @@ def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
     report.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/stall-demo")
     report.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/report.html)")
+    _add_storage_flag(report, "read the study from this storage instead of the one the run directory records")
 
 
 def _add_leaderboard_command(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -216,6 +247,7 @@ def _add_leaderboard_command(commands: argparse._SubParsersAction[_Parser]) -> N
     board.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     board.add_argument("--csv", type=Path, help="also write the leaderboard as CSV")
     board.add_argument("--parquet", type=Path, help="also write the leaderboard as Parquet (the CSV's columns)")
+    _add_storage_flag(board, "read the study from this storage instead of the one the run directory records")
     shown = board.add_mutually_exclusive_group()
     shown.add_argument(
         "--wide", action="store_true", help="every column with its full header and ranges, wider than the terminal"
@@ -251,6 +283,15 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from tuner.config import load_study
 
     spec, base_dir = load_study(args.study, args.overrides)
+    if args.storage or spec.storage is not None:
+        from tuner.config import StorageSpec
+        from tuner.fleet import remember_url
+
+        if args.storage:
+            kept = spec.storage.model_dump() if spec.storage is not None else {}
+            spec = spec.model_copy(update={"storage": StorageSpec.model_validate({**kept, "url": args.storage})})
+        assert spec.storage is not None
+        remember_url(spec.storage.url)  # its password is a secret from here on: redacted wherever it would show
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.live import run_observer
     from tuner.morning_report import ReportWriter, write_report
@@ -268,7 +309,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         _stop_on_signals(received)
         report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow"))
         with run_observer(console, tracker) as observer:
-            await run_study(spec, base_dir, run_path, Observers(observer, report))
+            await run_study(spec, base_dir, run_path, Observers(observer, report), hosts=args.hosts or None)
 
     started = time.monotonic()
     _run_stoppable(main(), received)
@@ -289,14 +330,41 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 
     from tuner.progress import run_status
 
+    _use_storage(args)
     status = run_status(args.run_dir)
+    fleet = _fleet_status(args.run_dir)
     if args.json:
-        print(json.dumps(status.as_json(), indent=2))
+        print(json.dumps({**status.as_json(), **({"fleet": fleet} if fleet is not None else {})}, indent=2))
         return 0
     from tuner.live import render_status
 
     render_status(status, console)
+    for host in fleet or []:
+        now = f", measuring trial {host['running']}" if host["running"] is not None else ""
+        gone = f"; dropped: {host['dropped']}" if host["dropped"] else ""
+        base = "baseline measured" if host["baseline"] is not None else "no baseline yet"
+        console.print(f"host {host['host']}: {base}, {host['trials']} trials{now}{gone}", highlight=False)
     return 0
+
+
+def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
+    """A fleet's hosts, read from the storage the run directory records (None: not a fleet's run)."""
+    import json
+
+    try:
+        spec = json.loads((run_path / "spec.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(spec, dict) or not spec.get("hosts"):
+        return None
+    from tuner.fleet import fleet_summary
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    try:
+        return fleet_summary(open_optuna_study_readonly(RunDirectory(run_path)))
+    except StudyError:
+        return None
 
 
 def _apply(args: argparse.Namespace, console: Console) -> int:
@@ -305,7 +373,7 @@ def _apply(args: argparse.Namespace, console: Console) -> int:
 
     spec, base_dir = load_study(args.study, args.overrides)
     run_path = args.runs_dir / spec.name
-    if not (run_path / "optuna.journal").is_file():
+    if not _holds_study(run_path):
         raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
 
     received: list[int] = []
@@ -643,14 +711,16 @@ def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) 
 
 
 def _leaderboard(args: argparse.Namespace, console: Console) -> int:
-    if not (args.run_dir / "optuna.journal").is_file():
+    _use_storage(args)
+    if not _holds_study(args.run_dir):
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
     _show(args.run_dir, console, csv=args.csv, parquet=args.parquet, wide=args.wide, as_json=args.json)
     return 0
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    if not (args.run_dir / "optuna.journal").is_file():
+    _use_storage(args)
+    if not _holds_study(args.run_dir):
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
     out = args.out if args.out is not None else args.run_dir / "report.html"
     study_files = [args.run_dir / name for name in _STUDY_FILES]  # never to be overwritten by a report

@@ -47,7 +47,11 @@ __all__ = [
     "fail_own_interrupted_trials",
     "fail_stale_trials",
     "fleet_seed",
+    "fleet_summary",
+    "holds_study",
     "open_storage",
+    "override_storage",
+    "remember_url",
     "recorded_storage",
     "requeue",
     "shown_url",
@@ -58,6 +62,27 @@ __all__ = [
 _FIX = "e.g. postgresql://tuner@db.example:5432/tuner"
 _POSTGRES_DRIVERS = ("psycopg", "psycopg2")  # SQLAlchemy 2.1 assumes psycopg (3) for postgresql://
 _CONNECT_TIMEOUT_S = 10
+
+
+# The full URLs this process was given (the study file's, --storage), by their password-free form: what the
+# run directory records is the latter, and a reader in this process (the leaderboard at the end of a run,
+# the morning report rewritten after each trial) opens the storage with the former. Memory only.
+_KNOWN_URLS: dict[str, str] = {}
+# `--storage URL` of leaderboard, report and status: read instead of the URL the run directory records.
+_OVERRIDE: list[str] = []
+
+
+def remember_url(url: str) -> str:
+    """Registers a storage URL given to this process (its password as a secret); returns it without it."""
+    shown = shown_url(url)
+    _KNOWN_URLS[shown] = url
+    return shown
+
+
+def override_storage(url: str) -> None:
+    """The storage that readers of a run directory open instead of the one it records (`--storage URL`)."""
+    remember_url(url)
+    _OVERRIDE[:] = [url]
 
 
 def _parse(url: str) -> Any:
@@ -108,8 +133,8 @@ def _with_driver(parsed: Any) -> Any:
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """Optuna's RDBStorage on `url`. A bad URL or a missing driver: ConfigError (exit 2); a database that does
     not answer: StudyError (exit 1); either is one line, without the password."""
-    parsed = _with_driver(_parse(url))
     shown = shown_url(url)
+    parsed = _with_driver(_parse(_KNOWN_URLS.get(url, url)))
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
@@ -179,7 +204,36 @@ def recorded_storage(run_path: Path) -> tuple[str | None, str | None]:
     storage = stored.get("storage")
     name = stored.get("name") if isinstance(stored.get("name"), str) else None
     url = storage.get("url") if isinstance(storage, dict) and isinstance(storage.get("url"), str) else None
-    return url, name
+    return (_OVERRIDE[0] if _OVERRIDE else url), name
+
+
+def holds_study(run_path: Path) -> bool:
+    """Whether a run directory holds a study: its journal, or a spec.json naming the storage that holds it."""
+    return (run_path / "optuna.journal").is_file() or recorded_storage(run_path)[0] is not None
+
+
+def fleet_summary(study: optuna.Study) -> list[dict[str, Any]]:
+    """Per host of a fleet's study: its trials, the one it measures now, and why it was dropped."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        record = TrialRecord.of(trial)
+        if record.host is None:
+            continue
+        entry = hosts.setdefault(
+            record.host, {"host": record.host, "trials": 0, "baseline": None, "running": None, "dropped": None}
+        )
+        if record.baseline and trial.state == TrialState.COMPLETE:
+            entry["baseline"] = trial.number
+        elif record.deployed and not record.baseline:
+            entry["trials"] += 1
+        if trial.state == TrialState.RUNNING:
+            entry["running"] = trial.number
+    from tuner.study_record import host_records
+
+    for host, host_record in host_records(study).items():
+        hosts.setdefault(host, {"host": host, "trials": 0, "baseline": None, "running": None, "dropped": None})
+        hosts[host]["dropped"] = host_record.dropped
+    return [hosts[name] for name in sorted(hosts)]
 
 
 def fail_own_interrupted_trials(
