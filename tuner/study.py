@@ -450,8 +450,9 @@ class _StudyRun:
         beating = None if self.fleet is None else asyncio.create_task(self.keep_leases(self.fleet.heartbeat_s))
         try:
             await self.run(deadline)
-            if self.fleet is not None:
-                await self.wait_for_peers()
+            # A fleet's: until the peers' trials are done; a dead peer's, re-queued, is measured here meanwhile.
+            while self.fleet is not None and await self.wait_for_peers(deadline):
+                await self.run(deadline)
             await _Confirmation(self).run()
         finally:
             if beating is not None:
@@ -473,19 +474,20 @@ class _StudyRun:
         if self.fleet is not None:
             fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
 
-    async def wait_for_peers(self) -> None:
-        """Before the confirmation picks the best trial: the other hosts' trials finished (or found dead)."""
+    async def wait_for_peers(self, deadline: float | None) -> bool:
+        """Before the confirmation picks the best trial: the other hosts' trials finished (or found dead and
+        failed). True: there is a trial to measure again (a dead peer's, re-queued, within the budget)."""
         assert self.fleet is not None
         poll_s = min(1.0, self.fleet.heartbeat_s)
         while True:
             self.fail_stale()
-            running = [
-                t
-                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not TrialRecord.of(t).baseline
-            ]
-            if not running:
-                return
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+            waiting = [t for t in trials if t.state == TrialState.WAITING]
+            within = deadline is None or time.monotonic() < deadline
+            if waiting and within and not self.exhausted and self.claimed_trials() < self.spec.budget.trials:
+                return True
+            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials):
+                return False
             await asyncio.sleep(poll_s)
 
     def baseline_trial(self) -> FrozenTrial | None:
@@ -505,11 +507,15 @@ class _StudyRun:
         )
 
     def claimed_trials(self) -> int:
-        """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn)."""
+        """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn). A trial
+        a dead controller left, re-queued, counts once: as its copy, once a host takes it."""
         claimed = 0
-        for trial in self.study.get_trials(deepcopy=False):
-            record = TrialRecord.of(trial)
-            if not record.baseline and (record.deployed or trial.state == TrialState.RUNNING):
+        trials = [(trial, TrialRecord.of(trial)) for trial in self.study.get_trials(deepcopy=False)]
+        requeued = {record.requeued_from for _, record in trials if record.requeued_from is not None}
+        for trial, record in trials:
+            if record.baseline or trial.number in requeued:
+                continue
+            if record.deployed or trial.state == TrialState.RUNNING:
                 claimed += 1
         return claimed
 
