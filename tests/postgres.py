@@ -58,7 +58,9 @@ def running_postgres(base: Path, *, database: str = "tuner") -> Iterator[str]:
     port = _free_port()
 
     def run(*argv: str) -> None:
-        subprocess.run([*prefix, *argv], check=True, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*prefix, *argv], check=False, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[:1])} exited {done.returncode}: {(done.stderr or done.stdout)[-500:]}")
 
     run(str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "--no-sync", "-E", "UTF8")
     options = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={sockets} -c fsync=off"
@@ -68,4 +70,9 @@ def running_postgres(base: Path, *, database: str = "tuner") -> Iterator[str]:
         run(str(bin_dir / "createdb"), "-h", str(sockets), "-p", str(port), "-U", user, database)
         yield f"postgresql://{user}@127.0.0.1:{port}/{database}"
     finally:
-        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        try:
+            run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        except RuntimeError:
+            status = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "status"], check=False)
+            if status.returncode != 3:  # 3: no server running (it stopped already)
+                raise

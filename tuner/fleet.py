@@ -62,6 +62,7 @@ __all__ = [
 _FIX = "e.g. postgresql://tuner@db.example:5432/tuner"
 _POSTGRES_DRIVERS = ("psycopg", "psycopg2")  # SQLAlchemy 2.1 assumes psycopg (3) for postgresql://
 _CONNECT_TIMEOUT_S = 10
+_SCHEMA_TRIES = 5
 
 
 # The full URLs this process was given (the study file's, --storage), by their password-free form: what the
@@ -138,20 +139,33 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
-    try:
-        return optuna.storages.RDBStorage(
-            parsed.render_as_string(hide_password=False), engine_kwargs=kwargs, skip_compatibility_check=False
-        )
-    except ImportError as exc:
-        raise ConfigError(f"storage.url {shown}: {exc}; pip install 'serve-tuner[fleet]'") from None
-    except Exception as exc:
-        # SQLAlchemy's OperationalError and the driver's own: the first line names the cause
-        # (connection refused, no such database, password authentication failed).
-        first = redact(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else "")
-        raise StudyError(
-            f"cannot open the study's storage {shown}: {first or type(exc).__name__}; check that the database "
-            "runs and accepts this user (a password comes from the URL, PGPASSWORD or ~/.pgpass)"
-        ) from None
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(_SCHEMA_TRIES):
+        try:
+            return optuna.storages.RDBStorage(
+                parsed.render_as_string(hide_password=False), engine_kwargs=kwargs, skip_compatibility_check=False
+            )
+        except (IntegrityError, ProgrammingError):
+            # Controllers starting together on an empty database each create Optuna's tables; one wins, the
+            # others see its tables half-made: a moment later they are whole.
+            if attempt + 1 == _SCHEMA_TRIES:
+                raise StudyError(
+                    f"cannot create the study's tables in {shown}: another controller kept creating them; run again"
+                ) from None
+            time.sleep(0.5 * (attempt + 1))
+        except ImportError as exc:
+            raise ConfigError(f"storage.url {shown}: {exc}; pip install 'serve-tuner[fleet]'") from None
+        except Exception as exc:
+            # SQLAlchemy's OperationalError and the driver's own: the first line names the cause
+            # (connection refused, no such database, password authentication failed).
+            text = str(getattr(exc, "orig", None) or exc).strip()
+            first = redact(text.splitlines()[0]) if text else type(exc).__name__
+            raise StudyError(
+                f"cannot open the study's storage {shown}: {first}; check that the database runs and accepts "
+                "this user (a password comes from the URL, PGPASSWORD or ~/.pgpass)"
+            ) from None
+    raise AssertionError("unreachable")
 
 
 def fleet_seed(seed: int, hosts: Iterable[str]) -> int:

@@ -1,0 +1,236 @@
+"""A fleet on a real PostgreSQL (tests/postgres.py starts one for the session): `tuner run --host NAME`
+processes sharing one study, one of them killed mid-trial, and the storage URL's password kept out of sight.
+
+The issue's "done means": one study on three simulated hosts and a pair of real llama-servers, each host's
+controller a process of its own (its own run directory, as on its own machine); the controller of sim-c is
+killed (SIGKILL) while its trial runs; a peer fails that trial once its lease is stale and queues its settings
+again; sim-c's controller started again stops the server the killed one left; every controller ends with its
+host on its baseline, and the leaderboard shows each trial's host and the host-to-host spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import llama_server_processes
+from tuner.fleet import open_storage
+from tuner.study_record import HostRecord, TrialRecord
+
+DATA = Path(__file__).resolve().parent / "data"
+ROOT = DATA.parent.parent
+FLEET_STUDY = DATA / "fleet-study.toml"
+SIMULATED = ROOT / "studies" / "stall-demo-simulated.toml"
+PASSWORD = "pw-never-shown-7731"  # the test cluster trusts loopback, so any password is accepted and ignored
+
+
+def _with_password(url: str) -> str:
+    return url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
+
+
+def _tuner(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _wait(what: str, condition: Callable[[], bool], *, timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        if any(p.poll() not in (None, 0) for p in procs):
+            raise AssertionError(f"a controller failed while waiting for {what}: {[p.returncode for p in procs]}")
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _finish(procs: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs.values():
+                if other.poll() is None:
+                    other.send_signal(signal.SIGTERM)
+            for other in procs.values():
+                other.wait(timeout=120)
+            raise AssertionError(f"controller {name} did not finish: {logs[name].read_text()[-3000:]}") from None
+        assert proc.returncode == 0, f"controller {name} exited {proc.returncode}: {logs[name].read_text()[-3000:]}"
+
+
+def _no_password_anywhere(paths: list[Path]) -> None:
+    for base in paths:
+        for path in base.rglob("*"):
+            if path.is_file():
+                assert PASSWORD.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.real_server
+def test_one_study_on_three_simulated_hosts_and_a_real_pair_survives_a_killed_controller(
+    postgres_url: str, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    url = _with_password(postgres_url)
+    servers_before = llama_server_processes(llama_server_binary)
+    runs = {name: tmp_path / f"runs-{name}" for name in ("sim-a", "sim-b", "sim-c", "real")}
+    logs = {name: tmp_path / f"{name}.log" for name in ("sim-a", "sim-b", "sim-c", "real", "sim-c-again")}
+
+    def start(name: str, hosts: list[str], log: str | None = None) -> subprocess.Popen[bytes]:
+        args = ["run", str(FLEET_STUDY), "--runs-dir", str(runs[name]), "--storage", url]
+        return _tuner([*args, *(a for h in hosts for a in ("--host", h))], logs[log or name])
+
+    procs = {name: start(name, [name]) for name in ("sim-a", "sim-b", "sim-c")}
+    procs["real"] = start("real", ["real-a", "real-b"])
+    study = optuna.load_study(study_name="fleet", storage=open_storage(postgres_url))
+    trial_c: list[int] = []
+
+    def sim_c_measuring() -> bool:
+        for trial in study.get_trials(states=(TrialState.RUNNING,)):
+            record = TrialRecord.of(trial)
+            round_file = runs["sim-c"] / "fleet" / "trials" / f"{trial.number:04d}" / "round-1.jsonl"
+            if record.host == "sim-c" and not record.baseline and round_file.is_file():
+                trial_c[:] = [trial.number]
+                return True
+        return False
+
+    try:
+        _wait("sim-c's trial with a round measured", sim_c_measuring, timeout_s=420, procs=list(procs.values()))
+        state = json.loads((runs["sim-c"] / "fleet" / "deployer-state-sim-c.json").read_text())
+        left_running = int(state["pid"])
+        procs["sim-c"].send_signal(signal.SIGKILL)
+        procs["sim-c"].wait(timeout=30)
+        assert _alive(left_running), "the killed controller's server should still run until it is restored"
+        killed = trial_c[0]
+        _wait(
+            "a peer to fail the killed controller's trial",
+            lambda: study.trials[killed].state == TrialState.FAIL,
+            timeout_s=120,
+            procs=[p for n, p in procs.items() if n != "sim-c"],
+        )
+        # sim-c's controller again: its start stops what the killed one left running, then it goes on.
+        del procs["sim-c"]
+        procs["sim-c-again"] = start("sim-c", ["sim-c"], log="sim-c-again")
+        _finish(procs, logs, timeout_s=900)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=120)
+
+    # Every host on its baseline: no server of any controller left running, the killed one's included.
+    assert not _alive(left_running), "the killed controller's server was left running"
+    assert llama_server_processes(llama_server_binary) == servers_before, "a real llama-server was left running"
+    for name, base in runs.items():
+        assert not list((base / "fleet").glob("deployer-state-*.json")), name  # each deployer restored
+
+    study = optuna.load_study(study_name="fleet", storage=open_storage(postgres_url))
+    trials = study.get_trials()
+    records = {t.number: TrialRecord.of(t) for t in trials}
+    # The killed trial, accounted for: FAIL with the reason, and its settings queued again for another host.
+    reason = records[killed].fail_reason or ""
+    assert trials[killed].state == TrialState.FAIL and "sim-c" in reason and "silent for" in reason, reason
+    again = [t for t in trials if records[t.number].requeued_from == killed]
+    assert len(again) == 1 and records[again[0].number].settings == records[killed].settings
+    assert again[0].state != TrialState.WAITING, "the re-queued trial was never measured"
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    baselines = {
+        records[t.number].host for t in trials if records[t.number].baseline and t.state == TrialState.COMPLETE
+    }
+    assert baselines == {"sim-a", "sim-b", "sim-c", "real-a", "real-b"}
+    confirmed = [h for h in baselines if h is not None and HostRecord.of(study, h).confirmations]
+    assert len(confirmed) >= 2 or not any(
+        t.state == TrialState.COMPLETE and (records[t.number].score or 0) > 0 and not records[t.number].baseline
+        for t in trials
+    ), confirmed
+
+    # Any controller's run directory shows the whole fleet's study, read from the storage.
+    board = subprocess.run(
+        [sys.executable, "-m", "tuner", "leaderboard", str(runs["sim-a"] / "fleet"), "--wide", "--storage", url],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert "host-to-host spread of the baseline over 5 hosts" in board
+    for host in ("sim-a", "sim-b", "sim-c", "real-a", "real-b"):
+        assert host in board
+    document = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tuner", "leaderboard", str(runs["real"] / "fleet"), "--json", "--storage", url],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+    )
+    assert {row["host"] for row in document["rows"]} >= {"sim-a", "real-a", "real-b"}
+    assert set(document["hosts"]["between_hosts"]) == {"stall_tok_s", "prefill_tok_s"}
+    # The password was given on every command line and is in no file and no output.
+    _no_password_anywhere([*runs.values(), *logs.values()])
+    assert PASSWORD not in board
+
+
+def test_two_controllers_share_a_simulated_fleet_study_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    """Two `tuner run --host` processes on one machine, in one run directory (a host lock each): one study,
+    every trial with its host, each host's own baseline; a second controller of a host is refused."""
+    hosts = 'hosts=[{name = "sim-1"}, {name = "sim-2"}]'
+    args = ["run", str(SIMULATED), "--runs-dir", str(tmp_path), "--storage", postgres_url, "--set", hosts]
+    args += ["--set", "name=shared-fleet", "--set", "budget.trials=4", "--set", "confirm.pairs=2"]
+    one = _tuner([*args, "--host", "sim-1"], tmp_path / "one.log")
+    two = _tuner([*args, "--host", "sim-2"], tmp_path / "two.log")
+    run_dir = tmp_path / "shared-fleet"
+    _wait("the first controller's trial", (run_dir / "trials").is_dir, timeout_s=60, procs=[one, two])
+    refused = subprocess.run(
+        [sys.executable, "-m", "tuner", *args, "--host", "sim-1"], check=False, capture_output=True, text=True, cwd=ROOT
+    )
+    if one.poll() is None:  # held until it ends: the second controller of sim-1 was refused
+        assert refused.returncode == 1 and "running host sim-1" in refused.stderr, refused.stderr
+    _finish({"one": one, "two": two}, {"one": tmp_path / "one.log", "two": tmp_path / "two.log"}, timeout_s=300)
+    study = optuna.load_study(study_name="shared-fleet", storage=open_storage(postgres_url))
+    records = [(t, TrialRecord.of(t)) for t in study.get_trials()]
+    assert {r.host for t, r in records if r.baseline and t.state == TrialState.COMPLETE} == {"sim-1", "sim-2"}
+    assert all(r.host in ("sim-1", "sim-2") for _, r in records if r.deployed)
+    assert sum(1 for _, r in records if r.deployed and not r.baseline) == 4
+
+
+def test_a_storage_that_does_not_answer_is_one_line_without_the_password_and_nothing_written(tmp_path: Path) -> None:
+    """No PostgreSQL needed: a closed port on loopback."""
+    url = f"postgresql://tuner:{PASSWORD}@127.0.0.1:9/tuner"
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(SIMULATED), "--runs-dir", str(tmp_path / "runs"), "--storage", url],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot open the study's storage postgresql://tuner@127.0.0.1:9/tuner" in lines[0]
+    assert PASSWORD not in result.stderr + result.stdout
+    assert not (tmp_path / "runs" / "stall-demo-simulated" / "spec.json").exists()
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(SIMULATED), "--runs-dir", str(tmp_path / "r2"), "--storage", "nope"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert bad.returncode == 2 and "storage.url is not a database URL" in bad.stderr
