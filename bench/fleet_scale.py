@@ -1,0 +1,128 @@
+"""A fleet's scale: one study of N trials on 1, 2 and 4 simulated hosts, its storage in a real PostgreSQL.
+
+Each host is the study's own search loop on a `SimulatedTrialRunner` (the simulated llama-server on its
+virtual clock) that waits a fixed wall time per round and per start (`--round-s`), as a host's measurement
+takes time while its controller waits; the hosts of one controller run concurrently (asyncio), as `tuner
+run` drives a fleet's hosts. The confirmation is off (`confirm.top = 0`: it re-measures on every host, a
+constant per host, not the search that a fleet divides), and so are pruning and extra rounds, so that every
+trial is the same work.
+
+- wall time and speed-up against the hosts: the 1-host study's wall time over the N-host one's; the target
+  is at least 0.8 x linear at 4 hosts. The ideal is below linear by the baselines: each host measures its
+  own first, so N trials on H hosts are (N + H) trial measurements, not N + 1;
+- the storage's overhead per trial: the same study on PostgreSQL minus on Optuna's in-memory storage,
+  divided by the trials (every ask, tell, record write and lease of a trial, over loopback).
+
+    .venv/bin/python bench/fleet_scale.py                 # about 2 minutes; writes bench/results/fleet-scale.json
+    .venv/bin/python bench/fleet_scale.py --table         # the table in docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.postgres import running_postgres  # noqa: E402
+from tests.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet  # noqa: E402
+from tuner.fleet import open_storage  # noqa: E402
+from tuner.study_record import TrialRecord  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "fleet-scale.json"
+
+
+def _one(hosts: int, trials: int, round_s: float, storage: optuna.storages.BaseStorage, seed: int) -> dict[str, Any]:
+    names = [f"host-{i + 1}" for i in range(hosts)]
+    prepared = prepare_simulated(
+        [
+            *fleet_overrides(names),
+            f"budget.trials={trials}",
+            "confirm.top=0",
+            'search.pruner="none"',
+            "extra_rounds_if_noisy=0",
+            f"name=scale-{hosts}-{seed}-{time.time_ns()}",
+        ]
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        result = run_simulated_fleet(
+            prepared,
+            Path(scratch) / "run",
+            hosts=dict.fromkeys(names, 1.0),
+            seed=seed,
+            storage=storage,
+            round_wall_s=round_s,
+        )
+        wall = time.perf_counter() - started
+    records = [TrialRecord.of(t) for t in result.study.get_trials()]
+    deployed = [r for r in records if r.deployed]
+    return {
+        "hosts": hosts,
+        "wall_s": wall,
+        "deployed_trials": sum(1 for r in deployed if not r.baseline),
+        "baselines": sum(1 for r in deployed if r.baseline),
+        "per_host": {n: sum(1 for r in deployed if r.host == n) for n in names},
+    }
+
+
+def run(trials: int, round_s: float, seed: int) -> dict[str, Any]:
+    rows = []
+    with tempfile.TemporaryDirectory() as base, running_postgres(Path(base) / "pg") as url:
+        storage = open_storage(url)
+        for hosts in (1, 2, 4):
+            on_pg = _one(hosts, trials, round_s, storage, seed)
+            in_memory = _one(hosts, trials, round_s, optuna.storages.InMemoryStorage(), seed)
+            on_pg["storage_overhead_s_per_trial"] = (on_pg["wall_s"] - in_memory["wall_s"]) / (
+                on_pg["deployed_trials"] + on_pg["baselines"]
+            )
+            on_pg["in_memory_wall_s"] = in_memory["wall_s"]
+            rows.append(on_pg)
+            print(json.dumps(on_pg), flush=True)
+    one = rows[0]["wall_s"]
+    for row in rows:
+        row["speed_up"] = one / row["wall_s"]
+        row["of_linear"] = row["speed_up"] / row["hosts"]
+        # What the baselines allow: (N + 1) trial measurements on one host, (N + H) / H per host on H.
+        row["ideal_speed_up"] = (trials + 1) / ((trials + row["hosts"]) / row["hosts"])
+    return {"trials": trials, "round_s": round_s, "seed": seed, "rounds_per_trial": 2, "rows": rows}
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| hosts | wall time | speed-up | of linear | ideal (baselines) | storage overhead per trial |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in results["rows"]:
+        lines.append(
+            f"| {row['hosts']} | {row['wall_s']:.1f} s | {row['speed_up']:.2f}x | {row['of_linear']:.2f} | "
+            f"{row['ideal_speed_up']:.2f}x | {row['storage_overhead_s_per_trial'] * 1000:.0f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--round-s", type=float, default=0.5, help="wall seconds a round takes on a host")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="print the table from the saved results")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return
+    results = run(args.trials, args.round_s, args.seed)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
