@@ -218,6 +218,8 @@ def test_two_controllers_share_a_simulated_fleet_study_on_postgresql(postgres_ur
     assert {r.host for t, r in records if r.baseline and t.state == TrialState.COMPLETE} == {"sim-1", "sim-2"}
     assert all(r.host in ("sim-1", "sim-2") for _, r in records if r.deployed)
     assert sum(1 for _, r in records if r.deployed and not r.baseline) == 4
+    report = (run_dir / "report.html").read_text()  # the morning report: a host column and the spread
+    assert "<th data-sort='text'>host</th>" in report and "id='host-spread'" in report
 
 
 def test_a_storage_that_does_not_answer_is_one_line_without_the_password_and_nothing_written(tmp_path: Path) -> None:

@@ -322,10 +322,12 @@ class _Report:
         shown = [(m, label) for m, label in _TABLE_METRICS if any(m in r.metrics for r in rows)]
         head = "".join(f"<th class='num' data-sort='num'>{escape(label)}</th>" for _, label in shown)
         lines = []
+        fleet = any(r.host for r in rows)  # which host measured each trial; its score is against that host's baseline
         for row in rows:
             cells = [
                 f"<td class='num' data-value='{row.number}'>{row.number}</td>",
                 f"<td>{self._settings_cell(row)}</td>",
+                *([f"<td class='host'>{escape(row.host or '')}</td>"] if fleet else []),
                 _score_cell(row),
             ]
             for metric, _ in shown:
@@ -353,8 +355,10 @@ class _Report:
                 f"<details><summary>{len(skipped)} proposals skipped without a run</summary><ul>{items}</ul></details>"
             )
         pruned = ""
+        if self.board.hosts is not None:
+            pruned += f"<p id='host-spread'>{escape(self.board.hosts.line())}</p>"
         if self.board.pruning_saved_s > 0:
-            pruned = (
+            pruned += (
                 f"<p>Pruning stopped {self.board.pruned} trials after their first round and saved about "
                 f"{self.board.pruning_saved_s:.0f} s of measurement.</p>"
             )
@@ -362,7 +366,9 @@ class _Report:
             "<p class='muted'>Median over rounds, [min-max] beneath; click a header to sort (the page reads "
             "without it). Score: weighted log-ratio against the baseline's median (0 = baseline).</p>"
             "<table id='leaderboard' class='board'><thead><tr><th class='num' data-sort='num'>trial</th>"
-            "<th data-sort='text'>settings changed</th><th class='num' data-sort='num'>score</th>"
+            "<th data-sort='text'>settings changed</th>"
+            + ("<th data-sort='text'>host</th>" if fleet else "")
+            + "<th class='num' data-sort='num'>score</th>"
             f"{head}<th data-sort='text'>flags</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
             f"{pruned}{skipped_html}{self._every_metric()}"
         )
