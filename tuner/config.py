@@ -352,9 +352,9 @@ class StudySpec(StrictModel):
     @classmethod
     def _hosts_named_once(cls, hosts: list[HostEntry]) -> list[HostEntry]:
         names = [h.name for h in hosts]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"names the host {repeated[0]!r} twice; give each host its own name")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"names the host {twice[0]!r} twice; give each host its own name")
         return hosts
 
     def for_host(self, entry: HostEntry) -> StudySpec:
