@@ -267,11 +267,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real PostgreSQL, started for the test session in a temporary directory (tests/postgres.py)."""
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL, started for the test session in a temporary directory (tests/postgres.py). Not
+    under pytest's own temporary directory: each pytest session makes that 0700 again, and the cluster's
+    files belong to the postgres user when the suite runs as root."""
+    import shutil
+    import tempfile
+
     from tests.postgres import find_postgres_bin, running_postgres
 
     if find_postgres_bin() is None:
         need_real_part("postgresql", "initdb is not installed (Debian's postgresql)")
-    with running_postgres(tmp_path_factory.mktemp("postgres")) as url:
-        yield url
+    base = Path(tempfile.mkdtemp(prefix="serve-tuner-postgres-"))
+    try:
+        with running_postgres(base / "cluster") as url:
+            yield url
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
