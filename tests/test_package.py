@@ -31,7 +31,7 @@ LAYERS = [
     },
     {"models", "config"},
     {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
-    {"engines", "deployers", "importers"},
+    {"engines", "deployers", "importers", "fleet"},
     {"loadgen", "gate", "record", "gpu"},
     {"trial_runner"},
     {"sampling"},

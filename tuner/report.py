@@ -373,10 +373,11 @@ def _settings(row: LeaderboardRow) -> str:
 def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
     """One row per trial, for CSV export: params, score and each metric's median, min and max."""
     records = []
+    fleet = any(row.host for row in board.rows)  # a one-host study's columns stay as they were
     for row in board.rows:
         record: dict[str, object] = {
             "trial": row.number,
-            "host": row.host,
+            **({"host": row.host} if fleet else {}),
             "baseline": row.baseline,
             "state": row.state,
             "score": row.score,

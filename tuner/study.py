@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -321,6 +321,16 @@ def _fail_interrupted_trials(study: optuna.Study) -> None:
         study.tell(trial.number, state=TrialState.FAIL)
 
 
+def _record_study(study: optuna.Study, spec: StudySpec) -> None:
+    """What every controller of the study writes alike (a fleet's too: the same values from each)."""
+    update_study_record(
+        study,
+        min_effect=min_effect(spec.objectives),
+        allow_answer_changes=spec.gate.allow_answer_changes,
+        objectives=[o.metric for o in spec.objectives],
+    )
+
+
 def _ensure_baseline_queued(study: optuna.Study, prepared: PreparedStudy) -> None:
     trials = study.get_trials(deepcopy=False)
     done = any(_is_baseline(t) and t.state == TrialState.COMPLETE for t in trials)
@@ -396,24 +406,20 @@ class _StudyRun:
         run_dir: RunDirectory,
         study: optuna.Study,
         observer: StudyObserver,
-        runner: TrialRunner | None = None,
-        *,
-        fleet: FleetHost | None = None,
+        fleet: FleetHost | None = None,  # a fleet's host, among the peers driving the study's other hosts
     ) -> None:
-        self.fleet = fleet
         self.host = None if fleet is None else fleet.name
-        # The trials this loop has running, whose leases it keeps fresh (a fleet's).
-        self.leased: dict[int, optuna.Trial] = {}
         self.prepared = prepared
         self.spec = prepared.spec
         self.run_dir = run_dir
         self.study = study
         self.observer = observer
-        self._runner = runner  # set once the host is reached
+        self._runner: TrialRunner | None = None  # set once the host is reached
         self.exhausted = False  # the sampler had nothing new to offer
         self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
         self.servers = _Servers(self)
         self.best = _BestSoFar(study, observer)
+        self.peers = None if fleet is None else _Peers(self, fleet)
 
     @property
     def runner(self) -> TrialRunner:
@@ -423,19 +429,12 @@ class _StudyRun:
     def begin(self) -> None:
         """What a (re)start does before the host is reached: interrupted trials marked, the baseline queued."""
         spec, study = self.spec, self.study
-        update_study_record(
-            study,
-            min_effect=min_effect(spec.objectives),
-            allow_answer_changes=spec.gate.allow_answer_changes,
-            objectives=[o.metric for o in spec.objectives],
-        )
-        if self.fleet is None:
+        _record_study(study, spec)
+        if self.peers is None:
             _fail_interrupted_trials(study)
             _ensure_baseline_queued(study, self.prepared)
         else:
-            # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a
-            # peer host's are failed only once its lease is stale (`fail_stale_trials`, before each ask).
-            fail_own_interrupted_trials(study, {self.host}, requeue=True, say=self.fleet.say)
+            self.peers.begin()
         self.observer.study_started(
             name=spec.name,
             run_dir=str(self.run_dir.path),
@@ -446,78 +445,25 @@ class _StudyRun:
         self.best.tell_stored()  # a resumed study's best so far
 
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
-        self._runner = runner
-        beating = None if self.fleet is None else asyncio.create_task(self.keep_leases(self.fleet.heartbeat_s))
-        try:
+        self._runner = runner  # a fleet's host goes on until its peers' trials are done (a dead one's re-queued)
+        async with contextlib.nullcontext() if self.peers is None else self.peers.leases():
             await self.run(deadline)
-            # A fleet's: until the peers' trials are done; a dead peer's, re-queued, is measured here meanwhile.
-            while self.fleet is not None and await self.wait_for_peers(deadline):
+            while self.peers is not None and await self.peers.wait(deadline):
                 await self.run(deadline)
             await _Confirmation(self).run()
-        finally:
-            if beating is not None:
-                beating.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beating
-
-    async def keep_leases(self, every_s: float) -> None:
-        """Rewrites the lease of each trial this loop runs, so that its peers see its controller alive."""
-        while True:
-            for number, trial in list(self.leased.items()):
-                try:
-                    write_lease(trial, self.host)
-                except (ValueError, RuntimeError):  # told meanwhile
-                    self.leased.pop(number, None)
-            await asyncio.sleep(every_s)
-
-    def fail_stale(self) -> None:
-        if self.fleet is not None:
-            fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
-
-    async def wait_for_peers(self, deadline: float | None) -> bool:
-        """Before the confirmation picks the best trial: the other hosts' trials finished (or found dead and
-        failed). True: there is a trial to measure again (a dead peer's, re-queued, within the budget)."""
-        assert self.fleet is not None
-        poll_s = min(1.0, self.fleet.heartbeat_s)
-        while True:
-            self.fail_stale()
-            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-            waiting = [t for t in trials if t.state == TrialState.WAITING]
-            within = deadline is None or time.monotonic() < deadline
-            if waiting and within and not self.exhausted and self.claimed_trials() < self.spec.budget.trials:
-                return True
-            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials):
-                return False
-            await asyncio.sleep(poll_s)
 
     def baseline_trial(self) -> FrozenTrial | None:
-        """This host's measured baseline: every score of a trial on it is relative to this one's median."""
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            record = TrialRecord.of(trial)
-            if record.baseline and record.host == self.host:
+            if (record := TrialRecord.of(trial)).baseline and record.host == self.host:  # this host's own
                 return trial
         return None
 
     def deployed_trials(self) -> int:
-        """Trials deployed on any host of the study (the budget is the study's)."""
         return sum(
             1
             for record in map(TrialRecord.of, self.study.get_trials(deepcopy=False))
             if record.deployed and not record.baseline
         )
-
-    def claimed_trials(self) -> int:
-        """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn). A trial
-        a dead controller left, re-queued, counts once: as its copy, once a host takes it."""
-        claimed = 0
-        trials = [(trial, TrialRecord.of(trial)) for trial in self.study.get_trials(deepcopy=False)]
-        requeued = {record.requeued_from for _, record in trials if record.requeued_from is not None}
-        for trial, record in trials:
-            if record.baseline or trial.number in requeued:
-                continue
-            if record.deployed or trial.state == TrialState.RUNNING:
-                claimed += 1
-        return claimed
 
     def measured_settings(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
@@ -530,7 +476,7 @@ class _StudyRun:
 
     async def run(self, deadline: float | None) -> None:
         while True:
-            if self.baseline_trial() is not None and self.claimed_trials() >= self.spec.budget.trials:
+            if self.baseline_trial() is not None and _claimed_trials(self.study) >= self.spec.budget.trials:
                 return
             if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                 return
@@ -543,26 +489,21 @@ class _StudyRun:
     def ask_batch(self) -> list[_Pending]:
         """The next configs to measure together. The baseline goes alone and first: every later score is
         relative to it."""
-        self.fail_stale()
-        if self.fleet is not None and self.baseline_trial() is None:
-            return [self.new_baseline()]
+        if self.peers is not None and (baseline := self.peers.before_asking()) is not None:
+            return [baseline]
         size = (
             1
             if self.baseline_trial() is None
-            else min(self.spec.interleave, self.spec.budget.trials - self.claimed_trials())
+            else min(self.spec.interleave, self.spec.budget.trials - _claimed_trials(self.study))
         )
         batch: list[_Pending] = []
         skipped = 0
         while len(batch) < size:
             trial = self.study.ask(self.distributions)
             settings = self.prepared.space.decode(trial.params)
-            if self.fleet is None:
-                update_trial_record(trial, settings=settings)
-            else:
-                # A re-queued trial carries a fresh record (its settings, `requeued_from`): measured anew here.
-                update_trial_record(trial, settings=settings, host=self.host)
-                write_lease(trial, self.host)
-                self.leased[trial.number] = trial
+            update_trial_record(trial, settings=settings, host=self.host)  # a re-queued trial's record is new
+            if self.peers is not None:
+                self.peers.took(trial)
             reason = self.skip_reason(trial, settings, pending=batch)
             if reason is not None:
                 skipped += 1
@@ -580,34 +521,6 @@ class _StudyRun:
             if batch[-1].baseline:
                 break
         return batch
-
-    def new_baseline(self) -> _Pending:
-        """This host's baseline trial, created RUNNING (never queued: a peer's `ask` would take it) and measured
-        on this host before anything else."""
-        settings = self.prepared.baseline_settings
-        params = self.prepared.space.encode(settings)
-        record = TrialRecord(baseline=True, settings=dict(settings), host=self.host)
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                state=TrialState.RUNNING,
-                params=params,
-                distributions={name: self.distributions[name] for name in params},
-                user_attrs=new_trial_attrs(record),
-            )
-        )
-        # The newest trial with this record: the storage numbers trials, so it is read back.
-        created = max(
-            (
-                t
-                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if (r := TrialRecord.of(t)).baseline and r.host == self.host
-            ),
-            key=lambda t: t.number,
-        )
-        trial = optuna.Trial(self.study, created._trial_id)
-        write_lease(trial, self.host)
-        self.leased[trial.number] = trial
-        return _Pending(trial=trial, settings=dict(settings), baseline=True, planned=self.spec.rounds)
 
     def skip_reason(
         self, trial: optuna.Trial, settings: dict[str, ParamValue], *, pending: list[_Pending]
@@ -632,13 +545,7 @@ class _StudyRun:
         twin = next((p for p in pending if p.settings == settings), None)
         if twin is not None:
             return self.skip(trial, f"same settings as trial {twin.trial.number}, being measured")
-        if self.fleet is not None:
-            # Across controllers: another host's RUNNING trial with these settings is being measured there.
-            for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                record = TrialRecord.of(other)
-                if other.number != trial.number and not record.baseline and record.settings == settings:
-                    return self.skip(trial, f"same settings as trial {other.number}, being measured on {record.host}")
-        return None
+        return None if self.peers is None else self.peers.measuring(trial, settings)
 
     def skip(self, trial: optuna.Trial, reason: str) -> str:
         update_trial_record(trial, skip_reason=reason)
@@ -683,12 +590,10 @@ class _StudyRun:
             for pending in active:
                 update_trial_record(pending.trial, fail_reason=INTERRUPTED)
                 self.study.tell(pending.trial, state=TrialState.FAIL)
-                if self.fleet is not None and not pending.baseline:
-                    requeue(self.study, pending.trial.number, dict(pending.trial.params), pending.settings)
             raise
         finally:
-            for pending in batch:
-                self.leased.pop(pending.trial.number, None)
+            if self.peers is not None:
+                self.peers.done(batch)
 
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
         trial, label = pending.trial, f"round {round_index + 1}/{pending.planned}"
@@ -793,6 +698,133 @@ class _StudyRun:
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
         if not baseline and not broken:
             self.best.consider(trial.number, value, TrialRecord.of(trial).settings or {})
+
+
+def _claimed_trials(study: optuna.Study) -> int:
+    """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn), on any
+    host (the budget is the study's). A trial a dead controller left, re-queued, counts once: as its copy,
+    once a host takes it."""
+    claimed = 0
+    trials = [(trial, TrialRecord.of(trial)) for trial in study.get_trials(deepcopy=False)]
+    requeued = {record.requeued_from for _, record in trials if record.requeued_from is not None}
+    for trial, record in trials:
+        if record.baseline or trial.number in requeued:
+            continue
+        if record.deployed or trial.state == TrialState.RUNNING:
+            claimed += 1
+    return claimed
+
+
+class _Peers:
+    """A fleet host's loop among its peers: its own baseline, the leases of its running trials, the silent
+    peers' trials failed and re-queued, the proposals its peers are measuring, the wait for them at the end."""
+
+    def __init__(self, loop: _StudyRun, fleet: FleetHost) -> None:
+        self.loop = loop
+        self.fleet = fleet
+        self.host = fleet.name
+        self.study = loop.study
+        self.leased: dict[int, optuna.Trial] = {}  # the trials this loop has running, whose leases it renews
+
+    def begin(self) -> None:
+        # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a peer
+        # host's are failed only once its lease is stale (`fail_stale`, before each ask).
+        fail_own_interrupted_trials(self.study, {self.host}, requeue=True, say=self.fleet.say)
+
+    def before_asking(self) -> _Pending | None:
+        """Silent peers' trials failed and re-queued; this host's baseline, if it has none measured yet."""
+        fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+        return self.new_baseline() if self.loop.baseline_trial() is None else None
+
+    def took(self, trial: optuna.Trial) -> None:
+        """A trial just asked, for this host (a re-queued one has a fresh record: it is measured anew here)."""
+        write_lease(trial, self.host)
+        self.leased[trial.number] = trial
+
+    def done(self, batch: list[_Pending]) -> None:
+        """A batch is over: its leases end, and a trial the controller's stop cut short is queued again, for
+        another host (or this one, when it comes back)."""
+        for pending in batch:
+            self.leased.pop(pending.trial.number, None)
+            trial = self.study.trials[pending.trial.number]
+            interrupted = TrialRecord.of(trial).fail_reason == INTERRUPTED
+            if trial.state == TrialState.FAIL and not pending.baseline and interrupted:
+                requeue(self.study, trial.number, dict(trial.params), pending.settings)
+
+    @contextlib.asynccontextmanager
+    async def leases(self) -> AsyncIterator[None]:
+        """Renews the lease of each trial this loop runs every heartbeat_s, so that its peers see it alive."""
+
+        async def beat() -> None:
+            while True:
+                for number, trial in list(self.leased.items()):
+                    try:
+                        write_lease(trial, self.host)
+                    except (ValueError, RuntimeError):  # told meanwhile
+                        self.leased.pop(number, None)
+                await asyncio.sleep(self.fleet.heartbeat_s)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait(self, deadline: float | None) -> bool:
+        """Before the confirmation picks the best trial: the other hosts' trials finished (or found dead and
+        failed). True: there is a trial to measure again (a dead peer's, re-queued, within the budget)."""
+        poll_s = min(1.0, self.fleet.heartbeat_s)
+        while True:
+            fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+            waiting = [t for t in trials if t.state == TrialState.WAITING]
+            within = deadline is None or time.monotonic() < deadline
+            budget = self.loop.spec.budget.trials
+            if waiting and within and not self.loop.exhausted and _claimed_trials(self.study) < budget:
+                return True
+            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials):
+                return False
+            await asyncio.sleep(poll_s)
+
+    def measuring(self, trial: optuna.Trial, settings: dict[str, ParamValue]) -> str | None:
+        """Across controllers: another host's RUNNING trial with these settings is being measured there (the
+        proposal is skipped, as the reason says)."""
+        for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            record = TrialRecord.of(other)
+            if other.number != trial.number and not record.baseline and record.settings == settings:
+                return self.loop.skip(trial, f"same settings as trial {other.number}, being measured on {record.host}")
+        return None
+
+    def new_baseline(self) -> _Pending:
+        """This host's baseline trial, created RUNNING (never queued: a peer's `ask` would take it) and measured
+        on this host before anything else."""
+        loop = self.loop
+        settings = loop.prepared.baseline_settings
+        params = loop.prepared.space.encode(settings)
+        record = TrialRecord(baseline=True, settings=dict(settings), host=self.host)
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.RUNNING,
+                params=params,
+                distributions={name: loop.distributions[name] for name in params},
+                user_attrs=new_trial_attrs(record),
+            )
+        )
+        # The newest trial with this record: the storage numbers trials, so it is read back.
+        created = max(
+            (
+                t
+                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if (r := TrialRecord.of(t)).baseline and r.host == self.host
+            ),
+            key=lambda t: t.number,
+        )
+        trial = optuna.Trial(self.study, created._trial_id)
+        write_lease(trial, self.host)
+        self.leased[trial.number] = trial
+        return _Pending(trial=trial, settings=dict(settings), baseline=True, planned=loop.spec.rounds)
 
 
 def record_constraints(
@@ -1071,14 +1103,14 @@ async def run_fleet(
     dropped: dict[str, str] = {}
 
     async def one(loop: _StudyRun) -> None:
-        assert loop.fleet is not None and loop.host is not None
+        assert loop.peers is not None and loop.host is not None
         try:
             await drive(loop)
         except _DROPS_HOST as exc:
             reason = redact(str(exc))
             dropped[loop.host] = reason
             update_host_record(loop.study, loop.host, dropped=reason)
-            loop.fleet.say(f"host {loop.host} dropped: {reason}; the study goes on without it")
+            loop.peers.fleet.say(f"host {loop.host} dropped: {reason}; the study goes on without it")
 
     async with asyncio.TaskGroup() as group:
         for loop in loops:
