@@ -2,8 +2,13 @@
 
 Each host is the study's own search loop on a `SimulatedTrialRunner` (the simulated llama-server on its
 virtual clock) that waits a fixed wall time per round and per start (`--round-s`), as a host's measurement
-takes time while its controller waits; the hosts of one controller run concurrently (asyncio), as `tuner
-run` drives a fleet's hosts. The confirmation is off (`confirm.top = 0`: it re-measures on every host, a
+takes time while its controller waits. Two ways to drive H hosts, both measured:
+
+- one controller process per host (`tuner run --host NAME` on each machine), all on one PostgreSQL study;
+- one process driving every host concurrently (asyncio), as `tuner run` does without `--host`. Its storage
+  calls are synchronous, so they take turns: the fleet pays each trial's storage time one after another.
+
+The confirmation is off (`confirm.top = 0`: it re-measures on every host, a
 constant per host, not the search that a fleet divides), and so are pruning and extra rounds, so that every
 trial is the same work.
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -40,34 +46,75 @@ from tuner.study_record import TrialRecord  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "fleet-scale.json"
 
 
-def _one(hosts: int, trials: int, round_s: float, storage: optuna.storages.BaseStorage, seed: int) -> dict[str, Any]:
-    names = [f"host-{i + 1}" for i in range(hosts)]
-    prepared = prepare_simulated(
+def _prepared(names: list[str], trials: int, name: str) -> Any:
+    return prepare_simulated(
         [
             *fleet_overrides(names),
             f"budget.trials={trials}",
             "confirm.top=0",
             'search.pruner="none"',
             "extra_rounds_if_noisy=0",
-            f"name=scale-{hosts}-{seed}-{time.time_ns()}",
+            f"name={name}",
         ]
     )
+
+
+def _host_process(job: tuple[str, list[str], str, int, float, str, int]) -> None:
+    """One host's controller, in a process of its own (multiprocessing's child)."""
+    url, names, host, trials, round_s, name, seed = job
     with tempfile.TemporaryDirectory() as scratch:
-        started = time.perf_counter()
-        result = run_simulated_fleet(
-            prepared,
+        run_simulated_fleet(
+            _prepared(names, trials, name),
             Path(scratch) / "run",
-            hosts=dict.fromkeys(names, 1.0),
-            seed=seed,
-            storage=storage,
+            hosts={host: 1.0},
+            seed=seed + names.index(host),
+            storage=open_storage(url),
             round_wall_s=round_s,
         )
-        wall = time.perf_counter() - started
-    records = [TrialRecord.of(t) for t in result.study.get_trials()]
+
+
+def _one(
+    hosts: int, trials: int, round_s: float, storage: optuna.storages.BaseStorage, seed: int, url: str | None = None
+) -> dict[str, Any]:
+    """H hosts on `storage`; with `url`, one process per host on that database, else one controller."""
+    names = [f"host-{i + 1}" for i in range(hosts)]
+    name = f"scale-{hosts}-{seed}-{time.time_ns()}"
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        if url is None:
+            study = run_simulated_fleet(
+                _prepared(names, trials, name),
+                Path(scratch) / "run",
+                hosts=dict.fromkeys(names, 1.0),
+                seed=seed,
+                storage=storage,
+                round_wall_s=round_s,
+            ).study
+        else:
+            context = multiprocessing.get_context("spawn")
+            children = [
+                context.Process(target=_host_process, args=((url, names, host, trials, round_s, name, seed),))
+                for host in names
+            ]
+            for child in children:
+                child.start()
+            for child in children:
+                child.join()
+                assert child.exitcode == 0, f"a host's controller exited {child.exitcode}"
+            study = optuna.load_study(study_name=name, storage=storage)
+        total = time.perf_counter() - started
+    trials_done = study.get_trials()
+    records = [TrialRecord.of(t) for t in trials_done]
+    # The study's own span, from its first trial's start to its last one's end: without the controllers'
+    # start-up (a process importing optuna and pandas takes seconds on a small machine, four at once longer).
+    starts = [t.datetime_start for t in trials_done if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in trials_done if t.datetime_complete is not None]
+    wall = (max(ends) - min(starts)).total_seconds()
     deployed = [r for r in records if r.deployed]
     return {
         "hosts": hosts,
         "wall_s": wall,
+        "with_start_up_s": total,
         "deployed_trials": sum(1 for r in deployed if not r.baseline),
         "baselines": sum(1 for r in deployed if r.baseline),
         "per_host": {n: sum(1 for r in deployed if r.host == n) for n in names},
@@ -78,17 +125,20 @@ def run(trials: int, round_s: float, seed: int) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory() as base, running_postgres(Path(base) / "pg") as url:
         storage = open_storage(url)
-        for hosts in (1, 2, 4):
-            on_pg = _one(hosts, trials, round_s, storage, seed)
-            in_memory = _one(hosts, trials, round_s, optuna.storages.InMemoryStorage(), seed)
-            on_pg["storage_overhead_s_per_trial"] = (on_pg["wall_s"] - in_memory["wall_s"]) / (
-                on_pg["deployed_trials"] + on_pg["baselines"]
-            )
-            on_pg["in_memory_wall_s"] = in_memory["wall_s"]
-            rows.append(on_pg)
-            print(json.dumps(on_pg), flush=True)
-    one = rows[0]["wall_s"]
+        for mode in ("processes", "one-controller"):
+            for hosts in (1, 2, 4):
+                on_pg = _one(hosts, trials, round_s, storage, seed, url if mode == "processes" else None)
+                on_pg["mode"] = mode
+                if mode == "one-controller":  # the storage's own time: the same study in memory, subtracted
+                    in_memory = _one(hosts, trials, round_s, optuna.storages.InMemoryStorage(), seed)
+                    on_pg["storage_overhead_s_per_trial"] = (on_pg["wall_s"] - in_memory["wall_s"]) / (
+                        on_pg["deployed_trials"] + on_pg["baselines"]
+                    )
+                    on_pg["in_memory_wall_s"] = in_memory["wall_s"]
+                rows.append(on_pg)
+                print(json.dumps(on_pg), flush=True)
     for row in rows:
+        one = next(r["wall_s"] for r in rows if r["mode"] == row["mode"] and r["hosts"] == 1)
         row["speed_up"] = one / row["wall_s"]
         row["of_linear"] = row["speed_up"] / row["hosts"]
         # What the baselines allow: (N + 1) trial measurements on one host, (N + H) / H per host on H.
@@ -98,13 +148,16 @@ def run(trials: int, round_s: float, seed: int) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| hosts | wall time | speed-up | of linear | ideal (baselines) | storage overhead per trial |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| controllers | hosts | wall time | speed-up | of linear | ideal (baselines) | storage time per trial |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
+        overhead = row.get("storage_overhead_s_per_trial")
+        shown = "-" if overhead is None else f"{overhead * 1000:.0f} ms"
+        who = "one per host" if row["mode"] == "processes" else "one for all"
         lines.append(
-            f"| {row['hosts']} | {row['wall_s']:.1f} s | {row['speed_up']:.2f}x | {row['of_linear']:.2f} | "
-            f"{row['ideal_speed_up']:.2f}x | {row['storage_overhead_s_per_trial'] * 1000:.0f} ms |"
+            f"| {who} | {row['hosts']} | {row['wall_s']:.1f} s | {row['speed_up']:.2f}x | {row['of_linear']:.2f} | "
+            f"{row['ideal_speed_up']:.2f}x | {shown} |"
         )
     return "\n".join(lines)
 
@@ -115,12 +168,13 @@ def main() -> None:
     parser.add_argument("--round-s", type=float, default=0.5, help="wall seconds a round takes on a host")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--table", action="store_true", help="print the table from the saved results")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file (default: %(default)s)")
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(RESULTS.read_text())))
+        print(table(json.loads(args.out.read_text())))
         return
     results = run(args.trials, args.round_s, args.seed)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
 
 

@@ -420,6 +420,7 @@ class _StudyRun:
         self.servers = _Servers(self)
         self.best = _BestSoFar(study, observer)
         self.peers = None if fleet is None else _Peers(self, fleet)
+        self._baseline: FrozenTrial | None = None
 
     @property
     def runner(self) -> TrialRunner:
@@ -453,10 +454,8 @@ class _StudyRun:
             await _Confirmation(self).run()
 
     def baseline_trial(self) -> FrozenTrial | None:
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if (record := TrialRecord.of(trial)).baseline and record.host == self.host:  # this host's own
-                return trial
-        return None
+        self._baseline = self._baseline or _own_baseline(self.study, self.host)  # once COMPLETE, it stays so
+        return self._baseline
 
     def deployed_trials(self) -> int:
         return sum(
@@ -700,6 +699,15 @@ class _StudyRun:
             self.best.consider(trial.number, value, TrialRecord.of(trial).settings or {})
 
 
+def _own_baseline(study: optuna.Study, host: str | None) -> FrozenTrial | None:
+    """The host's measured baseline (a one-host study's: host None): every score of a trial on that host is
+    relative to its median."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if (record := TrialRecord.of(trial)).baseline and record.host == host:  # this host's own
+            return trial
+    return None
+
+
 def _claimed_trials(study: optuna.Study) -> int:
     """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn), on any
     host (the budget is the study's). A trial a dead controller left, re-queued, counts once: as its copy,
@@ -725,15 +733,23 @@ class _Peers:
         self.host = fleet.name
         self.study = loop.study
         self.leased: dict[int, optuna.Trial] = {}  # the trials this loop has running, whose leases it renews
+        self.checked_at = -math.inf  # when silent peers were last looked for
 
     def begin(self) -> None:
         # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a peer
         # host's are failed only once its lease is stale (`fail_stale`, before each ask).
         fail_own_interrupted_trials(self.study, {self.host}, requeue=True, say=self.fleet.say)
 
+    def fail_stale(self) -> None:
+        """Silent peers' trials failed and re-queued; looked for at most once per heartbeat (a lease is only
+        stale after grace_s, at least two heartbeats)."""
+        if time.monotonic() - self.checked_at >= self.fleet.heartbeat_s:
+            fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+            self.checked_at = time.monotonic()
+
     def before_asking(self) -> _Pending | None:
         """Silent peers' trials failed and re-queued; this host's baseline, if it has none measured yet."""
-        fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+        self.fail_stale()
         return self.new_baseline() if self.loop.baseline_trial() is None else None
 
     def took(self, trial: optuna.Trial) -> None:
@@ -777,7 +793,7 @@ class _Peers:
         failed). True: there is a trial to measure again (a dead peer's, re-queued, within the budget)."""
         poll_s = min(1.0, self.fleet.heartbeat_s)
         while True:
-            fail_stale_trials(self.study, self.fleet.own, grace_s=self.fleet.grace_s, say=self.fleet.say)
+            self.fail_stale()
             trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
             waiting = [t for t in trials if t.state == TrialState.WAITING]
             within = deadline is None or time.monotonic() < deadline
