@@ -73,7 +73,7 @@ def _host_process(job: tuple[str, list[str], str, int, float, str, int]) -> None
         )
 
 
-def _one(
+def _one(  # noqa: PLR0917
     hosts: int, trials: int, round_s: float, storage: optuna.storages.BaseStorage, seed: int, url: str | None = None
 ) -> dict[str, Any]:
     """H hosts on `storage`; with `url`, one process per host on that database, else one controller."""
