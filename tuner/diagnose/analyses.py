@@ -160,6 +160,13 @@ class Stalls:
                 longest_iteration_s=longest,
             )
         decode = (task.decode_start_s, task.end_s)
+        usual = _median(
+            [
+                tg
+                for a, b, tg in task.intervals()
+                if not any(min(b, o.decode_start_s) > max(a, o.prefill_start_s) for o in long_others)
+            ]
+        )
         for other in long_others:
             start, end = max(decode[0], other.prefill_start_s), min(decode[1], other.decode_start_s)
             if end - start < context.min_overlap_s:
@@ -172,7 +179,7 @@ class Stalls:
                     slot=task.slot,
                     start_s=start,
                     end_s=end,
-                    speed=task.tokens_between(start, end) / (end - start),
+                    speed=task.tokens_inside(start, end, usual) / (end - start),
                     tg_3s=inside,
                     line=task.launch_line,
                 )

@@ -105,6 +105,27 @@ class Task:
         """Launch to the start of prefill: in no server timing."""
         return max(0.0, self.prefill_start_s - self.launch_s)
 
+    def tokens_inside(self, start: float, end: float, usual_tok_s: float | None) -> float:
+        """Tokens the stream generated in (start, end): whole between its rate lines (printed as a token
+        came, so they are exact points), and in a stretch that crosses `start` or `end`, what is left after
+        the time outside ran at the stream's usual speed."""
+        points = [(self.decode_start_s, 1.0), *((at, float(n)) for at, n, _ in self.samples)]
+        if self.release_s is not None and self.eval_n is not None:
+            points.append((self.release_s, float(self.eval_n)))
+        points.sort()
+        total = 0.0
+        for (t0, n0), (t1, n1) in itertools.pairwise(points):
+            if t1 <= start or t0 >= end or t1 <= t0:
+                continue
+            outside = max(0.0, start - t0) + max(0.0, t1 - end)
+            if outside == 0.0:
+                total += n1 - n0
+            elif usual_tok_s is not None:
+                total += max(0.0, (n1 - n0) - usual_tok_s * outside)
+            else:
+                total += (n1 - n0) * (1.0 - outside / (t1 - t0))
+        return total
+
     def intervals(self) -> list[tuple[float, float, float]]:
         """(start, end, tok/s) of each rate line: the first covers the time since the first token (its `tg`),
         the others the time since the line before (`tg_3s`)."""
@@ -280,7 +301,7 @@ class _Reader:
             if self.last_timed is not None and (_PROMPT_EVAL.search(line) or _EVAL.search(line)):
                 self._timings(self.last_timed, line)
                 self.facts.matched_lines += 1
-            elif " slot " in line or "print_timing" in line:
+            elif _TASK.search(line) is not None:
                 self.facts.untimed_lines += 1
             return
         self.facts.last_s = at
