@@ -200,6 +200,7 @@ def test_the_study_it_writes_is_one_tuner_run_accepts_and_it_never_overwrites_th
     over_log = tuner("diagnose", str(log_path), "--study", str(log_path), "--force")
     assert over_log.returncode == 2 and "is the input" in over_log.stderr
     assert log_path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study", "today.log"]  # nothing written beside it
 
 
 def test_a_log_with_nothing_to_tune_writes_no_study(tmp_path: Path) -> None:
@@ -247,3 +248,10 @@ def test_an_ollama_journal_whose_runner_writes_llama_server_lines_is_read_by_the
     )
     waits = diagnose_log(ollama, min_wait_s=0.3).finding("waits")
     assert waits is not None and figures(waits)["other_lora_count"] == 3
+
+
+def test_no_stall_is_claimed_without_the_streams_speed_elsewhere_to_compare_with() -> None:
+    # A recorded trial's log: every stream overlapped a long prefill from its first token to its last.
+    diagnosis = diagnose_log(ROOT / "tests" / "data" / "llama-server-trial.log")
+    assert diagnosis.finding("stalls") is None
+    assert diagnosis.tasks == 7 and diagnosis.server.n_slots == 4
