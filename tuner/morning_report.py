@@ -688,6 +688,16 @@ class _Report:
         )
         return _section("run", "The run", f"<table class='facts'>{table}</table>{spec_html}")
 
+    def _phase_seconds(self) -> dict[str, float]:
+        """Where the run's time went by phase, as `tuner run`'s progress file counted it; {} without one."""
+        from tuner.progress import read_progress
+
+        try:
+            progress = read_progress(self.run_path)
+        except TunerError:
+            return {}
+        return dict(progress.phase_seconds) if progress is not None else {}
+
     def _time_spent(self) -> list[tuple[str, str]]:
         starts = [t.datetime_start for t in self.trials.values() if t.datetime_start is not None]
         ends = [t.datetime_complete for t in self.trials.values() if t.datetime_complete is not None]
@@ -717,11 +727,23 @@ class _Report:
             ("time spent", f"{_duration(wall)} from the baseline's start to the last measurement's end"),
             ("measuring the search", f"{_duration(search)} in {rounds} rounds"),
             ("measuring confirmations", f"{_duration(confirm)} in {pairs} measurements"),
-            (
-                "everything else",
-                f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller",
-            ),
         ]
+        phases = self._phase_seconds()
+        if phases:
+            total = sum(phases.values()) or 1.0
+            result.append(("time by phase", f"{_duration(total)} counted while `tuner run` ran (its progress file)"))
+            result.extend(
+                (f"phase: {phase}", f"{_duration(seconds)} ({seconds / total:.0%})")
+                for phase, seconds in phases.items()
+            )
+        else:
+            result.append(
+                (
+                    "everything else",
+                    f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller "
+                    "(this run kept no progress file to split it by phase)",
+                )
+            )
         if self.board.pruning_saved_s > 0:
             result.append(("pruning saved", f"about {_duration(self.board.pruning_saved_s)} of measurement"))
         return result
