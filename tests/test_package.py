@@ -30,16 +30,16 @@ LAYERS = [
         "svg",
     },
     {"models", "config"},
-    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs"},
+    {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
     {"engines", "deployers", "importers"},
     {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner"},
     {"sampling"},
     {"study", "report", "apply", "sim", "morning_report"},
-    {"console", "diagnose_console"},
+    {"console", "live", "diagnose_console"},
     {"cli", "__main__", "__init__"},
 ]
-RICH_ALLOWED = {"console", "diagnose_console", "cli"}
+RICH_ALLOWED = {"console", "live", "diagnose_console", "cli"}
 
 
 def layer_of(module: str) -> int:

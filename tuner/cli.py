@@ -119,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         help="override a study value, e.g. --set budget.trials=3 (repeatable)",
     )
 
+    _add_status_command(commands)
     _add_apply_commands(commands)
     _add_leaderboard_command(commands)
     _add_report_command(commands)
@@ -193,6 +194,14 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("setup", help="fetch the model and build llama-server (one time)")
     commands.add_parser("kinds", help="list the host, deploy and engine kinds")
     return parser
+
+
+def _add_status_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    status = commands.add_parser(
+        "status", help="where a run stands (also while it runs, from another shell): trials, phase, time left"
+    )
+    status.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
+    status.add_argument("--json", action="store_true", help="print it as JSON")
 
 
 def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -295,20 +304,23 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     spec, base_dir = load_study(args.study, args.overrides)
     # The study's own modules once its file is read: a wrong path or value is refused without them.
-    from tuner.console import ConsoleObserver
+    from tuner.live import run_observer
     from tuner.morning_report import ReportWriter, write_report
-    from tuner.observers import ObserverGroup
+    from tuner.observers import Observers
+    from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
 
     run_path = args.runs_dir / spec.name
+    tracker = ProgressTracker(Plan.of(spec), path=run_path / PROGRESS_FILE)
 
     received: list[int] = []
 
     async def main() -> None:
         _stop_on_signals(received)
         report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow"))
-        await run_study(spec, base_dir, run_path, ObserverGroup(ConsoleObserver(console), report))
+        with run_observer(console, tracker) as observer:
+            await run_study(spec, base_dir, run_path, Observers(observer, report))
 
     started = time.monotonic()
     _run_stoppable(main(), received)
@@ -321,6 +333,21 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         f"the report in {report}"
     )
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
+    return 0
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from tuner.progress import run_status
+
+    status = run_status(args.run_dir)
+    if args.json:
+        print(json.dumps(status.as_json(), indent=2))
+        return 0
+    from tuner.live import render_status
+
+    render_status(status, console)
     return 0
 
 
@@ -706,6 +733,7 @@ def _kinds(_args: argparse.Namespace, console: Console) -> int:
 # Each subcommand of `_parser()` and the function that runs it.
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "run": _run,
+    "status": _status,
     "apply": _apply,
     "restore": _restore,
     "leaderboard": _leaderboard,

@@ -127,27 +127,9 @@ class _RoundFile:
     name: str
     records: list[RequestRecord]
 
-    @property
-    def span_s(self) -> float:
-        if not self.records:
-            return 0.0
-        return max(r.end_s for r in self.records) - min(r.send_s for r in self.records)
-
-
-# Round files parsed once per process: `tuner run` renders the report after every trial, and only the
-# new trial's files need reading then. Keyed by path, size and modification time.
-_ROUND_CACHE: dict[tuple[str, int, int], _RoundFile] = {}
-
 
 def _read_round(path: Path) -> _RoundFile | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    cached = _ROUND_CACHE.get(key)
-    if cached is not None:
-        return cached
+    """A round's records; None for a torn or foreign file (the report shows what it can without it)."""
     records = []
     try:
         with path.open("rb") as handle:
@@ -155,10 +137,38 @@ def _read_round(path: Path) -> _RoundFile | None:
                 if line.strip():
                     records.append(RequestRecord.model_validate_json(line))
     except (OSError, ValidationError, ValueError):
-        return None  # a torn or foreign file: the report shows what it can without it
-    result = _RoundFile(name=path.stem, records=records)
-    _ROUND_CACHE[key] = result
-    return result
+        return None
+    return _RoundFile(name=path.stem, records=records)
+
+
+# Each round file's span (first send to last end), read once per process: `tuner run` rewrites the
+# report after every trial, and then only the new files need reading. Keyed by path, size and
+# modification time; a span, not the records, so that a long night's rounds are not all kept in memory.
+_SPANS: dict[tuple[str, int, int], float | None] = {}
+
+
+def _round_span_s(path: Path) -> float | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SPANS:
+        first: float | None = None
+        last: float | None = None
+        try:
+            with path.open("rb") as handle:
+                for line in handle:
+                    if not line.strip():
+                        continue
+                    record = json.loads(line)
+                    send, end = float(record["send_s"]), float(record["end_s"])
+                    first = send if first is None else min(first, send)
+                    last = end if last is None else max(last, end)
+            _SPANS[key] = None if first is None or last is None else last - first
+        except (OSError, ValueError, KeyError, TypeError):
+            _SPANS[key] = None
+    return _SPANS[key]
 
 
 class _Report:
@@ -354,9 +364,30 @@ class _Report:
             "<table id='leaderboard' class='board'><thead><tr><th class='num' data-sort='num'>trial</th>"
             "<th data-sort='text'>settings changed</th><th class='num' data-sort='num'>score</th>"
             f"{head}<th data-sort='text'>flags</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
-            f"{pruned}{skipped_html}"
+            f"{pruned}{skipped_html}{self._every_metric()}"
         )
         return _section("leaderboard-section", "Leaderboard", body)
+
+    def _every_metric(self) -> str:
+        """Every metric of every trial, the server's own and the load generator's included: folded away,
+        since the table above shows the ones the study is about."""
+        rows = self.board.rows
+        names = sorted({name for row in rows for name in row.metrics})
+        if not names:
+            return ""
+        head = "".join(f"<th class='num' data-sort='num'>{escape(name)}</th>" for name in names)
+        lines = "".join(
+            f"<tr data-trial='{row.number}'><td class='num' data-value='{row.number}'>{row.number}</td>"
+            + "".join(_metric_cell(row, name) for name in names)
+            + "</tr>"
+            for row in rows
+        )
+        return (
+            f"<details id='every-metric'><summary>every metric of every trial ({len(names)} metrics; "
+            "docs/metrics.md says what each is)</summary><div class='wide'><table class='board'><thead><tr>"
+            f"<th class='num' data-sort='num'>trial</th>{head}</tr></thead><tbody>{lines}</tbody></table></div>"
+            "</details>"
+        )
 
     def _settings_cell(self, row: LeaderboardRow) -> str:
         if row.baseline:
@@ -657,6 +688,16 @@ class _Report:
         )
         return _section("run", "The run", f"<table class='facts'>{table}</table>{spec_html}")
 
+    def _phase_seconds(self) -> dict[str, float]:
+        """Where the run's time went by phase, as `tuner run`'s progress file counted it; {} without one."""
+        from tuner.progress import read_progress
+
+        try:
+            progress = read_progress(self.run_path)
+        except TunerError:
+            return {}
+        return dict(progress.phase_seconds) if progress is not None else {}
+
     def _time_spent(self) -> list[tuple[str, str]]:
         starts = [t.datetime_start for t in self.trials.values() if t.datetime_start is not None]
         ends = [t.datetime_complete for t in self.trials.values() if t.datetime_complete is not None]
@@ -669,16 +710,16 @@ class _Report:
             for path in directory.glob("*.jsonl"):
                 if path.name.endswith(".server.jsonl"):
                     continue
-                round_file = _read_round(path)
-                if round_file is None:
+                span = _round_span_s(path)
+                if span is None:
                     continue
                 # Confirmations end after the last trial did: their files say when.
                 newest = max(newest, path.stat().st_mtime)
                 if path.name.startswith("confirm-"):
-                    confirm += round_file.span_s
+                    confirm += span
                     pairs += 1
                 else:
-                    search += round_file.span_s
+                    search += span
                     rounds += 1
         wall = newest - min(starts).timestamp()
         other = max(0.0, wall - search - confirm)
@@ -686,11 +727,23 @@ class _Report:
             ("time spent", f"{_duration(wall)} from the baseline's start to the last measurement's end"),
             ("measuring the search", f"{_duration(search)} in {rounds} rounds"),
             ("measuring confirmations", f"{_duration(confirm)} in {pairs} measurements"),
-            (
-                "everything else",
-                f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller",
-            ),
         ]
+        phases = self._phase_seconds()
+        if phases:
+            total = sum(phases.values()) or 1.0
+            result.append(("time by phase", f"{_duration(total)} counted while `tuner run` ran (its progress file)"))
+            result.extend(
+                (f"phase: {phase}", f"{_duration(seconds)} ({seconds / total:.0%})")
+                for phase, seconds in phases.items()
+            )
+        else:
+            result.append(
+                (
+                    "everything else",
+                    f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller "
+                    "(this run kept no progress file to split it by phase)",
+                )
+            )
         if self.board.pruning_saved_s > 0:
             result.append(("pruning saved", f"about {_duration(self.board.pruning_saved_s)} of measurement"))
         return result
@@ -939,7 +992,7 @@ small{color:#777}.flag{display:inline-block;border-radius:3px;padding:0 4px;back
 .flag.win{background:#0b7a3a;color:#fff}.flag.bad{background:#b00020;color:#fff}.flag.warn{background:#e69f00;color:#000}
 pre{background:#f4f4f4;padding:8px 10px;border-radius:4px;overflow-x:auto}
 .charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:13px;max-width:440px}
-.bar{display:inline-block;height:10px;background:#0072b2}table.facts th{width:190px;color:#444}
+.wide{overflow-x:auto}.bar{display:inline-block;height:10px;background:#0072b2}table.facts th{width:190px;color:#444}
 """
 
 # Sorting only: the page is complete without it.

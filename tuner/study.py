@@ -9,12 +9,14 @@ that were deployed, across resumes. docs/metrics.md describes each step.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +261,49 @@ def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:
     return TrialRecord.of(trial).baseline
 
 
+def _fail_interrupted_trials(study: optuna.Study) -> None:
+    """A trial left RUNNING by a controller that died is marked FAIL, as interrupted."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        update_trial_record(optuna.Trial(study, trial._trial_id), fail_reason=INTERRUPTED)
+        study.tell(trial.number, state=TrialState.FAIL)
+
+
+def _ensure_baseline_queued(study: optuna.Study, prepared: PreparedStudy) -> None:
+    trials = study.get_trials(deepcopy=False)
+    done = any(_is_baseline(t) and t.state == TrialState.COMPLETE for t in trials)
+    queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
+    if not done and not queued:
+        study.enqueue_trial(
+            prepared.space.encode(prepared.baseline_settings), user_attrs=new_trial_attrs(TrialRecord(baseline=True))
+        )
+
+
+class _BestSoFar:
+    """Tells the observer the best measured trial whenever it changes: the highest finite score of the
+    completed trials that break no constraint, the baseline aside (what the confirmation picks from)."""
+
+    def __init__(self, study: optuna.Study, observer: StudyObserver) -> None:
+        self.study = study
+        self.observer = observer
+        self.best: tuple[float, int, dict[str, ParamValue]] | None = None
+
+    def tell_stored(self) -> None:
+        """The best of the trials the study already holds (a resume's), read once."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            record = TrialRecord.of(trial)
+            if record.deployed and not record.baseline and not record.violates and record.score is not None:
+                self.consider(trial.number, record.score, record.settings or {}, tell=False)
+        if self.best is not None:
+            self.observer.best_so_far(number=self.best[1], score=self.best[0], settings=self.best[2])
+
+    def consider(self, number: int, score: float, settings: Mapping[str, ParamValue], *, tell: bool = True) -> None:
+        """A trial just scored (one that breaks no constraint, not the baseline)."""
+        if math.isfinite(score) and (self.best is None or score > self.best[0]):
+            self.best = (score, number, dict(settings))
+            if tell:
+                self.observer.best_so_far(number=number, score=score, settings=self.best[2])
+
+
 @dataclass(kw_only=True)
 class _Pending:
     """A trial being measured in the current batch."""
@@ -297,6 +342,7 @@ class _StudyRun:
         self.exhausted = False  # the sampler had nothing new to offer
         self.distributions = {name: _distribution(p) for name, p in prepared.space.params.items()}
         self.servers = _Servers(self)
+        self.best = _BestSoFar(study, observer)
 
     @property
     def runner(self) -> TrialRunner:
@@ -309,8 +355,8 @@ class _StudyRun:
         update_study_record(
             study, min_effect=min_effect(spec.objectives), allow_answer_changes=spec.gate.allow_answer_changes
         )
-        self.fail_interrupted_trials()
-        self.ensure_baseline_queued()
+        _fail_interrupted_trials(study)
+        _ensure_baseline_queued(study, self.prepared)
         self.observer.study_started(
             name=spec.name,
             run_dir=str(self.run_dir.path),
@@ -318,29 +364,12 @@ class _StudyRun:
             trials_done=self.deployed_trials(),
             budget=spec.budget.trials,
         )
+        self.best.tell_stored()  # a resumed study's best so far
 
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         self._runner = runner
         await self.run(deadline)
         await _Confirmation(self).run()
-
-    def fail_interrupted_trials(self) -> None:
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            update_trial_record(
-                optuna.Trial(self.study, trial._trial_id),
-                fail_reason=INTERRUPTED,
-            )
-            self.study.tell(trial.number, state=TrialState.FAIL)
-
-    def ensure_baseline_queued(self) -> None:
-        trials = self.study.get_trials(deepcopy=False)
-        done = any(_is_baseline(t) and t.state == TrialState.COMPLETE for t in trials)
-        queued = any(_is_baseline(t) and t.state == TrialState.WAITING for t in trials)
-        if not done and not queued:
-            self.study.enqueue_trial(
-                self.prepared.space.encode(self.prepared.baseline_settings),
-                user_attrs=new_trial_attrs(TrialRecord(baseline=True)),
-            )
 
     def baseline_trial(self) -> FrozenTrial | None:
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -479,7 +508,8 @@ class _StudyRun:
             raise
 
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
-        trial = pending.trial
+        trial, label = pending.trial, f"round {round_index + 1}/{pending.planned}"
+        self.observer.round_started(number=trial.number, label=label, index=round_index + 1, total=pending.planned)
         round_started = time.monotonic()
         settings = {} if pending.baseline else pending.settings
         if round_index == 0:
@@ -493,7 +523,7 @@ class _StudyRun:
             settings=settings,
             number=trial.number,
             prompts_index=round_index,
-            label=f"round {round_index + 1}/{pending.planned}",
+            label=label,
             records_name=f"round-{round_index + 1}",
         )
         metrics = measured.metrics
@@ -578,6 +608,8 @@ class _StudyRun:
                 trial.report(value, step=0)  # the pruner compares later first rounds with it
             self.study.tell(trial, value if math.isfinite(value) else None)
         self.observer.trial_finished(number=trial.number, score=value, noisy=noisy)
+        if not baseline and not broken:
+            self.best.consider(trial.number, value, TrialRecord.of(trial).settings or {})
 
 
 def record_constraints(
@@ -639,6 +671,7 @@ class _Servers:
                 self.loop.observer.server_reused(number=number)
                 return
         warm_up = not (probing and self.loop.spec.gate.enabled)
+        self.loop.observer.server_starting(number=number)
         await self.loop.runner.start(settings, number=number, log_path=log_path, warm_up=warm_up)
         self.running = _RunningServer(settings=server, trials={number})
 
@@ -666,6 +699,7 @@ class _Gates:
     async def correctness(self, trial: optuna.Trial, *, baseline: bool) -> None:
         if not self.gate.enabled:
             return
+        self.loop.observer.probing(number=trial.number)
         answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
         if baseline:
             update_study_record(self.study, reference_answers=[list(a) for a in answers])
@@ -708,9 +742,14 @@ class _Confirmation:
                 if pair % 2:
                     order.reverse()
                 scores: dict[int, float] = {}
-                for number, trial_settings in order:
+                for position, (number, trial_settings) in enumerate(order):
                     metrics = await self.measure(
-                        number, trial_settings, candidate=candidate.number, pair=pair, baseline=baseline
+                        number,
+                        trial_settings,
+                        candidate=candidate.number,
+                        pair=pair,
+                        baseline=baseline,
+                        position=position,
                     )
                     scores[number] = score_round(metrics, reference, self.spec.objectives)
                 differences.append(scores[candidate.number] - scores[baseline.number])
@@ -722,15 +761,25 @@ class _Confirmation:
             self.loop.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
 
     async def measure(
-        self, number: int, settings: Mapping[str, ParamValue], *, candidate: int, pair: int, baseline: FrozenTrial
+        self,
+        number: int,
+        settings: Mapping[str, ParamValue],
+        *,
+        candidate: int,
+        pair: int,
+        baseline: FrozenTrial,
+        position: int,
     ) -> dict[str, float | None]:
-        runner = self.loop.runner
+        """One round of a pair; `position` (0 or 1) is its place in the pair, for the round's count."""
+        runner, pairs = self.loop.runner, self.spec.confirm.pairs
+        label = f"pair {pair + 1}/{pairs}" + (" (baseline)" if number == baseline.number else "")
+        self.loop.observer.round_started(number=number, label=label, index=2 * pair + position + 1, total=2 * pairs)
         await self.loop.servers.deploy(settings, number=number, log_name=f"confirm-{candidate}-server.log")
         measured = await runner.measure_round(
             settings=settings,
             number=number,
             prompts_index=self.spec.rounds + pair,
-            label=f"pair {pair + 1}/{self.spec.confirm.pairs}" + (" (baseline)" if number == baseline.number else ""),
+            label=label,
             records_name=f"confirm-{candidate}-{pair + 1}",
         )
         return measured.metrics
@@ -775,6 +824,21 @@ async def check_host_files(spec: StudySpec, engine: Engine) -> None:
                 raise ConfigError(f"{path} does not exist on the host; fix {key} in the study file")
 
 
+@contextlib.contextmanager
+def _telling_the_end(observer: StudyObserver) -> Iterator[None]:
+    """Tells the observer how the run ended, before the run directory's lock is let go: whoever sees the
+    lock free sees the end told."""
+    try:
+        yield
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        observer.study_ended(outcome="interrupted")
+        raise
+    except BaseException:
+        observer.study_ended(outcome="failed")
+        raise
+    observer.study_ended(outcome="finished")
+
+
 async def run_search(
     prepared: PreparedStudy,
     run_dir: RunDirectory,
@@ -785,9 +849,11 @@ async def run_search(
     deadline: float | None = None,
 ) -> None:
     """The search loop on an open study: baseline, batches of trials, confirmation; `runner` measures."""
-    loop = _StudyRun(prepared, run_dir, study, observer or NullObserver())
-    loop.begin()
-    await loop.search(runner, deadline)
+    observer = observer or NullObserver()
+    with _telling_the_end(observer):
+        loop = _StudyRun(prepared, run_dir, study, observer)
+        loop.begin()
+        await loop.search(runner, deadline)
 
 
 async def run_study(
@@ -801,7 +867,7 @@ async def run_study(
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
-    with RunDirectory(run_path) as run_dir:
+    with RunDirectory(run_path) as run_dir, _telling_the_end(observer):
         run_dir.check_spec(spec.model_dump(mode="json"), measured=has_measured_trials(run_dir))
         study = open_optuna_study(run_dir, spec, prepared.space)
         loop = _StudyRun(prepared, run_dir, study, observer)

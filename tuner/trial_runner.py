@@ -246,6 +246,7 @@ class ServerTrialRunner:
             self.run_dir.save_host_facts(await self._host_facts())
         if not warm_up:
             return
+        self.observer.warming_up(number=number)
         records = await replay(
             [warm_up_request(engine)],
             engine=engine,
@@ -347,6 +348,7 @@ class ServerTrialRunner:
         records_name: str | None,
     ) -> RoundResult:
         prepared, engine = self.prepared, self.prepared.engine
+        self.observer.replay_started(number=number, label=label)
         counters_before = await scrape_prometheus(engine, self.base_url)
         async with GpuMemorySampler(self.transport) as gpu:
             records = await replay_sessions(

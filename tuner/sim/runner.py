@@ -113,6 +113,7 @@ class SimulatedTrialRunner:
         )
         self._started = _Started(server=server, log=log, clock_s=self.cost.load_s, faults=faults)
         self.observer.server_ready(number=number, seconds=self.cost.load_s)
+        self.observer.warming_up(number=number)
         warm = replay_virtual(
             [warm_up_request(engine)], server, engine=engine, start_s=self.cost.load_s, request_timeout_s=60
         )
@@ -178,6 +179,7 @@ class SimulatedTrialRunner:
             if len(_REQUESTS) > 4096:
                 _REQUESTS.pop(next(iter(_REQUESTS)))
         mark = len(started.log)
+        self.observer.replay_started(number=number, label=label)
         done = replay_virtual(
             requests,
             started.server,
