@@ -141,6 +141,37 @@ def _read_round(path: Path) -> _RoundFile | None:
     return _RoundFile(name=path.stem, records=records)
 
 
+# Each trial's server log diagnosed once per process (`tuner diagnose`'s analyses), keyed as the spans are:
+# the findings' one-line summaries, worst first.
+_DIAGNOSES: dict[tuple[str, int, int], list[str]] = {}
+
+
+def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> list[str]:
+    """Why the trial's server was slow, from its own log: the findings' summaries, worst first; [] where
+    the log says nothing or cannot be read (the report goes on without)."""
+    from tuner.diagnose import diagnose_log
+
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIAGNOSES:
+        try:
+            diagnosis = diagnose_log(
+                path,
+                long_prompt_tokens=long_prompt_tokens,
+                min_overlap_s=min_overlap_s,
+                # A wait is worth naming at twice the overlap a stall must have (1 s at the default 0.5 s).
+                min_wait_s=2 * min_overlap_s,
+            )
+        except TunerError:
+            _DIAGNOSES[key] = []
+        else:
+            _DIAGNOSES[key] = [redact(f.summary) for f in diagnosis.findings]
+    return _DIAGNOSES[key]
+
+
 # Each round file's span (first send to last end), read once per process: `tuner run` rewrites the
 # report after every trial, and then only the new files need reading. Keyed by path, size and
 # modification time; a span, not the records, so that a long night's rounds are not all kept in memory.
@@ -394,6 +425,16 @@ class _Report:
             return "<b>baseline</b>"
         return escape(_settings_text(row.changed or row.settings) or "same as baseline")
 
+    def _why(self, row: LeaderboardRow) -> list[str]:
+        """The trial's server log diagnosed: what its rounds suffered from, worst first."""
+        metrics = self.spec.get("metrics")
+        overlap = metrics.get("min_overlap_s") if isinstance(metrics, dict) else None
+        return _diagnosed(
+            self.run_path / "trials" / f"{row.number:04d}" / "server.log",
+            long_prompt_tokens=_long_prompt_tokens(self.spec),
+            min_overlap_s=overlap if isinstance(overlap, int | float) and overlap > 0 else 0.5,
+        )
+
     def _flags(self, row: LeaderboardRow) -> str:
         flags = []
         if row is self.chosen:
@@ -422,6 +463,10 @@ class _Report:
             )
         if row.pareto:
             flags.append("<span class='flag'>Pareto</span>")
+        why = self._why(row)
+        if why:
+            more = f" (and {len(why) - 1} more: <code>tuner diagnose</code> on its server.log)" if len(why) > 1 else ""
+            flags.append(f"<span class='flag why'>its log</span> {escape(why[0])}{more}")
         return "<br>".join(flags)
 
     # --- the stall picture -------------------------------------------------------------------------
