@@ -638,8 +638,12 @@ class _Report:
 
     def _importances(self) -> str:
         complete = [
-            t for t in self.trials.values() if t.state == TrialState.COMPLETE and not self.records[t.number].baseline
-        ]
+            t
+            for t in self.trials.values()
+            if t.state == TrialState.COMPLETE
+            and self.records[t.number].deployed
+            and not self.records[t.number].baseline
+        ]  # measured ones: a repeat told with an earlier trial's values adds no evidence
         if len(complete) < _MIN_TRIALS_FOR_IMPORTANCE or len(self.study.directions) != 1:
             return (
                 f"<p class='absent'>Parameter importances: absent: they need at least {_MIN_TRIALS_FOR_IMPORTANCE} "
