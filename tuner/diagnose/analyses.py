@@ -179,7 +179,7 @@ class Stalls:
                     slot=task.slot,
                     start_s=start,
                     end_s=end,
-                    speed=task.tokens_inside(start, end, usual) / (end - start),
+                    speed=task.tokens_inside(start, end, usual, other) / (end - start),
                     tg_3s=inside,
                     line=task.launch_line,
                 )
