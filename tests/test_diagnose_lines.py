@@ -27,15 +27,20 @@ class Log:
     """A llama-server log, line by line, as this build writes it at the default verbosity."""
 
     def __init__(self, slots: int, ctx: int = 4096) -> None:
-        self.lines = [
-            f"{stamp(0.0)} I srv  llama_server: initializing ...",
-            f"{stamp(0.3)} I srv    load_model: initializing, n_slots = {slots}, n_ctx_slot = {ctx}, "
-            "kv_unified = 'false'",
-            f"{stamp(0.31)} I srv  llama_server: model loaded",
-        ]
+        self.entries: list[tuple[float, str]] = []
+        self.add(0.0, "I", "srv  llama_server: initializing ...")
+        self.add(
+            0.3, "I", f"srv    load_model: initializing, n_slots = {slots}, n_ctx_slot = {ctx}, kv_unified = 'false'"
+        )
+        self.add(0.31, "I", "srv  llama_server: model loaded")
 
     def add(self, at: float, level: str, text: str) -> None:
-        self.lines.append(f"{stamp(at)} {level} {text}")
+        self.entries.append((at, f"{stamp(at)} {level} {text}"))
+
+    @property
+    def lines(self) -> list[str]:
+        """In time order, as the server wrote them (lines of one instant in the order they were added)."""
+        return [line for _, line in sorted(self.entries, key=lambda entry: entry[0])]
 
     def task(
         self,
@@ -216,3 +221,54 @@ def test_the_scrape_adds_the_mean_queue_time_and_preemptions_the_stats_lines_did
     )
     assert done.returncode == 0, done.stderr
     assert "7 preemptions" in done.stdout and "mean queue time" in done.stdout
+
+
+def test_a_streams_tokens_across_a_long_prefills_end_are_counted_one_per_logged_iteration() -> None:
+    """A stream at 33 tok/s, then beside a 2,000-token prefill in 32 iterations of 0.25 s (one token each),
+    then at 50 tok/s: its rate line before the prefill's end and the one after it straddle the end, and the
+    usual speed would count 25 of that stretch's tokens inside the prefill where 8 were."""
+    log = Log(slots=2)
+    head = "slot print_timing: id  0 | task 1 |"
+    log.add(0.9999, "I", "slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1")
+    log.add(1.0, "I", "slot launch_slot_: id  0 | task 1 | processing task, is_child = 0")
+    # Decoding from 1.1 s: 33 tok/s until the long prompt's prefill starts at 7.5 s (n = 212 there), one token
+    # per iteration until it ends at 15.5 s (n = 244), then 50 tok/s.
+    for at, n, rate in ((4.1, 100, 33.0), (7.1, 199, 33.0), (10.5, 224, 3.5), (13.5, 236, 4.0), (16.5, 294, 19.3)):
+        log.add(at, "I", f"{head} n_gen = {n:6d}, tg = {rate:6.2f} t/s, tg_3s = {rate:6.2f} t/s")
+    log.add(
+        17.0,
+        "I",
+        f"{head} prompt eval time =     100.00 ms /    40 tokens (    2.50 ms per token,   400.00 tokens per second)",
+    )
+    log.add(
+        17.0,
+        "I",
+        f"{head}        eval time =   15900.00 ms /   319 tokens (   49.84 ms per token,    20.06 tokens per second)",
+    )
+    log.add(17.0001, "I", "slot      release: id  0 | task 1 | stop processing: n_tokens = 358, truncated = 0")
+    long_head = "slot print_timing: id  1 | task 2 |"
+    log.add(7.4999, "I", "slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1")
+    log.add(7.5, "I", "slot launch_slot_: id  1 | task 2 | processing task, is_child = 0")
+    for k in range(12, 32):  # progress lines once the prefill has run 3 s, one per iteration of 62 tokens
+        at = 7.5 + 0.25 * k
+        log.add(
+            at,
+            "I",
+            f"{long_head} prompt processing, n_tokens = {62 * k:6d}, progress = {k / 32:.2f}, "
+            f"t = {0.25 * k:6.2f} s / 248.00 tokens per second",
+        )
+    log.add(
+        15.6,
+        "I",
+        f"{long_head} prompt eval time =    8000.00 ms /  2000 tokens (4.00 ms per token, 250.00 tokens per second)",
+    )
+    log.add(
+        15.6,
+        "I",
+        f"{long_head}        eval time =     100.00 ms /     4 tokens (25.00 ms per token, 40.00 tokens per second)",
+    )
+    log.add(15.6001, "I", "slot      release: id  1 | task 2 | stop processing: n_tokens = 2003, truncated = 0")
+    stall = diagnose_log(log.lines).finding("stalls")
+    assert stall is not None
+    # 12 tokens from 7.5 s to 10.5 s (the usual speed's share of the stretch before it), 12, and 8: 32 in 8 s.
+    assert figures(stall)["stall_tok_s"] == pytest.approx(32 / 8, rel=0.05)
