@@ -227,12 +227,36 @@ def _add_diagnose_command(commands: argparse._SubParsersAction[_Parser]) -> None
     diagnose = commands.add_parser("diagnose", help="why a server is slow, from its own log (changes no host)")
     diagnose.add_argument("log", type=Path, help="llama-server log, journalctl output, Ollama or vLLM log; - for stdin")
     diagnose.add_argument("--json", action="store_true", help="print the findings as one JSON document")
-    diagnose.add_argument("--since", type=_duration, help="only requests launched this long after the log's start")
-    diagnose.add_argument("--until", type=_duration, help="only requests launched up to this long after its start")
-    diagnose.add_argument("--long-prompt-tokens", type=_long_tokens, default=1000, help="new tokens of a long prefill")
-    diagnose.add_argument("--min-wait", type=_positive_float, default=1.0, help="seconds of wait that count (1)")
-    diagnose.add_argument("--metrics", type=Path, help="a vLLM /metrics scrape to read beside its log")
-    diagnose.add_argument("--study", type=Path, help="also write a study of the knobs the findings name")
+    diagnose.add_argument(
+        "--since",
+        type=_duration,
+        metavar="DURATION",
+        help="only requests launched this long after the log's first line (90s, 15m, 2h, 1h30m)",
+    )
+    diagnose.add_argument(
+        "--until", type=_duration, metavar="DURATION", help="only requests launched up to this long after it"
+    )
+    diagnose.add_argument(
+        "--long-prompt-tokens",
+        type=_long_tokens,
+        default=1000,
+        metavar="N",
+        help="new prompt tokens from which a prefill counts as long (1000)",
+    )
+    diagnose.add_argument(
+        "--min-wait",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="waits before prefill shorter than this are not reported (1)",
+    )
+    diagnose.add_argument("--metrics", type=Path, metavar="FILE", help="a vLLM /metrics scrape to read beside its log")
+    diagnose.add_argument(
+        "--study",
+        type=Path,
+        metavar="OUT.toml",
+        help="also write a study of the knobs the findings name (with OUT.workload.jsonl and OUT.space.toml)",
+    )
     diagnose.add_argument("--force", action="store_true", help="let --study replace files that exist")
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tuner.diagnose import Diagnosis, Figure, format_duration
+from tuner.diagnose.report import counted
 
 __all__ = ["render_diagnosis"]
 
@@ -24,16 +25,23 @@ def _value(figure: Figure) -> str:
 
 def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     server = diagnosis.server
-    facts = [f"{diagnosis.lines:,} lines", f"{diagnosis.tasks:,} requests", format_duration(diagnosis.span_s)]
+    facts = [counted(diagnosis.lines, "line"), counted(diagnosis.tasks, "request"), format_duration(diagnosis.span_s)]
     if server.n_slots:
-        facts.append(f"{server.n_slots} slots")
+        facts.append(counted(server.n_slots, "slot"))
     if server.n_batch:
         facts.append(f"n_batch {server.n_batch} (from its prefill chunks)")
     console.print(f"[bold]{escape(diagnosis.source)}[/bold]: {diagnosis.log_kind} log, " + ", ".join(facts))
     if not diagnosis.findings:
-        console.print("no finding: nothing in this log cost the users time that a setting could give back")
+        console.print(
+            "no finding: nothing in this log cost the users time that a setting could give back"
+            + (" (see the notes below)" if diagnosis.notes else "")
+        )
     for number, finding in enumerate(diagnosis.findings, start=1):
-        lost = f" ({finding.user_seconds_lost:,.0f} user-seconds)" if finding.user_seconds_lost is not None else ""
+        lost = (
+            f" ({counted(round(finding.user_seconds_lost), 'user-second')})"
+            if finding.user_seconds_lost is not None
+            else ""
+        )
         console.print()
         console.print(f"[bold]{number}. {escape(finding.title)}[/bold]{lost}")
         console.print(f"   {escape(finding.summary)}")

@@ -27,6 +27,7 @@ from tuner.diagnose.report import (
     ServerFacts,
     StudyConstraint,
     StudyObjective,
+    counted,
 )
 from tuner.diagnose.vllm import VllmReader, read_metrics_scrape
 from tuner.errors import ConfigError
@@ -152,8 +153,8 @@ def diagnose_log(
     )
     analyses = new_analyses()
     vllm = VllmReader()
-    counted = _Counter(numbered, vllm)
-    read_llama_server_log(counted, analyses, context)
+    reading = _Counter(numbered, vllm)
+    read_llama_server_log(reading, analyses, context)
     facts = context.facts
     if facts.matched_lines == 0 and vllm.stats == 0:
         if facts.untimed_lines:
@@ -161,12 +162,12 @@ def diagnose_log(
                 f"{shown}: the llama-server lines have no timestamps; keep llama-server's default --log-timestamps, "
                 "or pass journalctl output (`journalctl -o short-precise -u UNIT`), whose lines carry the time"
             )
-        raise ConfigError(f"{shown}: no llama-server or vLLM lines in {counted.count:,} lines; {_LOG_FIX}")
+        raise ConfigError(f"{shown}: no llama-server or vLLM lines in {reading.count:,} lines; {_LOG_FIX}")
     scrape = read_metrics_scrape(_scrape_lines(metrics_scrape)) if metrics_scrape is not None else {}
     if facts.matched_lines == 0:
         return _vllm_diagnosis(
             shown,
-            lines=counted.count,
+            lines=reading.count,
             vllm=vllm,
             scrape=scrape,
             long_prompt_tokens=long_prompt_tokens,
@@ -191,7 +192,7 @@ def diagnose_log(
     return Diagnosis(
         source=shown,
         log_kind="llama-server",
-        lines=counted.count,
+        lines=reading.count,
         tasks=tasks,
         span_s=round(span, 3),
         since_s=since_s,
@@ -240,15 +241,23 @@ def _notes(context: ReadContext, analyses: list, vllm: VllmReader) -> list[str]:
             "the batch is counted as behind another LoRA setting (llama-server leaves out only slots it cannot "
             "batch with); -lv 4 logs each switch"
         )
+    stalls = next(a for a in analyses if isinstance(a, Stalls))
+    if stalls.overlaps and not stalls.normal:
+        notes.append(
+            f"streams decoded beside a long prefill ({counted(len(stalls.overlaps), 'overlap')}) but nowhere else: "
+            "with no speed of theirs to compare with, no stall is claimed"
+        )
     switch = next(a for a in analyses if isinstance(a, LoraSwitch)).cost
     if switch is not None and switch.ms is None and (switch.switches or waits.totals["other_lora"][0]):
         notes.append(f"LoRA switch cost: absent: {switch.reason}")
     if facts.unfinished:
-        notes.append(f"{facts.unfinished} tasks had not finished when the log (or a server run) ended")
+        notes.append(f"{counted(facts.unfinished, 'task')} had not finished when the log (or a server run) ended")
     if facts.restarts:
-        notes.append(f"the server restarted {facts.restarts} times in this log; each run was read on one clock")
+        notes.append(
+            f"the server restarted {counted(facts.restarts, 'time')} in this log; each run was read on one clock"
+        )
     if vllm.stats:
-        notes.append(f"{vllm.stats} vLLM stats lines were left aside: the log is read as llama-server's")
+        notes.append(f"{counted(vllm.stats, 'vLLM stats line')} left aside: the log is read as llama-server's")
     for at, line, text in facts.errors[:3]:
         notes.append(f"line {line} ({format_duration(at)}): {text}")
     return notes

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tuner.diagnose.reader import Analysis, ReadContext, Task, activity
-from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyConstraint, StudyObjective
+from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyConstraint, StudyObjective, counted
 from tuner.metrics import PrefillStep, SwitchCost, switch_cost
 
 __all__ = ["ANALYSES", "Reporting", "analysis", "new_analyses"]
@@ -179,7 +179,7 @@ class Stalls:
                     slot=task.slot,
                     start_s=start,
                     end_s=end,
-                    speed=task.tokens_inside(start, end, usual) / (end - start),
+                    speed=task.tokens_inside(start, end, usual, other) / (end - start),
                     tg_3s=inside,
                     line=task.launch_line,
                 )
@@ -333,7 +333,7 @@ class Stalls:
         )
         summary = (
             f"streams decoded at {_fmt_speed(stall)} tok/s while another slot prefilled a long prompt{ratio} "
-            f"({len(self.overlaps)} overlaps beside {len(used)} prefills of up to "
+            f"({counted(len(self.overlaps), 'overlap')} beside {counted(len(used), 'prefill')} of up to "
             f"{max((w.prompt_n for w in used), default=0):,} tokens)"
         )
         return [
@@ -502,8 +502,9 @@ class Waits:
             if self.totals[k][0]
         ]
         summary = (
-            f"{count} requests waited more than {context.min_wait_s:g} s before their prefill began ({total:.0f} s in "
-            f"all, up to {longest:.1f} s), a wait prompt eval time does not contain: " + ", ".join(parts)
+            f"{counted(count, 'request')} waited more than {context.min_wait_s:g} s before their prefill began "
+            f"({total:.0f} s in all, up to {longest:.1f} s), a wait prompt eval time does not contain: "
+            + ", ".join(parts)
         )
         fixes = []
         if lora[0]:
@@ -518,7 +519,7 @@ class Waits:
                     action="give every request the same adapter setting (lora_policy = all_on or all_off): "
                     "llama-server "
                     f"cannot batch slots whose adapters or scales differ ({how})",
-                    estimate=f"removes about {lora[1]:.0f} s of waiting ({int(lora[0])} requests)",
+                    estimate=f"removes about {lora[1]:.0f} s of waiting ({counted(lora[0], 'request')})",
                     trade_off="changes the answers of the requests whose setting changes: compare them first "
                     "(the study's correctness probes measure it; gate.allow_answer_changes must allow it)",
                     study_params=["lora_policy"],
@@ -531,7 +532,7 @@ class Waits:
         if self.totals["same_setting"][0]:
             fixes.append(
                 Fix(
-                    knob="n_parallel",
+                    knob="n_batch",
                     action="a prompt waits for the prefills of the slots before it (each batch is filled in slot "
                     "order); fewer or shorter long prompts shorten it (see where the long prefills come from)",
                     trade_off="more slots do not help: they share the same batch",
@@ -677,11 +678,12 @@ class LongPrefills:
             Figure(name="prompt_cache_evictions", label="RAM prompt cache evictions", value=float(evictions))
         )
         top = sorted((s for s in SOURCES if rows[s][0]), key=lambda s: -rows[s][1])
-        summary = f"{len(self.long)} prefills of at least {context.long_prompt_tokens:,} new tokens: " + ", ".join(
-            f"{int(rows[s][0])} {s.replace('_', ' ')} ({int(rows[s][1]):,} tokens)" for s in top
+        summary = (
+            f"{counted(len(self.long), 'prefill')} of at least {context.long_prompt_tokens:,} new tokens: "
+            + ", ".join(f"{int(rows[s][0])} {s.replace('_', ' ')} ({int(rows[s][1]):,} tokens)" for s in top)
         )
         if evictions:
-            summary += f"; the RAM prompt cache evicted {evictions} entries"
+            summary += f"; the RAM prompt cache evicted {counted(evictions, 'entry', 'entries')}"
         fixes = []
         if rows["history_rewrite"][0]:
             fixes.append(
@@ -697,7 +699,7 @@ class LongPrefills:
                 Fix(
                     knob="cache_ram",
                     action="raise the RAM prompt cache (LLAMA_ARG_CACHE_RAM, MiB) so returning conversations' "
-                    f"states stay cached ({evictions} evictions in this log)",
+                    f"states stay cached ({counted(evictions, 'eviction')} in this log)",
                     trade_off="host RAM: each cached prompt holds its KV state",
                     study_params=["cache_ram"],
                     objectives=[StudyObjective(metric="ttft_p95_s", direction="minimize", weight=1.0)],
@@ -749,7 +751,9 @@ class Queueing:
         slots = facts.n_slots or max(facts.epochs_with_slots.values(), default=0)
         share = facts.all_busy_s / span if span > 0 else None
         summary = (
-            f"{facts.queued} requests waited for a free slot: all {slots} slots were busy {facts.all_busy_s:.0f} s"
+            f"{counted(facts.queued, 'request')} waited for a free slot: "
+            + (f"all {slots} slots were" if slots != 1 else "the one slot was")
+            + f" busy {facts.all_busy_s:.0f} s"
             + (f" ({share:.0%} of the log)" if share is not None else "")
             + "; the log does not say since when each had waited"
         )
@@ -850,7 +854,7 @@ class LoraSwitch:
             Finding(
                 kind="lora_switch",
                 title="LoRA setting switches",
-                summary=f"{cost.switches} changes of adapter setting, about {cost.ms:,.0f} ms each "
+                summary=f"{counted(cost.switches, 'change')} of adapter setting, about {cost.ms:,.0f} ms each "
                 f"({total:.1f} s in all): "
                 "the first step after a change re-reserves the scheduler",
                 user_seconds_lost=round(total, 3),

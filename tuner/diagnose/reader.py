@@ -45,6 +45,10 @@ _TRACE_LEVEL = re.compile(r"update_slots: all slots are idle|init_sampler:|sched
 _CLOCK_BACK_S = 2.0
 # A task launched on a slot this soon after that slot's release was waiting for it (one loop iteration).
 _SAME_ITERATION_S = 0.05
+# Lines of one loop iteration, printed together.
+_SAME_INSTANT_S = 0.01
+# llama-server prints a prompt's progress after each batch once its prefill has run this long (>= 3 s).
+_PROGRESS_AFTER_S = 3.0
 
 
 @dataclass(slots=True)
@@ -105,26 +109,47 @@ class Task:
         """Launch to the start of prefill: in no server timing."""
         return max(0.0, self.prefill_start_s - self.launch_s)
 
-    def tokens_inside(self, start: float, end: float, usual_tok_s: float | None) -> float:
+    def tokens_inside(self, start: float, end: float, usual_tok_s: float | None, beside: Task | None = None) -> float:
         """Tokens the stream generated in (start, end): whole between its rate lines (printed as a token
-        came, so they are exact points), and in a stretch that crosses `start` or `end`, what is left after
-        the time outside ran at the stream's usual speed."""
+        came, so they are exact points). In a stretch that crosses `start` or `end`: where `beside` is the
+        long prefill and its iterations in that part are all logged, one token per iteration (each loop
+        iteration gives every decoding slot one token); else what is left after the time outside ran at
+        the stream's usual speed."""
         points = [(self.decode_start_s, 1.0), *((at, float(n)) for at, n, _ in self.samples)]
         if self.release_s is not None and self.eval_n is not None:
             points.append((self.release_s, float(self.eval_n)))
         points.sort()
+        iterations, known_from = beside.iteration_ends() if beside is not None else ([], math.inf)
         total = 0.0
         for (t0, n0), (t1, n1) in itertools.pairwise(points):
             if t1 <= start or t0 >= end or t1 <= t0:
                 continue
             outside = max(0.0, start - t0) + max(0.0, t1 - end)
+            part = (max(t0, start), min(t1, end))
             if outside == 0.0:
                 total += n1 - n0
+            elif part[0] >= known_from:
+                # A token at an iteration's end is printed in the same instant: ends within 10 ms of the
+                # part's start belong to the token before it.
+                total += min(
+                    n1 - n0, sum(1 for at in iterations if part[0] + _SAME_INSTANT_S < at <= part[1] + _SAME_INSTANT_S)
+                )
             elif usual_tok_s is not None:
                 total += max(0.0, (n1 - n0) - usual_tok_s * outside)
             else:
                 total += (n1 - n0) * (1.0 - outside / (t1 - t0))
         return total
+
+    def iteration_ends(self) -> tuple[list[float], float]:
+        """The ends of this task's prefill iterations that the log shows, and the time from which it shows
+        every one: the progress lines come after each batch once prefill has run `_PROGRESS_AFTER_S` (older
+        builds: after every batch), and the last batch ends where decoding starts."""
+        ends = [at for at, _ in self.progress if at < self.decode_start_s - _SAME_INSTANT_S]
+        ends.append(self.decode_start_s)
+        known_from = self.prefill_start_s + _PROGRESS_AFTER_S
+        if self.progress:
+            known_from = min(known_from, self.progress[0][0])
+        return ends, known_from
 
     def intervals(self) -> list[tuple[float, float, float]]:
         """(start, end, tok/s) of each rate line: the first covers the time since the first token (its `tg`),

@@ -19,9 +19,16 @@ __all__ = [
     "ServerFacts",
     "StudyConstraint",
     "StudyObjective",
+    "counted",
 ]
 
 DIAGNOSIS_VERSION = 1
+
+
+def counted(count: float, word: str, many: str | None = None) -> str:
+    """`1 request`, `2 requests`, `1,204 requests` (`many` where the plural is not the word and an s)."""
+    number = int(count)
+    return f"{number:,} {word if number == 1 else many or word + 's'}"
 
 
 class _Strict(BaseModel):

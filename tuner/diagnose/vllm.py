@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyObjective
+from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyObjective, counted
 from tuner.engines.llama_server_log import parse_timestamp
 
 __all__ = ["VLLM_STATS", "VllmReader", "read_metrics_scrape"]
@@ -128,7 +128,7 @@ class VllmReader:
                     f"({self.waiting_s:.0f} s), up to {self.waiting_max} at once beside {self.running_max} running",
                     user_seconds_lost=round(self.queued_request_s, 3),
                     figures=figures,
-                    evidence=[self._evidence(i, "requests waiting") for i in self.worst_wait],
+                    evidence=[self._evidence(i, "request", "waiting") for i in self.worst_wait],
                     fixes=[
                         Fix(
                             knob="max_num_seqs" if self.kv_max < KV_PRESSURE else "gpu_memory_utilization",
@@ -150,7 +150,7 @@ class VllmReader:
                 Finding(
                     kind="vllm_kv_pressure",
                     title="KV-cache pressure and preemptions",
-                    summary=f"{preemptions} preemptions (recomputed from scratch); the KV cache was at "
+                    summary=f"{counted(preemptions, 'preemption')} (recomputed from scratch); the KV cache was at "
                     f"{KV_PRESSURE:.0f}% or more for {self.kv_pressure_s:.0f} s, up to {self.kv_max:.1f}%",
                     user_seconds_lost=None,
                     figures=[
@@ -163,7 +163,7 @@ class VllmReader:
                         ),
                         Figure(name="kv_usage_max", label="highest KV-cache use", value=self.kv_max, unit="%"),
                     ],
-                    evidence=[self._evidence(i, "preemptions") for i in self.worst_preempt],
+                    evidence=[self._evidence(i, "preemption", "") for i in self.worst_preempt],
                     fixes=[
                         Fix(
                             knob="gpu_memory_utilization",
@@ -179,9 +179,10 @@ class VllmReader:
         return findings
 
     @staticmethod
-    def _evidence(item: tuple[int, float, int], what: str) -> Evidence:
+    def _evidence(item: tuple[int, float, int], what: str, doing: str) -> Evidence:
         count, at, line = item
-        return Evidence(start_s=round(at, 3), end_s=None, lines=[line], note=f"{count} {what} in this interval")
+        note = f"{counted(count, what)} {doing} in this interval".replace("  ", " ")
+        return Evidence(start_s=round(at, 3), end_s=None, lines=[line], note=note)
 
 
 def read_metrics_scrape(lines: Iterable[str]) -> dict[str, float]:
