@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.sim_study import prepare_simulated, run_simulated
+from tests.sim_study import ROOT, prepare_simulated, run_simulated
 from tests.test_cli import one_error_line, tuner_cli
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
 from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
@@ -316,3 +316,24 @@ def _seconds(paths: list[Path]) -> float:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         total += max(r["end_s"] for r in records) - min(r["send_s"] for r in records)
     return total
+
+
+def test_each_trial_comes_with_what_its_server_log_says_its_settings_did(tmp_path: Path) -> None:
+    """The LoRA demo on the simulated server: the baseline's requests wait behind another adapter setting
+    (`tuner diagnose`'s waits, from the trial's own server.log), and the report says so beside its score."""
+    run_path = tmp_path / "lora-demo"
+    run_simulated(
+        prepare_simulated(study_file=ROOT / "studies" / "lora-demo.toml"),
+        run_path,
+        seed=1,
+        in_memory=False,
+        save_rounds=True,
+    )
+    page = render_report(run_path)
+    rows = dict(re.findall(r"<tr class='[^']*' data-trial='(\d+)'>(.*?)</tr>", page))
+    baseline_flags = _Page(rows["0"]).visible
+    assert re.search(r"its log \d+ requests? waited more than [\d.]+ s before their prefill began", baseline_flags)
+    assert "behind another LoRA setting" in baseline_flags
+    (run_path / "trials" / "0000" / "server.log").unlink()  # no log, no reason: nothing is made up
+    rows = dict(re.findall(r"<tr class='[^']*' data-trial='(\d+)'>(.*?)</tr>", render_report(run_path)))
+    assert "its log" not in rows["0"]

@@ -142,11 +142,17 @@ def _read_round(path: Path) -> _RoundFile | None:
 
 
 # Each trial's server log diagnosed once per process (`tuner diagnose`'s analyses), keyed as the spans are:
-# the findings' one-line summaries, worst first.
-_DIAGNOSES: dict[tuple[str, int, int], list[str]] = {}
+# (kind, one-line summary) of each finding, worst first.
+_DIAGNOSES: dict[tuple[str, int, int], list[tuple[str, str]]] = {}
+# What a trial's settings change in its log, and so explain its score: waits before prefill (a LoRA
+# policy, the slots), queueing for a slot, the cost of switching adapters. Where the long prefills come
+# from is the workload's, the same for every trial: said once, from the baseline's log. Stalls are left
+# to the client's measurement (stall_tok_s and the picture): a log's rate lines come seconds apart, too
+# coarse to place a stream's few tokens within a prefill.
+_TRIAL_FINDINGS = ("waits", "queueing", "lora_switch")
 
 
-def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> list[str]:
+def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> list[tuple[str, str]]:
     """Why the trial's server was slow, from its own log: the findings' summaries, worst first; [] where
     the log says nothing or cannot be read (the report goes on without)."""
     from tuner.diagnose import diagnose_log
@@ -168,7 +174,7 @@ def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> 
         except TunerError:
             _DIAGNOSES[key] = []
         else:
-            _DIAGNOSES[key] = [redact(f.summary) for f in diagnosis.findings]
+            _DIAGNOSES[key] = [(f.kind, redact(f.summary)) for f in diagnosis.findings]
     return _DIAGNOSES[key]
 
 
@@ -425,15 +431,19 @@ class _Report:
             return "<b>baseline</b>"
         return escape(_settings_text(row.changed or row.settings) or "same as baseline")
 
-    def _why(self, row: LeaderboardRow) -> list[str]:
-        """The trial's server log diagnosed: what its rounds suffered from, worst first."""
+    def _diagnosis_of(self, number: int) -> list[tuple[str, str]]:
+        """Trial `number`'s server log diagnosed: (kind, summary) of each finding, worst first."""
         metrics = self.spec.get("metrics")
         overlap = metrics.get("min_overlap_s") if isinstance(metrics, dict) else None
         return _diagnosed(
-            self.run_path / "trials" / f"{row.number:04d}" / "server.log",
+            self.run_path / "trials" / f"{number:04d}" / "server.log",
             long_prompt_tokens=_long_prompt_tokens(self.spec),
             min_overlap_s=overlap if isinstance(overlap, int | float) and overlap > 0 else 0.5,
         )
+
+    def _why(self, row: LeaderboardRow) -> list[str]:
+        """What the trial's server log says its settings did, worst first (`_TRIAL_FINDINGS`)."""
+        return [summary for kind, summary in self._diagnosis_of(row.number) if kind in _TRIAL_FINDINGS]
 
     def _flags(self, row: LeaderboardRow) -> str:
         flags = []
@@ -703,6 +713,9 @@ class _Report:
             rows.insert(0, ("trace", f"<code>{escape(str(workload['path']))}</code> (relative to the study file)"))
         if workload.get("time_scale") not in (None, 1, 1.0):
             rows.insert(1, ("time scale", f"{workload['time_scale']} (arrivals this much closer together)"))
+        sources = [summary for kind, summary in self._diagnosis_of(0) if kind == "long_prefills"]
+        if sources:
+            rows.append(("long prefills (the baseline's log)", escape(sources[0])))
         table = "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
         return _section(
             "workload",
