@@ -435,47 +435,69 @@ def test_a_short_lora_wait_counts_and_an_untimed_request_is_left_out() -> None:
     assert metrics["lora_wait_p95_s"] == pytest.approx(0.4)
 
 
-def test_the_lora_switch_cost_is_the_extra_prefill_time_after_a_change_of_setting() -> None:
-    from tuner.metrics import lora_metrics
+def _timed(request_id: str, start: float, n: int, ms: float, lora: tuple[tuple[str, float], ...]) -> RequestRecord:
+    first = start + ms / 1000.0
+    return stream(
+        request_id, start, [first, first + 0.1], prompt=n, timings=ServerTimings(prompt_n=n, prompt_ms=ms)
+    ).model_copy(update={"lora": lora})
 
-    def timed(request_id: str, start: float, n: int, ms: float, lora: tuple[tuple[str, float], ...]) -> RequestRecord:
-        first = start + ms / 1000.0
-        return stream(
-            request_id, start, [first, first + 0.1], prompt=n, timings=ServerTimings(prompt_n=n, prompt_ms=ms)
-        ).model_copy(update={"lora": lora})
 
-    # Prefills in the order they began (not that of their first tokens): a plain (3 ms/token), b plain
-    # 5 ms later (steady: 2 ms/token), c styled (a switch: 250 ms for 100 tokens, 50 ms over 2 ms/token),
-    # d styled (steady, 2 ms/token), e plain (a switch: 30 ms extra), f styled (a switch: one token,
-    # 60 ms extra). "a" has the longest prefill, so its first token comes last.
+def test_the_lora_switch_cost_compares_switched_prefills_with_steady_ones_of_their_length() -> None:
+    from tuner.metrics import lora_metrics, lora_switch_cost
+
+    # One at a time: a plain; b plain (steady, 2 ms/token); c styled (a switch: 50 ms over 2 ms/token);
+    # d styled (steady, 110 tokens at 2 ms/token); e plain (a switch: 30 ms extra); f styled, one token (a
+    # switch with no steady prefill of its length: not compared, rather than read against 100-token ones).
     records = [
-        timed("e", 4.0, 100, 230.0, ()),
-        timed("c", 2.0, 100, 250.0, STYLE),
-        timed("a", 0.0, 3000, 9000.0, ()),
-        timed("f", 5.0, 1, 62.0, STYLE),
-        timed("d", 3.0, 300, 600.0, STYLE),
-        timed("b", 0.005, 200, 400.0, ()),
-        # Between c and d: without timings, or without a token count, neither counts in the order of
-        # prefills (were they counted, d would come after a switch, or a steady cost would divide by 0).
+        _timed("e", 4.0, 100, 230.0, ()),
+        _timed("c", 2.0, 100, 250.0, STYLE),
+        _timed("a", 0.0, 100, 200.0, ()),
+        _timed("f", 5.0, 1, 62.0, STYLE),
+        _timed("d", 3.0, 110, 220.0, STYLE),
+        _timed("b", 1.0, 100, 200.0, ()),
+        # Without timings, or without a token count, neither counts in the order of prefills.
         stream("untimed", 2.5, [2.6]),
         stream("uncounted", 2.4, [2.55], timings=ServerTimings(prompt_n=0, prompt_ms=50.0)).model_copy(
             update={"lora": STYLE}
         ),
     ]
-    # The steady cost is the median over b and d (2 ms/token); the switches cost 50, 30 and 60 ms more.
-    assert lora_metrics(records)["lora_switch_ms"] == pytest.approx(50.0)
+    cost = lora_switch_cost(records)
+    assert (cost.switches, cost.compared, cost.steady) == (3, 2, 2)
+    assert cost.ms == pytest.approx(40.0) and cost.reason is None
+    assert lora_metrics(records)["lora_switch_ms"] == pytest.approx(40.0)
 
 
-def test_without_a_steady_prefill_or_a_switch_there_is_no_switch_cost() -> None:
-    from tuner.metrics import _switch_cost_ms
+def test_a_switch_cost_is_never_negative_and_absent_with_its_reason_where_the_data_cannot_give_it() -> None:
+    from tuner.metrics import lora_switch_cost
 
-    def timed(request_id: str, start: float, lora: tuple[tuple[str, float], ...]) -> RequestRecord:
-        return stream(
-            request_id, start, [start + 0.1], timings=ServerTimings(prompt_n=100, prompt_ms=100.0)
-        ).model_copy(update={"lora": lora})
-
-    assert _switch_cost_ms([timed("a", 0.0, ()), timed("b", 1.0, STYLE)]) is None  # no steady pair
-    assert _switch_cost_ms([timed("a", 0.0, ()), timed("b", 1.0, ())]) is None  # no switch
+    # The demo's case: short steady prefills (5 ms/token, a step's fixed cost spread over few tokens) and
+    # long prefills after a switch (2 ms/token). Read per token, the switches would cost -900 ms each.
+    records = [
+        _timed("short-1", 0.0, 10, 50.0, ()),
+        _timed("short-2", 1.0, 10, 50.0, ()),
+        _timed("long-1", 2.0, 300, 600.0, STYLE),
+        _timed("short-3", 3.0, 10, 50.0, STYLE),
+        _timed("long-2", 4.0, 300, 600.0, ()),
+    ]
+    cost = lora_switch_cost(records)
+    assert cost.ms is None and cost.switches == 2
+    assert cost.reason is not None and "within 25% of the length" in cost.reason
+    # A switched prefill faster than the steady ones of its length: no cost, never a negative one.
+    faster = [_timed("a", 0.0, 100, 200.0, ()), _timed("b", 1.0, 100, 200.0, ()), _timed("c", 2.0, 100, 150.0, STYLE)]
+    assert lora_switch_cost(faster).ms == 0.0
+    # No steady pair, and no switch at all: absent, each with its reason.
+    alone = lora_switch_cost([_timed("a", 0.0, 100, 100.0, ()), _timed("b", 1.0, 100, 100.0, STYLE)])
+    assert alone.ms is None and alone.reason is not None and "same adapter setting" in alone.reason
+    same = lora_switch_cost([_timed("a", 0.0, 100, 100.0, ()), _timed("b", 1.0, 100, 100.0, ())])
+    assert same.ms is None and same.reason == "the adapter setting never changed"
+    # A switched prefill that shared its steps with another prompt is not compared.
+    shared = [
+        _timed("a", 0.0, 100, 200.0, ()),
+        _timed("b", 1.0, 100, 200.0, ()),
+        _timed("c", 2.0, 100, 400.0, STYLE),
+        _timed("d", 2.1, 100, 400.0, ()),
+    ]
+    assert lora_switch_cost(shared).compared == 0
 
 
 def _task(

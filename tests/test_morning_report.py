@@ -14,9 +14,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.sim_study import prepare_simulated, run_simulated
+from tests.sim_study import ROOT, prepare_simulated, run_simulated
 from tests.test_cli import one_error_line, tuner_cli
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
+from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
 from tuner.redact import remember_secret
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
@@ -280,6 +281,28 @@ def test_the_run_section_says_where_the_nights_time_went_and_what_the_host_ran(
         unit = {"s": 1, "min": 60, "h": 3600}[shown[2]]
         assert abs(float(shown[1]) * unit - _seconds(paths)) <= unit / 2 + 1
 
+    assert "split it by phase" in visible  # no progress file: the split is not guessed
+
+    now = [100.0]
+    tracker = ProgressTracker(
+        Plan(budget_trials=5, budget_hours=None, rounds_per_trial=2, confirm_top=1, confirm_pairs=4),
+        path=run_path / PROGRESS_FILE,
+        clock=lambda: now[0],
+    )
+    tracker.study_started(name="stall-demo", run_dir=str(run_path), baseline_done=False, trials_done=0, budget=5)
+    tracker.round_started(number=0, label="round 1/2", index=1, total=2)
+    tracker.server_starting(number=0)
+    now[0] += 4
+    tracker.replay_started(number=0, label="round 1/2")
+    now[0] += 20
+    tracker.round_finished(number=0, label="round 1/2", metrics={}, failures=0)
+    now[0] += 1
+    tracker.study_ended(outcome="finished")
+    visible = _Page(render_report(run_path)).visible
+    assert "time by phase 25 s counted while `tuner run` ran" in visible
+    assert "phase: stopping and starting the server 4 s (16%)" in visible
+    assert "phase: replaying the workload 20 s (80%)" in visible
+
     (run_path / "host.json").write_text(
         json.dumps({"engine": "llama-server", "engine_build": "b11434-0123abc", "host": "Linux 6.1.0 x86_64"})
     )
@@ -293,3 +316,24 @@ def _seconds(paths: list[Path]) -> float:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         total += max(r["end_s"] for r in records) - min(r["send_s"] for r in records)
     return total
+
+
+def test_each_trial_comes_with_what_its_server_log_says_its_settings_did(tmp_path: Path) -> None:
+    """The LoRA demo on the simulated server: the baseline's requests wait behind another adapter setting
+    (`tuner diagnose`'s waits, from the trial's own server.log), and the report says so beside its score."""
+    run_path = tmp_path / "lora-demo"
+    run_simulated(
+        prepare_simulated(study_file=ROOT / "studies" / "lora-demo.toml"),
+        run_path,
+        seed=1,
+        in_memory=False,
+        save_rounds=True,
+    )
+    page = render_report(run_path)
+    rows = dict(re.findall(r"<tr class='[^']*' data-trial='(\d+)'>(.*?)</tr>", page))
+    baseline_flags = _Page(rows["0"]).visible
+    assert re.search(r"its log \d+ requests? waited more than [\d.]+ s before their prefill began", baseline_flags)
+    assert "behind another LoRA setting" in baseline_flags
+    (run_path / "trials" / "0000" / "server.log").unlink()  # no log, no reason: nothing is made up
+    rows = dict(re.findall(r"<tr class='[^']*' data-trial='(\d+)'>(.*?)</tr>", render_report(run_path)))
+    assert "its log" not in rows["0"]

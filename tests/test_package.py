@@ -32,14 +32,14 @@ LAYERS = [
     {"models", "config"},
     {"metrics", "scoring", "study_record", "transports", "workloads", "observers", "runs", "progress"},
     {"engines", "deployers", "importers", "fleet"},
-    {"loadgen", "gate", "record", "gpu"},
+    {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner"},
     {"sampling"},
     {"study", "report", "apply", "sim", "morning_report"},
-    {"console", "live"},
+    {"console", "live", "diagnose_console"},
     {"cli", "__main__", "__init__"},
 ]
-RICH_ALLOWED = {"console", "live", "cli"}
+RICH_ALLOWED = {"console", "live", "diagnose_console", "cli"}
 
 
 def layer_of(module: str) -> int:

@@ -140,6 +140,53 @@ def test_the_tracker_counts_rounds_and_estimates_the_time_left_from_measured_rou
     assert read_progress(tmp_path) == ended.model_copy(update={"updated_at": clock.now})
 
 
+def test_the_tracker_says_where_the_runs_time_went_per_phase_across_resumes(tmp_path: Path) -> None:
+    clock = Clock()
+    tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
+    start(tracker, clock)
+    clock.now += 1  # opening the study, reaching the host
+    tracker.trial_started(number=0, settings={}, baseline=True)
+    tracker.round_started(number=0, label="round 1/2", index=1, total=2)
+    tracker.server_starting(number=0)
+    clock.now += 4
+    tracker.server_ready(number=0, seconds=3.5)
+    tracker.probing(number=0)
+    clock.now += 2
+    tracker.replay_started(number=0, label="round 1/2")
+    clock.now += 20
+    tracker.round_finished(number=0, label="round 1/2", metrics={}, failures=0)
+    clock.now += 0.5
+    tracker.round_started(number=0, label="round 2/2", index=2, total=2)
+    tracker.server_reused(number=0)
+    clock.now += 0.25
+    tracker.warming_up(number=0)
+    clock.now += 1
+    tracker.replay_started(number=0, label="round 2/2")
+    clock.now += 3  # a third of the round so far: counted as it goes
+    assert tracker.snapshot().phase_seconds == pytest.approx(
+        {
+            "stopping and starting the server": 4.0,
+            "clearing the running server's slots": 0.25,
+            "warm-up": 1.0,
+            "correctness probes": 2.0,
+            "replaying the workload": 23.0,
+            "between rounds: scoring, storage, the sampler": 1.5,
+        }
+    )
+    clock.now += 17
+    tracker.round_finished(number=0, label="round 2/2", metrics={}, failures=0)
+    tracker.study_ended(outcome="interrupted")
+    clock.now += 3600  # the run stopped: nothing counts until it resumes
+
+    resumed = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
+    start(resumed, clock)
+    measure_round(resumed, clock, 0, 2, 2, seconds=10)
+    seconds = resumed.snapshot().phase_seconds
+    assert seconds["replaying the workload"] == pytest.approx(50.0)
+    assert seconds["between rounds: scoring, storage, the sampler"] == pytest.approx(1.5)
+    assert sum(seconds.values()) == pytest.approx(1 + 4 + 2 + 20 + 0.5 + 0.25 + 1 + 20 + 10)
+
+
 def test_the_budgets_hours_bound_the_trials_the_estimate_counts() -> None:
     clock = Clock()
     plan = Plan(budget_trials=10, budget_hours=0.01, rounds_per_trial=2, confirm_top=1, confirm_pairs=2)

@@ -132,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_apply_commands(commands)
     _add_leaderboard_command(commands)
     _add_report_command(commands)
+    _add_diagnose_command(commands)
 
     workload = commands.add_parser("workload", help="inspect a workload trace")
     workload_commands = workload.add_subparsers(dest="workload_command", required=True)
@@ -240,6 +241,81 @@ def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     report.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/stall-demo")
     report.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/report.html)")
     _add_storage_flag(report, "read the study from this storage instead of the one the run directory records")
+
+
+def _duration(text: str) -> float:
+    from tuner.diagnose import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc}: pass a time from the log's first line, e.g. 90s, 15m, 2h or 1h30m"
+        ) from None
+
+
+def _add_diagnose_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    diagnose = commands.add_parser("diagnose", help="why a server is slow, from its own log (changes no host)")
+    diagnose.add_argument("log", type=Path, help="llama-server log, journalctl output, Ollama or vLLM log; - for stdin")
+    diagnose.add_argument("--json", action="store_true", help="print the findings as one JSON document")
+    diagnose.add_argument(
+        "--since",
+        type=_duration,
+        metavar="DURATION",
+        help="only requests launched this long after the log's first line (90s, 15m, 2h, 1h30m)",
+    )
+    diagnose.add_argument(
+        "--until", type=_duration, metavar="DURATION", help="only requests launched up to this long after it"
+    )
+    diagnose.add_argument(
+        "--long-prompt-tokens",
+        type=_long_tokens,
+        default=1000,
+        metavar="N",
+        help="new prompt tokens from which a prefill counts as long (1000)",
+    )
+    diagnose.add_argument(
+        "--min-wait",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="waits before prefill shorter than this are not reported (1)",
+    )
+    diagnose.add_argument("--metrics", type=Path, metavar="FILE", help="a vLLM /metrics scrape to read beside its log")
+    diagnose.add_argument(
+        "--study",
+        type=Path,
+        metavar="OUT.toml",
+        help="also write a study of the knobs the findings name (with OUT.workload.jsonl and OUT.space.toml)",
+    )
+    diagnose.add_argument("--force", action="store_true", help="let --study replace files that exist")
+
+
+def _diagnose(args: argparse.Namespace, console: Console) -> int:
+    from tuner.console import make_console
+    from tuner.diagnose import diagnose_log
+    from tuner.diagnose_console import render_diagnosis
+
+    diagnosis = diagnose_log(
+        args.log,
+        long_prompt_tokens=args.long_prompt_tokens,
+        min_wait_s=args.min_wait,
+        since_s=args.since,
+        until_s=args.until,
+        metrics_scrape=args.metrics,
+    )
+    written = []
+    if args.study is not None:
+        from tuner.diagnose.study import write_study
+
+        written = write_study(diagnosis, args.log, args.study, force=args.force)
+    if args.json:
+        sys.stdout.write(diagnosis.model_dump_json(indent=1) + "\n")
+    else:
+        render_diagnosis(diagnosis, console)
+    for path in written:
+        (make_console(stderr=True) if args.json else console).print(f"wrote {path}", markup=False, highlight=False)
+    return 0
 
 
 def _add_leaderboard_command(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -756,6 +832,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "restore": _restore,
     "leaderboard": _leaderboard,
     "report": _report,
+    "diagnose": _diagnose,
     "workload": _workload,
     "record": _record,
     "trust-host": _trust_host,

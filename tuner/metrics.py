@@ -5,7 +5,6 @@ Nothing here does I/O or looks at a clock, so every metric can be checked on a h
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,13 +22,18 @@ __all__ = [
     "engine_metrics",
     "MetricInfo",
     "OverlapWindow",
+    "PrefillStep",
+    "SwitchCost",
     "compute_metrics",
     "fell_behind",
     "long_prefill_windows",
+    "lora_metrics",
+    "lora_switch_cost",
     "send_lag",
     "join_server_tasks",
     "server_metrics",
     "stall_samples",
+    "switch_cost",
     "tokens_between",
 ]
 
@@ -160,8 +164,9 @@ METRICS: dict[str, MetricInfo] = {
             name="lora_switch_ms",
             unit="ms",
             better="lower",
-            description="Extra prefill time of a request whose LoRA setting differs from the one prefilled "
-            "before it, over the steady per-token time, median.",
+            description="Extra prefill time right after a change of LoRA setting, against prefills of about "
+            "the same length right after the same setting (none shared its steps with another prompt), median; "
+            "never negative, missing where the round has no such pair.",
         ),
         MetricInfo(
             name="prompt_token_ratio",
@@ -470,23 +475,106 @@ def lora_metrics(records: Sequence[RequestRecord]) -> dict[str, float | None]:
     return {
         "lora_wait_p95_s": _percentile(blocked_waits, 95),
         "lora_wait_share": behind / total if total > 0 else None,
-        "lora_switch_ms": _switch_cost_ms(records),
+        "lora_switch_ms": lora_switch_cost(records).ms,
     }
 
 
-def _switch_cost_ms(records: Sequence[RequestRecord]) -> float | None:
-    timed = sorted(
-        (r for r in records if r.timings is not None and r.timings.prompt_n > 0 and r.token_s),
-        key=lambda r: r.token_s[0] - (r.timings.prompt_ms / 1000.0 if r.timings else 0.0),
+@dataclass(frozen=True, kw_only=True)
+class PrefillStep:
+    """One request's prefill, as the LoRA switch cost sees it."""
+
+    prompt_n: int  # prompt tokens computed
+    prompt_ms: float
+    after_switch: bool | None  # the adapter setting changed right before it; False: it did not; None: unknown
+    shared: bool  # another request's prefill overlapped it, so its steps carried other prompts too
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchCost:
+    """The extra time of the first step after a change of adapter setting, measured as the source case
+    study measured it: prefills right after a switch against prefills of about the same length right
+    after the same setting, each with no other prompt in its steps. Never negative: `ms` is None, with
+    the reason, where the data cannot give it, and 0 where switched prefills were no slower."""
+
+    ms: float | None
+    reason: str | None
+    switches: int
+    compared: int  # switched prefills that had a steady prefill of a similar length to compare with
+    steady: int
+
+
+# Prefills compared for the switch cost differ in length by at most this share: a step's fixed cost makes a
+# short prompt's per-token time longer, so per-token times from other lengths would read as a switch cost.
+SWITCH_COMPARABLE_LENGTH = 0.25
+
+
+def switch_cost(steps: Sequence[PrefillStep]) -> SwitchCost:
+    """The median over switched prefills of (their time minus the time a steady prefill of the same
+    length took, from steady prefills within 25% of its length), clamped at 0."""
+    switches = sum(1 for s in steps if s.after_switch is True)
+    alone = [s for s in steps if not s.shared and s.prompt_n > 0 and s.prompt_ms > 0]
+    switched = [s for s in alone if s.after_switch is True]
+    steady = [s for s in alone if s.after_switch is False]
+
+    def absent(reason: str, compared: int = 0) -> SwitchCost:
+        return SwitchCost(ms=None, reason=reason, switches=switches, compared=compared, steady=len(steady))
+
+    if switches == 0:
+        return absent("the adapter setting never changed")
+    if not switched:
+        return absent("every prefill after a change of adapter setting shared its steps with another prompt")
+    if not steady:
+        return absent("no prefill ran right after one with the same adapter setting, to compare with")
+    costs = []
+    for step in switched:
+        per_token = [
+            s.prompt_ms / s.prompt_n
+            for s in steady
+            if abs(s.prompt_n - step.prompt_n) <= SWITCH_COMPARABLE_LENGTH * step.prompt_n
+        ]
+        if per_token:
+            costs.append(step.prompt_ms - step.prompt_n * float(np.median(per_token)))
+    if not costs:
+        return absent(
+            f"no steady prefill within {SWITCH_COMPARABLE_LENGTH:.0%} of the length of a switched one, to compare with"
+        )
+    return SwitchCost(
+        ms=max(0.0, float(np.median(costs))), reason=None, switches=switches, compared=len(costs), steady=len(steady)
     )
-    after_switch = [b for a, b in itertools.pairwise(timed) if a.lora != b.lora]
-    steady = [b for a, b in itertools.pairwise(timed) if a.lora == b.lora]
-    per_token = _median([r.timings.prompt_ms / r.timings.prompt_n for r in steady if r.timings is not None])
-    if not after_switch or per_token is None:
-        return None
-    return _median(
-        [r.timings.prompt_ms - r.timings.prompt_n * per_token for r in after_switch if r.timings is not None]
-    )
+
+
+# Two instants closer than this on the client's clock are the same moment of the server's loop.
+_SAME_MOMENT_S = 0.001
+
+
+def lora_switch_cost(records: Sequence[RequestRecord]) -> SwitchCost:
+    """The switch cost from a round's records: a request's prefill began after a switch when the setting
+    the server ran just before (the requests computing then, or else the last one to finish) was not its own."""
+    timed = [
+        (r, r.token_s[0] - r.timings.prompt_ms / 1000.0)
+        for r in records
+        if r.ok and r.timings is not None and r.timings.prompt_n > 0 and r.token_s
+    ]
+    steps = []
+    for record, start in timed:
+        computing = [o for o, o_start in timed if o is not record and o_start < start - _SAME_MOMENT_S < o.token_s[-1]]
+        ended = [o for o, _ in timed if o is not record and o.token_s[-1] <= start + _SAME_MOMENT_S]
+        after_switch: bool | None = None
+        if computing:
+            after_switch = record.lora not in {o.lora for o in computing}
+        elif ended:
+            after_switch = max(ended, key=lambda o: o.token_s[-1]).lora != record.lora
+        shared = any(o is not record and o_start < record.token_s[0] and start < o.token_s[0] for o, o_start in timed)
+        assert record.timings is not None
+        steps.append(
+            PrefillStep(
+                prompt_n=record.timings.prompt_n,
+                prompt_ms=record.timings.prompt_ms,
+                after_switch=after_switch,
+                shared=shared,
+            )
+        )
+    return switch_cost(steps)
 
 
 def _slo_pass(metrics: dict[str, float | None], requests: int, slo: SloSpec) -> float | None:

@@ -141,6 +141,43 @@ def _read_round(path: Path) -> _RoundFile | None:
     return _RoundFile(name=path.stem, records=records)
 
 
+# Each trial's server log diagnosed once per process (`tuner diagnose`'s analyses), keyed as the spans are:
+# (kind, one-line summary) of each finding, worst first.
+_DIAGNOSES: dict[tuple[str, int, int], list[tuple[str, str]]] = {}
+# What a trial's settings change in its log, and so explain its score: waits before prefill (a LoRA
+# policy, the slots), queueing for a slot, the cost of switching adapters. Where the long prefills come
+# from is the workload's, the same for every trial: said once, from the baseline's log. Stalls are left
+# to the client's measurement (stall_tok_s and the picture): a log's rate lines come seconds apart, too
+# coarse to place a stream's few tokens within a prefill.
+_TRIAL_FINDINGS = ("waits", "queueing", "lora_switch")
+
+
+def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> list[tuple[str, str]]:
+    """Why the trial's server was slow, from its own log: the findings' summaries, worst first; [] where
+    the log says nothing or cannot be read (the report goes on without)."""
+    from tuner.diagnose import diagnose_log
+
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIAGNOSES:
+        try:
+            diagnosis = diagnose_log(
+                path,
+                long_prompt_tokens=long_prompt_tokens,
+                min_overlap_s=min_overlap_s,
+                # A wait is worth naming at twice the overlap a stall must have (1 s at the default 0.5 s).
+                min_wait_s=2 * min_overlap_s,
+            )
+        except TunerError:
+            _DIAGNOSES[key] = []
+        else:
+            _DIAGNOSES[key] = [(f.kind, redact(f.summary)) for f in diagnosis.findings]
+    return _DIAGNOSES[key]
+
+
 # Each round file's span (first send to last end), read once per process: `tuner run` rewrites the
 # report after every trial, and then only the new files need reading. Keyed by path, size and
 # modification time; a span, not the records, so that a long night's rounds are not all kept in memory.
@@ -400,6 +437,20 @@ class _Report:
             return "<b>baseline</b>"
         return escape(_settings_text(row.changed or row.settings) or "same as baseline")
 
+    def _diagnosis_of(self, number: int) -> list[tuple[str, str]]:
+        """Trial `number`'s server log diagnosed: (kind, summary) of each finding, worst first."""
+        metrics = self.spec.get("metrics")
+        overlap = metrics.get("min_overlap_s") if isinstance(metrics, dict) else None
+        return _diagnosed(
+            self.run_path / "trials" / f"{number:04d}" / "server.log",
+            long_prompt_tokens=_long_prompt_tokens(self.spec),
+            min_overlap_s=overlap if isinstance(overlap, int | float) and overlap > 0 else 0.5,
+        )
+
+    def _why(self, row: LeaderboardRow) -> list[str]:
+        """What the trial's server log says its settings did, worst first (`_TRIAL_FINDINGS`)."""
+        return [summary for kind, summary in self._diagnosis_of(row.number) if kind in _TRIAL_FINDINGS]
+
     def _flags(self, row: LeaderboardRow) -> str:
         flags = []
         if row is self.chosen:
@@ -428,6 +479,10 @@ class _Report:
             )
         if row.pareto:
             flags.append("<span class='flag'>Pareto</span>")
+        why = self._why(row)
+        if why:
+            more = f" (and {len(why) - 1} more: <code>tuner diagnose</code> on its server.log)" if len(why) > 1 else ""
+            flags.append(f"<span class='flag why'>its log</span> {escape(why[0])}{more}")
         return "<br>".join(flags)
 
     # --- the stall picture -------------------------------------------------------------------------
@@ -599,8 +654,12 @@ class _Report:
 
     def _importances(self) -> str:
         complete = [
-            t for t in self.trials.values() if t.state == TrialState.COMPLETE and not self.records[t.number].baseline
-        ]
+            t
+            for t in self.trials.values()
+            if t.state == TrialState.COMPLETE
+            and self.records[t.number].deployed
+            and not self.records[t.number].baseline
+        ]  # measured ones: a repeat told with an earlier trial's values adds no evidence
         if len(complete) < _MIN_TRIALS_FOR_IMPORTANCE or len(self.study.directions) != 1:
             return (
                 f"<p class='absent'>Parameter importances: absent: they need at least {_MIN_TRIALS_FOR_IMPORTANCE} "
@@ -660,6 +719,9 @@ class _Report:
             rows.insert(0, ("trace", f"<code>{escape(str(workload['path']))}</code> (relative to the study file)"))
         if workload.get("time_scale") not in (None, 1, 1.0):
             rows.insert(1, ("time scale", f"{workload['time_scale']} (arrivals this much closer together)"))
+        sources = [summary for kind, summary in self._diagnosis_of(0) if kind == "long_prefills"]
+        if sources:
+            rows.append(("long prefills (the baseline's log)", escape(sources[0])))
         table = "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
         return _section(
             "workload",
@@ -694,6 +756,16 @@ class _Report:
         )
         return _section("run", "The run", f"<table class='facts'>{table}</table>{spec_html}")
 
+    def _phase_seconds(self) -> dict[str, float]:
+        """Where the run's time went by phase, as `tuner run`'s progress file counted it; {} without one."""
+        from tuner.progress import read_progress
+
+        try:
+            progress = read_progress(self.run_path)
+        except TunerError:
+            return {}
+        return dict(progress.phase_seconds) if progress is not None else {}
+
     def _time_spent(self) -> list[tuple[str, str]]:
         starts = [t.datetime_start for t in self.trials.values() if t.datetime_start is not None]
         ends = [t.datetime_complete for t in self.trials.values() if t.datetime_complete is not None]
@@ -723,11 +795,23 @@ class _Report:
             ("time spent", f"{_duration(wall)} from the baseline's start to the last measurement's end"),
             ("measuring the search", f"{_duration(search)} in {rounds} rounds"),
             ("measuring confirmations", f"{_duration(confirm)} in {pairs} measurements"),
-            (
-                "everything else",
-                f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller",
-            ),
         ]
+        phases = self._phase_seconds()
+        if phases:
+            total = sum(phases.values()) or 1.0
+            result.append(("time by phase", f"{_duration(total)} counted while `tuner run` ran (its progress file)"))
+            result.extend(
+                (f"phase: {phase}", f"{_duration(seconds)} ({seconds / total:.0%})")
+                for phase, seconds in phases.items()
+            )
+        else:
+            result.append(
+                (
+                    "everything else",
+                    f"{_duration(other)}: server restarts and loads, warm-up, correctness probes and the controller "
+                    "(this run kept no progress file to split it by phase)",
+                )
+            )
         if self.board.pruning_saved_s > 0:
             result.append(("pruning saved", f"about {_duration(self.board.pruning_saved_s)} of measurement"))
         return result

@@ -106,6 +106,10 @@ class Progress(_Strict):
     current: CurrentRound | None
     best: BestTrial | None
     last: str = Field(description="The last thing that happened, in words.")
+    phase_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Where the run's time went, in seconds per phase (PHASES), over every session of the run.",
+    )
 
     def elapsed_s(self, now: float, *, running: bool) -> float:
         """This run's time so far: up to `now` while it runs, up to its last update once it stopped."""
@@ -170,7 +174,27 @@ class _State:
     current: CurrentRound | None = None
     best: BestTrial | None = None
     last: str = "starting"
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    counting: str | None = None  # the phase the clock runs for now (one of PHASES)
+    counting_since: float = 0.0
 
+    def count(self, phase: str | None, now: float) -> None:
+        """Ends the phase being counted and starts counting `phase` (None: nothing, the run is over)."""
+        if self.counting is not None:
+            elapsed = max(0.0, now - self.counting_since)
+            self.phase_seconds[self.counting] = self.phase_seconds.get(self.counting, 0.0) + elapsed
+        self.counting, self.counting_since = phase, now
+
+
+# The phases a run's time is counted in, in the order a round goes through them.
+PHASES = (
+    "stopping and starting the server",
+    "clearing the running server's slots",
+    "warm-up",
+    "correctness probes",
+    "replaying the workload",
+    "between rounds: scoring, storage, the sampler",
+)
 
 _ENDINGS: dict[str, tuple[RunState, str]] = {
     "finished": ("finished", "the run finished"),
@@ -231,7 +255,15 @@ class ProgressTracker(NullObserver):
             current=s.current,
             best=s.best,
             last=s.last,
+            phase_seconds=self._phase_seconds(now),
         )
+
+    def _phase_seconds(self, now: float) -> dict[str, float]:
+        s = self._state
+        seconds = dict(s.phase_seconds)
+        if s.counting is not None:  # the phase under way, so far
+            seconds[s.counting] = seconds.get(s.counting, 0.0) + max(0.0, now - s.counting_since)
+        return {phase: round(seconds[phase], 3) for phase in PHASES if phase in seconds}
 
     def _round_s(self) -> float | None:
         s = self._state
@@ -281,6 +313,7 @@ class ProgressTracker(NullObserver):
             if not self._seen_start:
                 return
             s = self._state
+            s.count(None, self.clock())
             s.state, s.current, s.round_began, s.last = state, None, None, said
             self._save()
 
@@ -300,8 +333,10 @@ class ProgressTracker(NullObserver):
             change(self._state, self.clock())
             self._save()
 
-    def _phase(self, number: int, phase: str) -> None:
+    def _phase(self, number: int, phase: str, *, counted_as: str | None = None) -> None:
         def change(s: _State, now: float) -> None:
+            if counted_as is not None:
+                s.count(counted_as, now)
             if s.current is not None and s.current.number == number:
                 s.current = s.current.model_copy(update={"phase": phase, "phase_since": now})
 
@@ -324,12 +359,26 @@ class ProgressTracker(NullObserver):
             s.current = None
         return trial
 
+    def _earlier_phase_seconds(self, name: str) -> dict[str, float]:
+        """A resumed run's time so far, from the progress file its last session left."""
+        if self.path is None:
+            return {}
+        try:
+            earlier = read_progress(self.path.parent)
+        except StudyError:
+            return {}
+        if earlier is None or earlier.study != name:
+            return {}
+        return {phase: seconds for phase, seconds in earlier.phase_seconds.items() if phase in PHASES}
+
     # -- the study's events
 
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         def change(s: _State, now: float) -> None:
             self._seen_start = True
             s.study, s.started_at = name, now
+            s.phase_seconds = self._earlier_phase_seconds(name)
+            s.count(PHASES[-1], now)
             s.baseline_done, s.trials_done, s.started_trials = baseline_done, trials_done, trials_done
             s.last = f"resumed: baseline and {trials_done} trials measured before" if baseline_done else "started"
 
@@ -356,6 +405,7 @@ class ProgressTracker(NullObserver):
                 if trial is not None:
                     trial.planned = max(trial.planned, total)
             s.round_began = now
+            s.count(PHASES[0], now)
             s.current = CurrentRound(
                 number=number,
                 baseline=baseline,
@@ -376,20 +426,21 @@ class ProgressTracker(NullObserver):
         self._phase(number, f"server healthy after {seconds:.1f} s")
 
     def warming_up(self, *, number: int) -> None:
-        self._phase(number, "warming up")
+        self._phase(number, "warming up", counted_as=PHASES[2])
 
     def probing(self, *, number: int) -> None:
-        self._phase(number, "correctness probes")
+        self._phase(number, "correctness probes", counted_as=PHASES[3])
 
     def server_reused(self, *, number: int) -> None:
-        self._phase(number, "on the running server, its slots cleared")
+        self._phase(number, "on the running server, its slots cleared", counted_as=PHASES[1])
 
     def replay_started(self, *, number: int, label: str) -> None:
-        self._phase(number, "replaying the workload")
+        self._phase(number, "replaying the workload", counted_as=PHASES[4])
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         def change(s: _State, now: float) -> None:
             self._end_round(s, now, measured=True)
+            s.count(PHASES[-1], now)
             trial = s.batch.get(number)
             if s.confirming is not None:
                 s.confirm_left = max(0, s.confirm_left - 1)

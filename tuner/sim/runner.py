@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tuner.config import ParamValue
 from tuner.errors import MeasurementError, ServerNotReady
+from tuner.files import write_atomic
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
@@ -54,6 +55,7 @@ class _Started:
     log: list[str]
     clock_s: float
     faults: tuple[Fault, ...]
+    number: int  # the trial that started it
 
 
 class SimulatedTrialRunner:
@@ -117,7 +119,7 @@ class SimulatedTrialRunner:
             seed=self._seed * 1_000_003 + self._starts,  # restart to restart, as on a real host
             log=lambda at, line: log.append(format_log_line(at, line)),
         )
-        self._started = _Started(server=server, log=log, clock_s=self.cost.load_s, faults=faults)
+        self._started = _Started(server=server, log=log, clock_s=self.cost.load_s, faults=faults, number=number)
         self.observer.server_ready(number=number, seconds=self.cost.load_s)
         self.observer.warming_up(number=number)
         warm = replay_virtual(
@@ -202,6 +204,9 @@ class SimulatedTrialRunner:
         metrics, _ = round_metrics(prepared.spec, engine, records, tasks)
         if self.run_dir is not None and records_name is not None:
             self.run_dir.save_records(number, records_name, records)
+            # The server's log since its start, as a real trial keeps it (a reused server's stays its starter's).
+            log_path = self.run_dir.trial_dir(started.number) / "server.log"
+            write_atomic(log_path, "".join(line + "\n" for line in started.log).encode())
         failures = sum(1 for r in records if not r.ok)
         self.observer.round_finished(number=number, label=label, metrics=metrics, failures=failures)
         return RoundResult(metrics=metrics, records=records)
