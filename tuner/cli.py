@@ -107,27 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run or resume a tuning study")
-    run.add_argument("study", type=Path, help="study file (TOML)")
-    run.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories live (default: runs)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a study value, e.g. --set budget.trials=3 (repeatable)",
-    )
-    run.add_argument(
-        "--host",
-        dest="hosts",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="run only this host of the study's [[hosts]] (repeatable); the others' controllers share the study",
-    )
-    _add_storage_flag(run, "the study's storage instead of [storage] url (a fleet's shared database)")
-
+    _add_run_command(commands)
     _add_status_command(commands)
     _add_apply_commands(commands)
     _add_leaderboard_command(commands)
@@ -232,6 +212,29 @@ def _add_status_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     status.add_argument("run_dir", type=Path, help="the study's run directory, e.g. runs/stall-demo")
     status.add_argument("--json", action="store_true", help="print it as JSON")
     _add_storage_flag(status, "read a fleet's hosts from this storage instead of the one the run directory records")
+
+
+def _add_run_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    run = commands.add_parser("run", help="run or resume a tuning study")
+    run.add_argument("study", type=Path, help="study file (TOML)")
+    run.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories live (default: runs)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a study value, e.g. --set budget.trials=3 (repeatable)",
+    )
+    run.add_argument(
+        "--host",
+        dest="hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this host of the study's [[hosts]] (repeatable); the others' controllers share the study",
+    )
+    _add_storage_flag(run, "the study's storage instead of [storage] url (a fleet's shared database)")
 
 
 def _add_report_command(commands: argparse._SubParsersAction[_Parser]) -> None:
