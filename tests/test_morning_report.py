@@ -196,7 +196,10 @@ def test_text_from_the_server_and_the_study_is_shown_as_text_and_secrets_are_not
     spec = json.loads((run_path / "spec.json").read_text())
     remember_secret("sk-very-secret-value-1234")
     spec["description"] = "<img src=x onerror=alert(2)>"
+    spec["workload"]["time_scale"] = "<img src=y onerror=alert(3)>"  # every shown value, not only the text ones
     spec["engine"]["api_key"] = "sk-very-secret-value-1234"
+    spec["engine"]["extra_args"] = ["--api-key", "hunter2-plain", "--hf-token=hf-plain", "--threads", "2"]
+    spec["host"]["proxy"] = "http://admin:pw-plain@proxy.example:3128"
     (run_path / "spec.json").write_text(json.dumps(spec))
     page = render_report(run_path)
     assert "<script>alert" not in page and "<img" not in page
@@ -204,6 +207,9 @@ def test_text_from_the_server_and_the_study_is_shown_as_text_and_secrets_are_not
     assert "<script>alert(1)</script> &amp;" in visible, "the server's text is not shown as it was"
     assert "<img src=x onerror=alert(2)>" in visible
     assert "sk-very-secret-value-1234" not in page
+    for plain in ("hunter2-plain", "hf-plain", "pw-plain"):
+        assert plain not in page, plain
+    assert "--threads" in page and "&quot;2&quot;" in page  # what is not a secret stays
 
 
 def test_tuner_report_writes_the_page_and_refuses_an_output_that_would_lose_something(
@@ -220,6 +226,13 @@ def test_tuner_report_writes_the_page_and_refuses_an_output_that_would_lose_some
     assert result.returncode == 2
     assert "optuna.journal" in one_error_line(result)
     assert (run_path / "optuna.journal").read_bytes() == journal
+
+    evidence = run_path / "trials" / "0000" / "round-1.jsonl"
+    kept = evidence.read_bytes()
+    result = tuner_cli("report", str(run_path), "--out", str(evidence))
+    assert result.returncode == 2
+    assert "inside the run directory" in one_error_line(result)
+    assert evidence.read_bytes() == kept
 
     result = tuner_cli("report", str(run_path), "--out", str(tmp_path / "missing" / "r.html"))
     assert result.returncode == 2
@@ -337,3 +350,21 @@ def test_each_trial_comes_with_what_its_server_log_says_its_settings_did(tmp_pat
     (run_path / "trials" / "0000" / "server.log").unlink()  # no log, no reason: nothing is made up
     rows = dict(re.findall(r"<tr class='[^']*' data-trial='(\d+)'>(.*?)</tr>", render_report(run_path)))
     assert "its log" not in rows["0"]
+
+
+def test_a_run_whose_final_report_cannot_be_written_still_ends_as_the_run_did(tmp_path: Path) -> None:
+    (tmp_path / "stall-demo-simulated" / REPORT_NAME).mkdir(parents=True)
+    result = tuner_cli(
+        "run",
+        str(ROOT / "studies" / "stall-demo-simulated.toml"),
+        "--runs-dir",
+        str(tmp_path),
+        "--set",
+        "budget.trials=1",
+        "--set",
+        "confirm.top=0",
+    )
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert out.count("the report could not be written") == 1 and "the run goes on" in out
+    assert "this run took" in out and "the report in" not in out

@@ -65,4 +65,10 @@ def test_a_real_runs_report_opens_offline_without_errors_and_shows_the_leaderboa
         assert page.evaluate(order) == sorted(numbers, reverse=True)
         page.evaluate("document.querySelector('#leaderboard th').click()")
         assert page.evaluate(order) == sorted(numbers)
+        # Each table sorts its own rows: the every-metric table by its trial column, and by its last column.
+        every = "Array.from(document.querySelectorAll('#every-metric tbody tr')).map(r => Number(r.dataset.trial))"
+        page.evaluate("document.querySelector('#every-metric th').click()")
+        assert page.evaluate(every) == sorted(numbers, reverse=True)
+        page.evaluate("Array.from(document.querySelectorAll('#every-metric th')).pop().click()")
+        assert sorted(page.evaluate(every)) == sorted(numbers)
         assert page.errors == [] and page.requests == []

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -373,7 +374,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         remember_url(spec.storage.url)  # its password is a secret from here on: redacted wherever it would show
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.live import run_observer
-    from tuner.morning_report import ReportWriter, write_report
+    from tuner.morning_report import REPORT_NAME, ReportWriter
     from tuner.observers import Observers
     from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
     from tuner.report import leaderboard_frame
@@ -384,9 +385,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     received: list[int] = []
 
+    report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow", markup=False))
+
     async def main() -> None:
         _stop_on_signals(received)
-        report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow"))
         with run_observer(console, tracker) as observer:
             await run_study(spec, base_dir, run_path, Observers(observer, report), hosts=args.hosts or None)
 
@@ -394,11 +396,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     _run_stoppable(main(), received)
     board = _show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
     write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
-    report = write_report(run_path)
+    report.write()  # as after every trial: a page that cannot be written is said, the run's outcome stands
+    written = "" if report.failed else f", the report in {run_path / REPORT_NAME}"
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(
-        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}, "
-        f"the report in {report}"
+        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}{written}",
+        markup=False,
     )
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
     return 0
@@ -805,10 +808,22 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     study_files = [args.run_dir / name for name in _STUDY_FILES]  # never to be overwritten by a report
     _check_output_in_existing_directory("--out", out, example="report.html")
     check_output(out, inputs=study_files)
+    _check_not_in_run_directory(out, args.run_dir)
     from tuner.morning_report import write_report
 
-    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files)}")
+    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files)}", markup=False)
     return 0
+
+
+def _check_not_in_run_directory(out: Path, run_dir: Path) -> None:
+    """Inside the run directory a report may only be its own report.html: every other file there is the
+    run's evidence or its lock, which the report reads or a running controller holds."""
+    target, run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
+    if run in target.parents and target != run / "report.html":
+        raise ConfigError(
+            f"--out {out} is inside the run directory {run_dir}, whose files are the run's own; write the report "
+            f"to {run_dir / 'report.html'} (the default) or outside it"
+        )
 
 
 def _setup(_args: argparse.Namespace, console: Console) -> int:

@@ -13,8 +13,11 @@ the spread of the rounds and the objectives, the workload, and how the night was
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,14 +36,14 @@ from tuner.errors import TunerError
 from tuner.files import write_atomic
 from tuner.models import RequestRecord
 from tuner.observers import NullObserver
-from tuner.redact import redact
+from tuner.redact import REDACTED, redact
 from tuner.report import Leaderboard, LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
 from tuner.study_record import StudyRecord, TrialRecord
 from tuner.svg import PALETTE, Band, Series, chart
 
-__all__ = ["REPORT_NAME", "ReportWriter", "render_report", "write_report"]
+__all__ = ["REPORT_NAME", "ReportWriter", "redact_spec", "render_report", "write_report"]
 
 REPORT_NAME = "report.html"
 
@@ -136,7 +139,7 @@ def _read_round(path: Path) -> _RoundFile | None:
             for line in handle:
                 if line.strip():
                     records.append(RequestRecord.model_validate_json(line))
-    except (OSError, ValidationError, ValueError):
+    except (OSError, ValidationError, ValueError, RecursionError):
         return None
     return _RoundFile(name=path.stem, records=records)
 
@@ -178,6 +181,10 @@ def _diagnosed(path: Path, *, long_prompt_tokens: int, min_overlap_s: float) -> 
     return _DIAGNOSES[key]
 
 
+# The stall picture reads a round whole; past this size it is left out (said as absent), as is the
+# workload table: the page must come in a second or two, after every trial of a long night.
+_MAX_PICTURED_BYTES = 32 * 1024 * 1024
+
 # Each round file's span (first send to last end), read once per process: `tuner run` rewrites the
 # report after every trial, and then only the new files need reading. Keyed by path, size and
 # modification time; a span, not the records, so that a long night's rounds are not all kept in memory.
@@ -203,7 +210,7 @@ def _round_span_s(path: Path) -> float | None:
                     first = send if first is None else min(first, send)
                     last = end if last is None else max(last, end)
             _SPANS[key] = None if first is None or last is None else last - first
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):  # whatever the file holds
             _SPANS[key] = None
     return _SPANS[key]
 
@@ -220,9 +227,16 @@ class _Report:
         self.baseline = next((r for r in self.board.rows if r.baseline and r.score is not None), None)
         recommended = self.board.recommendation.row
         self.chosen = recommended
-        # Without a recommendation, the pictures compare the best scored trial, said as such.
+        # Without a recommendation, the pictures compare the best candidate, said as such: the one the
+        # confirmation re-measured, else the best scored trial that breaks no constraint.
+        confirmed = [r for r in self.board.rows if r.number in self.record.confirmations]
         self.compared = recommended or next(
-            (r for r in self.board.rows if not r.baseline and r.score is not None and r.changed), None
+            (
+                r
+                for r in confirmed + self.board.rows
+                if not r.baseline and r.score is not None and r.changed and not r.violates
+            ),
+            None,
         )
 
     def _spec(self) -> dict[str, Any]:
@@ -247,8 +261,9 @@ class _Report:
             "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             # No request to anything, this page's own file aside: a policy the browser enforces.
+            # The one script allowed by its hash: markup that got in (it must not) could run nothing.
             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
-            "script-src 'unsafe-inline'; img-src data:\">"
+            f"script-src '{_SCRIPT_HASH}'; img-src data:\">"
             f"<title>serve-tuner: {name}</title><style>{_STYLE}</style></head><body>"
             f"<header><h1>{name}</h1><p class='muted'>{escape(str(self.spec.get('description', '')))}</p>"
             f"<p class='muted'>{escape(self._when())}</p></header>" + "".join(sections) + f"<script>{_SCRIPT}</script>"
@@ -325,7 +340,7 @@ class _Report:
         row = self.chosen
         if row is None:
             return _section(
-                "apply", "The change to apply", "<p>Nothing: no setting beat the baseline beyond the noise.</p>"
+                "apply", "The change to apply", f"<p>Nothing: {escape(self.board.recommendation.message)}.</p>"
             )
         engine_kind = (
             str(self.spec.get("engine", {}).get("kind", "")) if isinstance(self.spec.get("engine"), dict) else ""
@@ -521,6 +536,12 @@ class _Report:
         for path in sorted((self.run_path / "trials" / f"{number:04d}").glob("round-*.jsonl")):
             if path.name.endswith(".server.jsonl"):
                 continue
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size > _MAX_PICTURED_BYTES:
+                continue  # a round of tens of thousands of requests: read whole, it would stall the run between trials
             round_file = _read_round(path)
             if round_file is None:
                 continue
@@ -689,11 +710,16 @@ class _Report:
     def _workload(self) -> str:
         title = "The workload as replayed"
         path = self.run_path / "trials" / "0000" / "round-1.jsonl"
-        round_file = _read_round(path)
+        too_big = path.is_file() and path.stat().st_size > _MAX_PICTURED_BYTES
+        round_file = None if too_big else _read_round(path)
         if round_file is None or not round_file.records:
-            return _section(
-                "workload", title, "<p class='absent'>absent: the baseline's first round file is missing</p>"
-            )
+            if too_big:
+                why = f"the baseline's first round file is {path.stat().st_size // 2**20} MB, more than the page reads"
+            elif path.exists():
+                why = "the baseline's first round file is unreadable (not the records serve-tuner writes)"
+            else:
+                why = "the baseline's first round file is missing"
+            return _section("workload", title, f"<p class='absent'>absent: {escape(why)}</p>")
         records = round_file.records
         sends = [r.send_s for r in records]
         span = max(sends) - min(sends)
@@ -718,7 +744,9 @@ class _Report:
         if workload.get("path"):
             rows.insert(0, ("trace", f"<code>{escape(str(workload['path']))}</code> (relative to the study file)"))
         if workload.get("time_scale") not in (None, 1, 1.0):
-            rows.insert(1, ("time scale", f"{workload['time_scale']} (arrivals this much closer together)"))
+            rows.insert(
+                1, ("time scale", f"{escape(str(workload['time_scale']))} (arrivals this much closer together)")
+            )
         sources = [summary for kind, summary in self._diagnosis_of(0) if kind == "long_prefills"]
         if sources:
             rows.append(("long prefills (the baseline's log)", escape(sources[0])))
@@ -820,16 +848,32 @@ class _Report:
 # --- pieces ---------------------------------------------------------------------------------------
 
 
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|password|secret|auth)[\w-]*$", re.IGNORECASE)
+_URL_CREDENTIALS = re.compile(r"(://[^:/@\s]+):([^@/\s]+)@")
+
+
 def redact_spec(spec: Mapping[str, Any]) -> Any:
-    """The spec with every string redacted: it may hold a header's value or a URL with credentials."""
+    """The spec as the page shows it: every string through `redact` (the secrets this process knows, tokens
+    of known shapes), a URL's password, and the value of any command-line flag named like a secret
+    (`--api-key VALUE`, `--api-key=VALUE` in `engine.extra_args`)."""
+
+    def text(value: str) -> str:
+        flag, equals, _ = value.partition("=")
+        if equals and _SECRET_FLAG.match(flag):
+            return f"{flag}={REDACTED}"
+        return _URL_CREDENTIALS.sub(rf"\1:{REDACTED}@", redact(value))
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
-            return redact(value)
+            return text(value)
         if isinstance(value, dict):
             return {k: walk(v) for k, v in value.items()}
         if isinstance(value, list):
-            return [walk(v) for v in value]
+            shown: list[Any] = []
+            for item in value:
+                after_flag = bool(shown) and isinstance(shown[-1], str) and bool(_SECRET_FLAG.match(shown[-1]))
+                shown.append(REDACTED if after_flag and isinstance(item, str) else walk(item))
+            return shown
         return value
 
     return walk(spec)
@@ -1063,10 +1107,11 @@ pre{background:#f4f4f4;padding:8px 10px;border-radius:4px;overflow-x:auto}
 .wide{overflow-x:auto}.bar{display:inline-block;height:10px;background:#0072b2}table.facts th{width:190px;color:#444}
 """
 
-# Sorting only: the page is complete without it.
+# Sorting only: the page is complete without it. Each table sorts its own rows by the clicked column.
 _SCRIPT = """
-document.querySelectorAll('table.board th').forEach(function (th, column) {
+document.querySelectorAll('table.board th').forEach(function (th) {
   th.addEventListener('click', function () {
+    var column = th.cellIndex;
     var body = th.closest('table').tBodies[0];
     var rows = Array.prototype.slice.call(body.rows);
     var numeric = th.dataset.sort === 'num';
@@ -1086,3 +1131,5 @@ document.querySelectorAll('table.board th').forEach(function (th, column) {
   });
 });
 """
+
+_SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
