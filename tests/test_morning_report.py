@@ -114,7 +114,7 @@ def test_the_first_thing_the_report_says_is_what_to_change_and_what_it_buys(
     for name, value in chosen.changed.items():
         env = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
         assert f"{env}={value}" in visible
-    assert "tuner apply studies/stall-demo.toml" in visible
+    assert "set these where the server is started" in visible  # the demo runs the server as a process
     assert _Page(page).ids["recommendation"] == board.recommendation.message
 
 

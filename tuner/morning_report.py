@@ -357,12 +357,19 @@ class _Report:
                 "<p>Request-scope settings (what the clients send, not the server's configuration): "
                 f"<code>{escape(_settings_text(request))}</code>.</p>"
             )
+        # The run does not record where its study file was; the convention's path is a guess, said as one.
         study_file = f"studies/{self.board.study_name}.toml"
-        parts.append(
-            "<p>To make it the host's own after a verification run (systemd hosts): "
-            f"<code>tuner apply {escape(study_file)}</code> (the study file this run was made with), and "
-            f"<code>tuner restore {escape(study_file)}</code> to undo it.</p>"
-        )
+        if str(deploy.get("kind", "")) == "systemd":
+            parts.append(
+                "<p>To make it the host's own after a verification run: <code>tuner apply STUDY_FILE</code> with "
+                f"the study file this run was made with (by the usual layout <code>{escape(study_file)}</code>), "
+                "and <code>tuner restore STUDY_FILE</code> to undo it.</p>"
+            )
+        else:
+            parts.append(
+                f"<p><code>tuner apply</code> writes a systemd unit's configuration; with deploy.kind = "
+                f"{escape(str(deploy.get('kind', '')))} set these where the server is started.</p>"
+            )
         return _section("apply", "The change to apply", "".join(parts))
 
     # --- the leaderboard ---------------------------------------------------------------------------
