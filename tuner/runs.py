@@ -94,6 +94,25 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+# How long a fleet's controller waits for a peer that is starting alone (its journal repair, a moment)
+# before it says the directory is another run's: a single-host run holds its lock for the whole study.
+_PEER_START_S = 10.0
+
+
+def _share_when_free(handle: IO[str]) -> None:
+    """The run directory's lock, shared, once a peer that holds it alone while it starts lets go of it;
+    `BlockingIOError` if it is still held alone after _PEER_START_S."""
+    deadline = time.monotonic() + _PEER_START_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _lock_owner(handle: IO[str]) -> str:
     handle.seek(0)
     owner = handle.read().strip() or "unknown"
@@ -137,7 +156,7 @@ class RunDirectory:
             try:
                 if not self.hosts:
                     raise
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                _share_when_free(handle)
             except BlockingIOError:
                 owner = _lock_owner(handle)
                 raise StudyError(
