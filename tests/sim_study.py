@@ -113,14 +113,16 @@ def run_simulated_fleet(
     noise: NoiseModel = NOISE,
     round_wall_s: float = 0.001,
     unreachable: Sequence[str] = (),
+    runner_class: Mapping[str, type[SimulatedTrialRunner]] | None = None,
     grace_s: float = 120.0,
     heartbeat_s: float = 10.0,
     say: Callable[[str], None] = lambda _line: None,
 ) -> SimulatedFleet:
     """One fleet study on simulated hosts (name -> how much slower than the calibrated machine), driven by one
-    controller with one loop per host, as `tuner run` drives a fleet; `unreachable` hosts fail to connect."""
+    controller with one loop per host, as `tuner run` drives a fleet; `unreachable` hosts fail to connect;
+    `runner_class`: a host's runner, where it is to misbehave."""
     runners = {
-        name: SimulatedTrialRunner(
+        name: (runner_class or {}).get(name, SimulatedTrialRunner)(
             prepared,
             seed=seed * 1009 + index,
             noise=noise,

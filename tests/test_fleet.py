@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
@@ -16,7 +17,7 @@ from optuna.trial import TrialState
 from tests.sim_study import SimulatedFleet, fleet_overrides, prepare_simulated, run_simulated_fleet
 from tuner.config import ParamValue, load_study
 from tuner.console import render_leaderboard
-from tuner.errors import ConfigError, StudyError
+from tuner.errors import ConfigError, ServerNotReady, StudyError
 from tuner.fleet import (
     fail_own_interrupted_trials,
     fail_stale_trials,
@@ -27,7 +28,8 @@ from tuner.fleet import (
 )
 from tuner.runs import RunDirectory
 from tuner.scoring import median_metrics, score_round
-from tuner.study import PreparedStudy, _distribution, open_optuna_study
+from tuner.sim.runner import SimulatedTrialRunner
+from tuner.study import HOST_CHECK_AFTER_FAILURES, PreparedStudy, _distribution, open_optuna_study
 from tuner.study_record import LEASE_KEY, RECORD_KEY, HostRecord, TrialRecord, new_trial_attrs
 
 HOSTS = {"gpu-a": 1.0, "gpu-b": 1.1, "gpu-c": 0.95}
@@ -121,6 +123,77 @@ def test_a_host_that_stays_unreachable_is_dropped_with_the_reason_and_the_study_
     assert any("gpu-b dropped" in line for line in said)
     assert sum(1 for _, r in _records(result.study) if r.deployed and not r.baseline) == 6
     assert result.board.hosts is not None and "gpu-b" in result.board.hosts.dropped
+
+
+class _BreaksAfterItsBaseline(SimulatedTrialRunner):
+    """A host that measured its baseline and then broke: no server starts on it any more."""
+
+    broken = False  # from its first trial on
+
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        self.broken = self.broken or bool(settings)
+        if self.broken:
+            raise ServerNotReady("no answer on port 8080 within 60 s")
+        await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
+
+
+class _RefusesItsFirstThreeTrials(SimulatedTrialRunner):
+    """A sound host whose first three trials' settings do not start (the settings' fault, not the host's)."""
+
+    refused = 0
+
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        if settings and self.refused < HOST_CHECK_AFTER_FAILURES:
+            self.refused += 1
+            raise ServerNotReady("the process exited with status 1")
+        await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
+
+
+def test_a_host_whose_trials_keep_failing_and_whose_baseline_no_longer_starts_is_dropped(tmp_path: Path) -> None:
+    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", 'search.pruner="none"')
+    said: list[str] = []
+    result = run_simulated_fleet(
+        prepared,
+        tmp_path / "run",
+        hosts={"gpu-a": 1.0, "gpu-b": 1.0},
+        seed=1,
+        runner_class={"gpu-b": _BreaksAfterItsBaseline},
+        say=said.append,
+    )
+    reason = result.dropped["gpu-b"]
+    assert list(result.dropped) == ["gpu-b"], result.dropped
+    assert "failed in a row" in reason and "baseline settings no longer start" in reason, reason
+    records = _records(result.study)
+    failed_on_b = [t.number for t, r in records if r.host == "gpu-b" and t.state == TrialState.FAIL]
+    assert len(failed_on_b) == HOST_CHECK_AFTER_FAILURES
+    # Each of them queued again and measured by gpu-a, the budget spent there.
+    again = {r.requeued_from: (t, r) for t, r in records if r.requeued_from is not None}
+    assert set(again) == set(failed_on_b)
+    assert all(t.state == TrialState.COMPLETE and r.host == "gpu-a" for t, r in again.values())
+    assert sum(1 for t, r in records if r.deployed and not r.baseline and t.state == TrialState.COMPLETE) == 6
+    assert any("gpu-b dropped" in line for line in said)
+
+
+def test_a_host_whose_trials_fail_but_whose_baseline_still_starts_goes_on(tmp_path: Path) -> None:
+    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", "budget.trials=10", 'search.pruner="none"')
+    said: list[str] = []
+    result = run_simulated_fleet(
+        prepared,
+        tmp_path / "run",
+        hosts={"gpu-a": 1.0, "gpu-b": 1.0},
+        seed=1,
+        runner_class={"gpu-b": _RefusesItsFirstThreeTrials},
+        say=said.append,
+    )
+    assert result.dropped == {}
+    assert any("gpu-b: its baseline settings start; the failures were the settings'" in line for line in said)
+    records = _records(result.study)
+    assert any(r.host == "gpu-b" and t.state == TrialState.COMPLETE and not r.baseline for t, r in records)
+    assert not any(r.requeued_from is not None for _, r in records)  # the settings' failures stand
 
 
 def test_every_host_unreachable_is_one_error(tmp_path: Path) -> None:

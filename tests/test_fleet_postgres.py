@@ -165,6 +165,9 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
     study = optuna.load_study(study_name=name, storage=storage)
     trial_c: list[int] = []
 
+    state_file = runs["sim-c"] / name / "deployer-state-sim-c.json"
+    progress_file = runs["sim-c"] / name / "progress.json"
+
     def sim_c_measuring() -> bool:
         for trial in study.get_trials(states=(TrialState.RUNNING,)):
             record = TrialRecord.of(trial)
@@ -174,15 +177,39 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
                 return True
         return False
 
+    def sim_c_frozen_while_replaying() -> bool:
+        """sim-c's controller stopped (SIGSTOP) while it replays a round of its trial, its server up.
+
+        Frozen, it cannot move on: what its files say is what the kill leaves. A controller killed at a
+        random moment may fall between stopping its server and forgetting it (a dead pid recorded), which
+        tells nothing about the server left running.
+        """
+        if not sim_c_measuring():
+            return False
+        controller = procs["sim-c"]
+        controller.send_signal(signal.SIGSTOP)
+        try:
+            current = json.loads(progress_file.read_text()).get("current") or {}
+            server = int(json.loads(state_file.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            current, server = {}, 0
+        replaying = current.get("number") == trial_c[0] and current.get("phase") == "replaying the workload"
+        if replaying and server and _alive(server):
+            return True
+        controller.send_signal(signal.SIGCONT)
+        return False
+
     try:
-        _wait("sim-c's trial with a round measured", sim_c_measuring, timeout_s=420, procs=list(procs.values()))
+        _wait(
+            "sim-c replaying a round of its trial",
+            sim_c_frozen_while_replaying,
+            timeout_s=420,
+            procs=list(procs.values()),
+        )
+        left_running = int(json.loads(state_file.read_text())["pid"])
         procs["sim-c"].send_signal(signal.SIGKILL)
         procs["sim-c"].wait(timeout=30)
-        # The server it left: the deployer records it before it waits for its health (absent only if the
-        # kill fell between a stop and the next start).
-        state_file = runs["sim-c"] / name / "deployer-state-sim-c.json"
-        left_running = int(json.loads(state_file.read_text())["pid"]) if state_file.is_file() else None
-        assert left_running is None or _alive(left_running), "the killed controller's server runs until restored"
+        assert _alive(left_running), "the killed controller's server runs until restored"
         killed = trial_c[0]
         _wait(
             "a peer to fail the killed controller's trial",
@@ -201,7 +228,7 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
                 proc.wait(timeout=120)
 
     # Every host on its baseline: no server of any controller left running, the killed one's included.
-    assert left_running is None or not _alive(left_running), "the killed controller's server was left running"
+    assert not _alive(left_running), "the killed controller's server was left running"
     for host, base in runs.items():
         assert not list((base / name).glob("deployer-state-*.json")), host  # each deployer restored
 

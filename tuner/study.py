@@ -91,6 +91,10 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # Consecutive proposals that are skipped (constraint violated, already measured) before we decide
 # the sampler has nothing new to offer.
 _MAX_SKIPPED_PROPOSALS = 200
+# A fleet's host whose trials fail this many times in a row starts its baseline settings again: if they no
+# longer start either, the host is at fault and is dropped (its failed trials queued for the others); if they
+# do, the settings were, and it goes on.
+HOST_CHECK_AFTER_FAILURES = 3
 
 # TPE's first trials: a space-filling design (tuner.sampling), then the model.
 _TPE_STARTUP = 3
@@ -584,6 +588,8 @@ class _StudyRun:
                     self.fail(pending, str(exc))
                 else:
                     active.remove(pending)
+                    if self.peers is not None:
+                        self.peers.failed_in_a_row.clear()
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
             for pending in active:
@@ -593,6 +599,8 @@ class _StudyRun:
         finally:
             if self.peers is not None:
                 self.peers.done(batch)
+        if self.peers is not None and len(self.peers.failed_in_a_row) >= HOST_CHECK_AFTER_FAILURES:
+            await self.peers.check_host()
 
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
         trial, label = pending.trial, f"round {round_index + 1}/{pending.planned}"
@@ -634,6 +642,8 @@ class _StudyRun:
         self.observer.trial_failed(number=pending.trial.number, reason=reason)
         if pending.baseline:
             raise StudyError(f"the baseline could not be measured: {reason}")
+        if self.peers is not None:
+            self.peers.failed_in_a_row.append((pending.trial.number, pending.settings, reason))
 
     def noisy(self, rounds: list[dict[str, float | None]]) -> bool:
         """True if the rounds differ by 20% or more on an objective metric: such a trial is measured more."""
@@ -734,6 +744,8 @@ class _Peers:
         self.study = loop.study
         self.leased: dict[int, optuna.Trial] = {}  # the trials this loop has running, whose leases it renews
         self.checked_at = -math.inf  # when silent peers were last looked for
+        # This host's trials that failed since its last measured one: (number, settings, reason).
+        self.failed_in_a_row: list[tuple[int, dict[str, ParamValue], str]] = []
 
     def begin(self) -> None:
         # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a peer
@@ -766,6 +778,28 @@ class _Peers:
             interrupted = TrialRecord.of(trial).fail_reason == INTERRUPTED
             if trial.state == TrialState.FAIL and not pending.baseline and interrupted:
                 requeue(self.study, trial.number, dict(trial.params), pending.settings)
+
+    async def check_host(self) -> None:
+        """After HOST_CHECK_AFTER_FAILURES failed trials in a row: the host's baseline settings, started again,
+        tell the host's fault from the settings'. A host whose baseline no longer starts is dropped
+        (`DeployError`, which `run_fleet` reports) and its failed trials are queued for the other hosts; one
+        whose baseline starts goes on."""
+        failed, self.failed_in_a_row = self.failed_in_a_row, []
+        baseline = self.loop.baseline_trial()
+        assert baseline is not None, "trials are measured only after the host's baseline"
+        numbers = ", ".join(str(number) for number, _, _ in failed)
+        self.fleet.say(f"note: host {self.host}: trials {numbers} failed in a row; starting its baseline again")
+        try:
+            await self.loop.servers.deploy({}, number=baseline.number, log_name=f"host-check-{failed[-1][0]}.log")
+        except (DeployError, MeasurementError) as exc:
+            self.loop.servers.forget()
+            for number, settings, _ in failed:
+                requeue(self.study, number, dict(self.study.trials[number].params), settings)
+            raise DeployError(
+                f"trials {numbers} failed in a row (the last: {failed[-1][2]}) and the host's baseline settings "
+                f"no longer start either ({exc}); those trials are queued for the other hosts"
+            ) from None
+        self.fleet.say(f"note: host {self.host}: its baseline settings start; the failures were the settings'")
 
     @contextlib.asynccontextmanager
     async def leases(self) -> AsyncIterator[None]:
