@@ -174,3 +174,32 @@ def _run(prepared: PreparedStudy, runner: SimulatedTrialRunner, path: Path) -> S
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=InMemoryStorage())
         asyncio.run(run_search(prepared, run_dir, study, runner))
     return runner
+
+
+class _ProbeCountingRunner(SimulatedTrialRunner):
+    """Counts the correctness probes asked, by trial (the LoRA answer check's, with adapters, apart)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.probed: list[int] = []
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+    ) -> list[tuple[int, ...]]:
+        if lora is None:
+            self.probed.append(self.started.number)
+        return await super().probe_answers(tokens=tokens, lora=lora)
+
+
+def test_a_trial_with_the_baselines_server_settings_asks_no_correctness_probes(tmp_path: Path) -> None:
+    # The probes set no request-scope knob: a LoRA-policy trial would get the baseline's answers back, so
+    # they are asked only of the baseline (the reference) and of trials with other server settings.
+    prepared = _lora_study("confirm.top=0")
+    runner = _run(prepared, _ProbeCountingRunner(prepared, seed=0, noise=QUIET), tmp_path / "lora")
+    assert isinstance(runner, _ProbeCountingRunner)
+    assert runner.probed == [0], runner.probed  # the baseline's only; both policies measured without
+    assert len(runner.starts_by_settings) == runner.rounds_measured
+    server = prepare_simulated(["budget.trials=2", "confirm.top=0", "extra_rounds_if_noisy=0"])
+    runner = _run(server, _ProbeCountingRunner(server, seed=0, noise=QUIET), tmp_path / "batch")
+    assert isinstance(runner, _ProbeCountingRunner)
+    assert runner.probed[0] == 0 and len(runner.probed) == 3, runner.probed  # every trial of n_batch x n_ubatch

@@ -611,9 +611,11 @@ class _StudyRun:
             # Counted against the budget from its first start: a trial of the batch that an interruption
             # kept from starting was never deployed, and a resumed study measures it.
             update_trial_record(trial, deployed=True)
-        await self.servers.deploy(settings, number=trial.number, probing=round_index == 0)
+        gates = _Gates(self)
+        probing = round_index == 0 and gates.probes(pending.settings, baseline=pending.baseline)
+        await self.servers.deploy(settings, number=trial.number, probing=probing)
         if round_index == 0:
-            await _Gates(self).check(trial, pending.settings, baseline=pending.baseline)
+            await gates.check(trial, pending.settings, baseline=pending.baseline, probing=probing)
         measured = await self.runner.measure_round(
             settings=settings,
             number=trial.number,
@@ -951,8 +953,20 @@ class _Gates:
         self.gate = loop.spec.gate
         self.study = loop.study
 
-    async def check(self, trial: optuna.Trial, settings: Mapping[str, ParamValue], *, baseline: bool) -> None:
-        await self.correctness(trial, baseline=baseline)
+    def probes(self, settings: Mapping[str, ParamValue], *, baseline: bool) -> bool:
+        """Whether the trial's first round asks the correctness probes: the baseline's give the reference; a
+        trial whose server settings equal the baseline's (one differing only in request-scope knobs, such as
+        a LoRA policy) would get the baseline's answers back, since the probes set no request-scope knob."""
+        if not self.gate.enabled:
+            return False
+        engine = self.loop.prepared.engine
+        return baseline or engine.server_settings(settings) != engine.server_settings({})
+
+    async def check(
+        self, trial: optuna.Trial, settings: Mapping[str, ParamValue], *, baseline: bool, probing: bool
+    ) -> None:
+        if probing:
+            await self.correctness(trial, baseline=baseline)
         if not baseline:
             prepared = self.loop.prepared
             changed = await lora_answer_changes(
@@ -962,8 +976,6 @@ class _Gates:
                 update_trial_record(trial, answers_changed=changed[0], answers_changed_note=changed[1])
 
     async def correctness(self, trial: optuna.Trial, *, baseline: bool) -> None:
-        if not self.gate.enabled:
-            return
         self.loop.observer.probing(number=trial.number)
         answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
         host = self.loop.host
