@@ -22,6 +22,7 @@ from tuner.fleet import (
     fail_own_interrupted_trials,
     fail_stale_trials,
     open_storage,
+    requeue,
     shown_url,
     stored_spec,
     write_lease,
@@ -29,7 +30,7 @@ from tuner.fleet import (
 from tuner.runs import RunDirectory
 from tuner.scoring import median_metrics, score_round
 from tuner.sim.runner import SimulatedTrialRunner
-from tuner.study import HOST_CHECK_AFTER_FAILURES, PreparedStudy, _distribution, open_optuna_study
+from tuner.study import HOST_CHECK_AFTER_FAILURES, PreparedStudy, _distribution, open_optuna_study, over_budget
 from tuner.study_record import LEASE_KEY, RECORD_KEY, HostRecord, TrialRecord, new_trial_attrs
 
 HOSTS = {"gpu-a": 1.0, "gpu-b": 1.1, "gpu-c": 0.95}
@@ -230,6 +231,51 @@ def test_a_live_peers_running_trial_is_never_failed_and_a_silent_ones_is_failed_
     assert waiting[0].system_attrs["fixed_params"] == study.trials[silent].params
     # A second pass (or a peer's) fails nothing again.
     assert fail_stale_trials(study, {"gpu-a"}, grace_s=120, now=now) == []
+
+
+def test_of_two_controllers_that_took_the_last_trial_at_once_the_later_one_is_over_the_budget() -> None:
+    # Two hosts' controllers each saw one trial left of the budget and asked: the later trial is over (and
+    # its controller skips it), the earlier one is not, and a re-queued trial's copy takes its original's place.
+    study = optuna.create_study()
+    now = time.time()
+    done = _running_trial(study, "gpu-a", {}, at=now)
+    study.tell(done, 1.0)
+    first = _running_trial(study, "gpu-b", {}, at=now)
+    second = _running_trial(study, "gpu-c", {}, at=now)
+    assert not over_budget(study, first, 2)
+    assert over_budget(study, second, 2)
+    assert not over_budget(study, second, 3)
+    study.tell(first, state=TrialState.FAIL)
+    requeue(study, first, dict(study.trials[first].params), {"n_batch": study.trials[first].params["n_batch"]})
+    copy = study.ask()
+    assert TrialRecord.of(study.trials[copy.number]).requeued_from == first
+    assert not over_budget(study, copy.number, 1)  # a copy is never over: its original no longer counts
+
+
+def test_a_trial_asked_when_a_peer_took_the_last_one_of_the_budget_is_skipped_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gpu-a sees one trial left of a budget of 3 and asks; a peer on another machine (gpu-z) asked a moment
+    # before it: gpu-a's trial is over the budget and skipped, and the study ends with 3 trials measured.
+    prepared = _fleet_prepared(["gpu-a"], "budget.trials=3", "confirm.top=0", 'search.pruner="none"')
+    ask, asked = optuna.Study.ask, []
+
+    def peer_first(study: optuna.Study, *args: object, **kwargs: object) -> optuna.Trial:
+        asked.append(1)
+        if len(asked) == 3:  # gpu-a's third trial (the baseline is created, not asked)
+            peer = ask(study)
+            record = TrialRecord(settings={"n_batch": 64, "n_ubatch": 64}, host="gpu-z", deployed=True)
+            peer.set_user_attr(RECORD_KEY, record.stored())
+            write_lease(peer, "gpu-z")
+            study.tell(peer, [1.0] * len(study.directions) if len(study.directions) > 1 else 1.0)
+        return ask(study, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna.Study, "ask", peer_first)
+    result = run_simulated_fleet(prepared, tmp_path / "run", hosts={"gpu-a": 1.0}, seed=4)
+    records = _records(result.study)
+    over = [r for _, r in records if "over the study's budget of 3 trials" in (r.skip_reason or "")]
+    assert len(over) == 1 and not over[0].deployed
+    assert sum(1 for _, r in records if r.deployed and not r.baseline) == 3
 
 
 def test_at_a_start_only_the_trials_of_the_hosts_this_controller_holds_are_its_interrupted_ones() -> None:

@@ -507,6 +507,10 @@ class _StudyRun:
             update_trial_record(trial, settings=settings, host=self.host)  # a re-queued trial's record is new
             if self.peers is not None:
                 self.peers.took(trial)
+                if over_budget(self.study, trial.number, self.spec.budget.trials):
+                    over = f"over the study's budget of {self.spec.budget.trials} trials (another host took the last)"
+                    self.observer.trial_skipped(settings=settings, reason=self.skip(trial, over))
+                    break
             reason = self.skip_reason(trial, settings, pending=batch)
             if reason is not None:
                 skipped += 1
@@ -724,15 +728,29 @@ def _claimed_trials(study: optuna.Study) -> int:
     """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn), on any
     host (the budget is the study's). A trial a dead controller left, re-queued, counts once: as its copy,
     once a host takes it."""
-    claimed = 0
+    return len(_claimed_numbers(study))
+
+
+def _claimed_numbers(study: optuna.Study) -> list[int]:
+    """The trials `_claimed_trials` counts, by number."""
     trials = [(trial, TrialRecord.of(trial)) for trial in study.get_trials(deepcopy=False)]
     requeued = {record.requeued_from for _, record in trials if record.requeued_from is not None}
-    for trial, record in trials:
-        if record.baseline or trial.number in requeued:
-            continue
-        if record.deployed or trial.state == TrialState.RUNNING:
-            claimed += 1
-    return claimed
+    return sorted(
+        trial.number
+        for trial, record in trials
+        if not (record.baseline or trial.number in requeued) and (record.deployed or trial.state == TrialState.RUNNING)
+    )
+
+
+def over_budget(study: optuna.Study, number: int, budget: int) -> bool:
+    """Whether a trial just asked is one more than the study's budget: two hosts' controllers may both see
+    one trial left and ask at once. Trial numbers order them, and the later of the two sees the earlier
+    one's trial (created before its own), so exactly the later one is over. A re-queued trial's copy takes
+    its original's place and is never over."""
+    if TrialRecord.of(study.trials[number]).requeued_from is not None:
+        return False
+    claimed = _claimed_numbers(study)
+    return number in claimed and claimed.index(number) >= budget
 
 
 class _Peers:
