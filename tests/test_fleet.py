@@ -5,6 +5,7 @@ per-host locks, records of version 1 and 2, and a storage URL's password kept ou
 
 from __future__ import annotations
 
+import io
 import statistics
 import time
 from collections.abc import Mapping
@@ -13,10 +14,11 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from rich.console import Console
 
 from tests.sim_study import SimulatedFleet, fleet_overrides, prepare_simulated, run_simulated_fleet
 from tuner.config import ParamValue, load_study
-from tuner.console import render_leaderboard
+from tuner.console import ConsoleObserver, render_leaderboard
 from tuner.errors import ConfigError, ServerNotReady, StudyError
 from tuner.fleet import (
     fail_own_interrupted_trials,
@@ -111,6 +113,21 @@ def test_confirmation_remeasures_against_each_hosts_baseline_and_says_where_it_h
     assert "held on" in message or "not on" in message
     for host in HOSTS:
         assert host in message
+
+
+def test_one_controller_driving_several_hosts_names_the_host_on_each_line(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "budget.trials=4", "confirm.pairs=2")
+    run_simulated_fleet(
+        prepared, tmp_path / "run", hosts={"gpu-a": 1.0, "gpu-b": 1.0}, seed=1, observer=ConsoleObserver(console)
+    )
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    trial_lines = [line for line in output.splitlines() if line.strip()]
+    assert trial_lines, output
+    # Every line says whose it is: both hosts confirm the same trial, in lines that would read alike.
+    assert all(line.lstrip().startswith(("[gpu-a] ", "[gpu-b] ")) for line in trial_lines), output
+    assert any(line.lstrip().startswith("[gpu-a] re-measuring trial") for line in trial_lines), output
+    assert any(line.lstrip().startswith("[gpu-b] re-measuring trial") for line in trial_lines), output
 
 
 def test_a_host_that_stays_unreachable_is_dropped_with_the_reason_and_the_study_goes_on(tmp_path: Path) -> None:

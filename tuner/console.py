@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tuner.observers import NullObserver
+from tuner.observers import FLEET_HOST, NullObserver
 
 # Types only: the CLI makes its consoles here for every command, `tuner kinds` and an error line
 # included, and those need neither the reports (pandas, scipy) nor the engines and metrics (numpy).
@@ -83,66 +83,72 @@ class ConsoleObserver(NullObserver):
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or make_console()
 
+    def _say(self, line: str, *, style: str | None = None) -> None:
+        """One line; named by its host where one controller drives several (their lines interleave)."""
+        host = FLEET_HOST.get()
+        if host is not None:
+            indent = line[: len(line) - len(line.lstrip(" "))]
+            line = f"{indent}{escape(f'[{host}]')} {line[len(indent) :]}"
+        self.console.print(line, style=style)
+
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         resumed = f", resuming: baseline and {trials_done} trials already measured" if baseline_done else ""
-        self.console.print(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
+        self._say(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
 
     def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         what = "baseline (the server's own settings)" if baseline else _settings(settings)
-        self.console.print(f"[bold cyan]trial {number}[/]  {what}")
+        self._say(f"[bold cyan]trial {number}[/]  {what}")
 
     def server_ready(self, *, number: int, seconds: float) -> None:
-        self.console.print(f"  trial {number}: server healthy after {seconds:.1f} s", style="dim")
+        self._say(f"  trial {number}: server healthy after {seconds:.1f} s", style="dim")
 
     def server_reused(self, *, number: int) -> None:
-        self.console.print(
-            f"  trial {number}: on the running server, its slots cleared (same server settings)", style="dim"
-        )
+        self._say(f"  trial {number}: on the running server, its slots cleared (same server settings)", style="dim")
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         parts = [f"{_label(n)} {_fmt(metrics.get(n))}" for n in _ROUND_METRICS]
         if metrics.get("server_stall_tok_s") is not None:
             parts[1] += f" (server log {_fmt(metrics['server_stall_tok_s'])})"
         failed = f"  [red]{failures} failed[/]" if failures else ""
-        self.console.print(f"  trial {number} {label}  " + "  ".join(parts) + failed)
+        self._say(f"  trial {number} {label}  " + "  ".join(parts) + failed)
 
     def replay_fell_behind(self, *, number: int, label: str, reason: str) -> None:
-        self.console.print(f"  trial {number} {label}  [yellow]{reason}[/]")
+        self._say(f"  trial {number} {label}  [yellow]{reason}[/]")
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         flag = f"  [yellow]rounds differ by 20%+ on {', '.join(noisy)}[/]" if noisy else ""
-        self.console.print(f"  trial {number} score {score:+.2f}{flag}")
+        self._say(f"  trial {number} score {score:+.2f}{flag}")
 
     def trial_failed(self, *, number: int, reason: str) -> None:
         # The reason quotes the server (an error body, its log): its brackets are text, not markup.
-        self.console.print(f"  trial {number} [red]FAIL[/] {escape(reason)}")
+        self._say(f"  trial {number} [red]FAIL[/] {escape(reason)}")
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
-        self.console.print(f"  trial {number} [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
+        self._say(f"  trial {number} [yellow]PRUNED[/] {reason}; saved about {saved_s:.0f} s")
 
     def remeasuring(self, *, metrics: list[str], extra: int) -> None:
-        self.console.print(f"  [yellow]rounds differ by 20%+ on {', '.join(metrics)}: {extra} more round(s)[/]")
+        self._say(f"  [yellow]rounds differ by 20%+ on {', '.join(metrics)}: {extra} more round(s)[/]")
 
     def trial_skipped(self, *, settings: Mapping[str, ParamValue], reason: str) -> None:
-        self.console.print(f"[dim]skip      {_settings(settings)}: {reason}[/]")
+        self._say(f"[dim]skip      {_settings(settings)}: {reason}[/]")
 
     def search_exhausted(self, *, proposals: int) -> None:
-        self.console.print(
+        self._say(
             f"the sampler proposed only measured or invalid settings {proposals} times in a row: the search space "
             "looks exhausted, so the search ends here"
         )
 
     def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
-        self.console.print(
+        self._say(
             f"[bold cyan]re-measuring trial {number}[/] ({_settings(settings)}) against the baseline: "
             f"{pairs} pairs in alternating order"
         )
 
     def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
-        self.console.print(f"  paired score difference {mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}")
+        self._say(f"  paired score difference {mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}")
 
     def restoring(self) -> None:
-        self.console.print("restoring the baseline ...")
+        self._say("restoring the baseline ...")
 
 
 # The leaderboard's metric columns from the most important to the least: on a narrow terminal the last

@@ -8,12 +8,17 @@ once healthy, then `warming_up` or the correctness `probing`) or `server_reused`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the console's observer subclasses these: a console needs no pydantic
     from tuner.config import ParamValue
 
-__all__ = ["NullObserver", "Observers", "StudyObserver"]
+__all__ = ["FLEET_HOST", "NullObserver", "Observers", "StudyObserver"]
+
+# The host whose loop reports an event, where one controller drives several hosts of a fleet (each loop is
+# an asyncio task of its own, with its own value): their lines interleave, and the console names the host.
+FLEET_HOST: ContextVar[str | None] = ContextVar("fleet_host", default=None)
 
 
 class StudyObserver(Protocol):

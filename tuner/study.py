@@ -52,7 +52,7 @@ from tuner.fleet import (
 from tuner.gate import judge, lora_answer_changes
 from tuner.metrics import engine_metrics
 from tuner.models import LaunchSpec
-from tuner.observers import NullObserver, StudyObserver
+from tuner.observers import FLEET_HOST, NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.sampling import SpaceFillingStart
@@ -1184,6 +1184,8 @@ async def run_fleet(
 
     async def one(loop: _StudyRun) -> None:
         assert loop.peers is not None and loop.host is not None
+        if len(loops) > 1:
+            FLEET_HOST.set(loop.host)  # this loop's task only: its console lines name their host
         try:
             await drive(loop)
         except _DROPS_HOST as exc:
@@ -1224,7 +1226,12 @@ def fleet_loops(
         for name, host_prepared in prepared.items()
     ]
     for loop in loops:
-        loop.begin()
+        named = FLEET_HOST.set(loop.host) if len(loops) > 1 else None
+        try:
+            loop.begin()
+        finally:
+            if named is not None:
+                FLEET_HOST.reset(named)
     return loops
 
 
