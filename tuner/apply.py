@@ -9,7 +9,7 @@ on its baseline, as a study does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +18,11 @@ from tuner.deployers.base import PersistentDeployer, create_deployer
 from tuner.errors import ConfigError, MeasurementError, StudyError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly, prepare_study
+from tuner.study import fleet_hosts, open_optuna_study_readonly, prepare_study
 from tuner.transports.base import create_transport
 from tuner.trial_runner import ServerTrialRunner
 
-__all__ = ["Applied", "apply_settings", "restore_settings"]
+__all__ = ["Applied", "apply_settings", "apply_to_hosts", "restore_hosts", "restore_settings"]
 
 # Fresh prompts for the verification run: no round of the study used this index, so nothing is cached.
 _VERIFY_PROMPTS_INDEX = 1_000_003
@@ -36,6 +36,7 @@ class Applied:
     path: str
     requests: int
     metrics: dict[str, float | None]
+    host: str | None = None  # a fleet's host; None for a one-host study
 
 
 def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
@@ -55,8 +56,58 @@ def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
     return row
 
 
+async def apply_to_hosts(
+    spec: StudySpec,
+    base_dir: Path,
+    run_path: Path,
+    *,
+    trial: int | None,
+    hosts: Sequence[str] | None,
+    say: Callable[[str], None],
+) -> list[Applied]:
+    """`apply_settings` on the study's host, or on a fleet's hosts (those named, else every one) one after
+    another, as a rollout: the first host whose verification run fails stops it there, back on its
+    baseline; the hosts before it keep what they verified, and the error says which did and which were not
+    tried."""
+    if not spec.hosts and not hosts:
+        return [await apply_settings(spec, base_dir, run_path, trial=trial, say=say)]
+    entries = fleet_hosts(spec, hosts)
+    applied: list[Applied] = []
+    for index, entry in enumerate(entries):
+        say(f"host {entry.name}:")
+        try:
+            applied.append(
+                await apply_settings(spec.for_host(entry), base_dir, run_path, trial=trial, say=say, host=entry.name)
+            )
+        except StudyError as exc:
+            kept = ", ".join(str(a.host) for a in applied)
+            left = ", ".join(e.name for e in entries[index + 1 :])
+            raise StudyError(
+                f"host {entry.name}: {exc}"
+                + (f"; applied on {kept}, which keep it (`tuner restore STUDY --host NAME` removes it)" if kept else "")
+                + (f"; not tried: {left}" if left else "")
+            ) from None
+    return applied
+
+
+async def restore_hosts(
+    spec: StudySpec, base_dir: Path, *, hosts: Sequence[str] | None
+) -> list[tuple[str | None, str | None]]:
+    """`restore_settings` on the study's host or on a fleet's hosts (those named, else every one): per host,
+    the path removed (None: it had none)."""
+    if not spec.hosts and not hosts:
+        return [(None, await restore_settings(spec, base_dir))]
+    return [(e.name, await restore_settings(spec.for_host(e), base_dir)) for e in fleet_hosts(spec, hosts)]
+
+
 async def apply_settings(
-    spec: StudySpec, base_dir: Path, run_path: Path, *, trial: int | None, say: Callable[[str], None]
+    spec: StudySpec,
+    base_dir: Path,
+    run_path: Path,
+    *,
+    trial: int | None,
+    say: Callable[[str], None],
+    host: str | None = None,
 ) -> Applied:
     prepared = prepare_study(spec, base_dir)
     engine = prepared.engine
@@ -68,7 +119,7 @@ async def apply_settings(
     server = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "server"}
     client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
     engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
-    log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}-server.log"
+    log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}{'' if host is None else '-' + host}-server.log"
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)
         if not isinstance(deployer, PersistentDeployer):
@@ -107,7 +158,7 @@ async def apply_settings(
             path = await deployer.persist(note=note)
     return Applied(
         trial=row.number, server_settings=server, client_settings=client, path=path, requests=len(records),
-        metrics=metrics,
+        metrics=metrics, host=host,
     )  # fmt: skip
 
 

@@ -344,14 +344,21 @@ def _add_apply_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     apply.add_argument("study", type=Path, help="the study file the run was made with")
     apply.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories live (default: runs)")
     apply.add_argument("--trial", type=int, help="apply this trial instead of the recommendation")
+    _add_hosts_flag(apply, "apply on this host of the study's [[hosts]] only (repeatable; default: each in turn)")
+    _add_storage_flag(apply, "read the study from this storage instead of the one the run directory records")
     apply.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
     )
     restore = commands.add_parser("restore", help="remove what `tuner apply` wrote; the unit runs its own config again")
     restore.add_argument("study", type=Path, help="the study file the settings were applied with")
+    _add_hosts_flag(restore, "restore this host of the study's [[hosts]] only (repeatable; default: every one)")
     restore.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
     )
+
+
+def _add_hosts_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--host", dest="hosts", action="append", default=[], metavar="NAME", help=what)
 
 
 def _importer_help() -> str:
@@ -450,9 +457,10 @@ def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
 
 
 def _apply(args: argparse.Namespace, console: Console) -> int:
-    from tuner.apply import Applied, apply_settings
+    from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
 
+    _use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
     run_path = args.runs_dir / spec.name
     if not _holds_study(run_path):
@@ -460,43 +468,47 @@ def _apply(args: argparse.Namespace, console: Console) -> int:
 
     received: list[int] = []
 
-    async def main() -> Applied:
+    async def main() -> list[Applied]:
         _stop_on_signals(received)
-        return await apply_settings(spec, base_dir, run_path, trial=args.trial, say=console.print)
+        return await apply_to_hosts(spec, base_dir, run_path, trial=args.trial, hosts=args.hosts, say=console.print)
 
-    applied = _run_stoppable(main(), received)
-    settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
-    stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
-    console.print(
-        f"verification run: {applied.requests} requests, all answered"
-        + (f"; stall {stall:.2f} tok/s" if stall is not None else "")
-        + (f", TTFT p95 {ttft:.2f} s" if ttft is not None else "")
-    )
-    console.print(f"applied trial {applied.trial} ({settings}) for good: {applied.path}", highlight=False)
-    if applied.client_settings:
-        client = ", ".join(f"{k}={v}" for k, v in sorted(applied.client_settings.items()))
-        console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
+    for applied in _run_stoppable(main(), received):
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
+        stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
+        on = "" if applied.host is None else f" on {applied.host}"
+        console.print(
+            f"verification run{on}: {applied.requests} requests, all answered"
+            + (f"; stall {stall:.2f} tok/s" if stall is not None else "")
+            + (f", TTFT p95 {ttft:.2f} s" if ttft is not None else "")
+        )
+        console.print(f"applied trial {applied.trial} ({settings}){on} for good: {applied.path}", highlight=False)
+        if applied.client_settings:
+            client = ", ".join(f"{k}={v}" for k, v in sorted(applied.client_settings.items()))
+            console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
     console.print(f"`tuner restore {args.study}` removes it")
     return 0
 
 
 def _restore(args: argparse.Namespace, console: Console) -> int:
-    from tuner.apply import restore_settings
+    from tuner.apply import restore_hosts
     from tuner.config import load_study
 
     spec, base_dir = load_study(args.study, args.overrides)
 
     received: list[int] = []
 
-    async def main() -> str | None:
+    async def main() -> list[tuple[str | None, str | None]]:
         _stop_on_signals(received)
-        return await restore_settings(spec, base_dir)
+        return await restore_hosts(spec, base_dir, hosts=args.hosts)
 
-    removed = _run_stoppable(main(), received)
-    if removed is None:
-        console.print("the host has no settings of `tuner apply`; nothing to remove")
-    else:
-        console.print(f"removed {removed}; the unit runs the operator's own configuration again", highlight=False)
+    for host, removed in _run_stoppable(main(), received):
+        on = "" if host is None else f"{host}: "
+        if removed is None:
+            console.print(f"{on}the host has no settings of `tuner apply`; nothing to remove")
+        else:
+            console.print(
+                f"{on}removed {removed}; the unit runs the operator's own configuration again", highlight=False
+            )
     return 0
 
 

@@ -76,6 +76,7 @@ from tuner.workloads import load_trace, thin_sessions
 __all__ = [
     "FleetHost",
     "PreparedStudy",
+    "fleet_hosts",
     "fleet_loops",
     "run_fleet",
     "has_measured_trials",
@@ -1235,7 +1236,9 @@ def fleet_loops(
     return loops
 
 
-def _fleet_hosts(spec: StudySpec, only: Sequence[str] | None) -> list[HostEntry]:
+def fleet_hosts(spec: StudySpec, only: Sequence[str] | None) -> list[HostEntry]:
+    """The fleet's hosts that `--host` names (every one without it), in the study's order; ConfigError for a
+    name the study does not have."""
     if not only:
         return list(spec.hosts)
     names = [h.name for h in spec.hosts]
@@ -1250,7 +1253,7 @@ def _fleet_hosts(spec: StudySpec, only: Sequence[str] | None) -> list[HostEntry]
 async def _run_fleet_study(
     spec: StudySpec, base_dir: Path, run_path: Path, observer: StudyObserver, only: Sequence[str] | None
 ) -> optuna.Study:
-    entries = _fleet_hosts(spec, only)
+    entries = fleet_hosts(spec, only)
     specs = {entry.name: spec.for_host(entry) for entry in entries}
     prepared = {name: prepare_study(host_spec, base_dir) for name, host_spec in specs.items()}
     for name, host_spec in specs.items():  # each host's launch, before any host is touched
