@@ -445,7 +445,7 @@ class _StudyRun:
             name=spec.name,
             run_dir=str(self.run_dir.path),
             baseline_done=self.baseline_trial() is not None,
-            trials_done=self.deployed_trials(),
+            trials_done=_deployed_trials(study),
             budget=spec.budget.trials,
         )
         self.best.tell_stored()  # a resumed study's best so far
@@ -461,13 +461,6 @@ class _StudyRun:
     def baseline_trial(self) -> FrozenTrial | None:
         self._baseline = self._baseline or _own_baseline(self.study, self.host)  # once COMPLETE, it stays so
         return self._baseline
-
-    def deployed_trials(self) -> int:
-        return sum(
-            1
-            for record in map(TrialRecord.of, self.study.get_trials(deepcopy=False))
-            if record.deployed and not record.baseline
-        )
 
     def measured_settings(self) -> dict[tuple[tuple[str, Any], ...], FrozenTrial]:
         measured: dict[tuple[tuple[str, Any], ...], FrozenTrial] = {}
@@ -506,12 +499,9 @@ class _StudyRun:
             trial = self.study.ask(self.distributions)
             settings = self.prepared.space.decode(trial.params)
             update_trial_record(trial, settings=settings, host=self.host)  # a re-queued trial's record is new
-            if self.peers is not None:
-                self.peers.took(trial)
-                if over_budget(self.study, trial.number, self.spec.budget.trials):
-                    over = f"over the study's budget of {self.spec.budget.trials} trials (another host took the last)"
-                    self.observer.trial_skipped(settings=settings, reason=self.skip(trial, over))
-                    break
+            if self.peers is not None and (over := self.peers.took(trial)) is not None:
+                self.observer.trial_skipped(settings=settings, reason=over)
+                break
             reason = self.skip_reason(trial, settings, pending=batch)
             if reason is not None:
                 skipped += 1
@@ -593,8 +583,6 @@ class _StudyRun:
                     self.fail(pending, str(exc))
                 else:
                     active.remove(pending)
-                    if self.peers is not None:
-                        self.peers.failed_in_a_row.clear()
         except BaseException:
             # Ctrl-C, SIGTERM or a bug: no partial score reaches Optuna and no trial is left RUNNING.
             for pending in active:
@@ -604,7 +592,7 @@ class _StudyRun:
         finally:
             if self.peers is not None:
                 self.peers.done(batch)
-        if self.peers is not None and len(self.peers.failed_in_a_row) >= HOST_CHECK_AFTER_FAILURES:
+        if self.peers is not None:
             await self.peers.check_host()
 
     async def measure_pending(self, pending: _Pending, round_index: int) -> None:
@@ -649,8 +637,6 @@ class _StudyRun:
         self.observer.trial_failed(number=pending.trial.number, reason=reason)
         if pending.baseline:
             raise StudyError(f"the baseline could not be measured: {reason}")
-        if self.peers is not None:
-            self.peers.failed_in_a_row.append((pending.trial.number, pending.settings, reason))
 
     def noisy(self, rounds: list[dict[str, float | None]]) -> bool:
         """True if the rounds differ by 20% or more on an objective metric: such a trial is measured more."""
@@ -725,6 +711,12 @@ def _own_baseline(study: optuna.Study, host: str | None) -> FrozenTrial | None:
     return None
 
 
+def _deployed_trials(study: optuna.Study) -> int:
+    """Trials after the baseline that were deployed, on any host."""
+    records = map(TrialRecord.of, study.get_trials(deepcopy=False))
+    return sum(1 for record in records if record.deployed and not record.baseline)
+
+
 def _claimed_trials(study: optuna.Study) -> int:
     """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn), on any
     host (the budget is the study's). A trial a dead controller left, re-queued, counts once: as its copy,
@@ -785,10 +777,15 @@ class _Peers:
         self.fail_stale()
         return self.new_baseline() if self.loop.baseline_trial() is None else None
 
-    def took(self, trial: optuna.Trial) -> None:
-        """A trial just asked, for this host (a re-queued one has a fresh record: it is measured anew here)."""
+    def took(self, trial: optuna.Trial) -> str | None:
+        """A trial just asked, for this host (a re-queued one has a fresh record: it is measured anew here).
+        Returns why it is skipped instead: one over the study's budget, which a peer's controller took."""
         write_lease(trial, self.host)
         self.leased[trial.number] = trial
+        budget = self.loop.spec.budget.trials
+        if over_budget(self.study, trial.number, budget):
+            return self.loop.skip(trial, f"over the study's budget of {budget} trials (another host took the last)")
+        return None
 
     def done(self, batch: list[_Pending]) -> None:
         """A batch is over: its leases end, and a trial the controller's stop cut short is queued again, for
@@ -796,15 +793,21 @@ class _Peers:
         for pending in batch:
             self.leased.pop(pending.trial.number, None)
             trial = self.study.trials[pending.trial.number]
-            interrupted = TrialRecord.of(trial).fail_reason == INTERRUPTED
-            if trial.state == TrialState.FAIL and not pending.baseline and interrupted:
+            reason = TrialRecord.of(trial).fail_reason
+            if trial.state == TrialState.FAIL and not pending.baseline and reason == INTERRUPTED:
                 requeue(self.study, trial.number, dict(trial.params), pending.settings)
+            elif trial.state == TrialState.FAIL and not pending.baseline:
+                self.failed_in_a_row.append((trial.number, pending.settings, reason or "failed"))
+            elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                self.failed_in_a_row.clear()
 
     async def check_host(self) -> None:
         """After HOST_CHECK_AFTER_FAILURES failed trials in a row: the host's baseline settings, started again,
         tell the host's fault from the settings'. A host whose baseline no longer starts is dropped
         (`DeployError`, which `run_fleet` reports) and its failed trials are queued for the other hosts; one
         whose baseline starts goes on."""
+        if len(self.failed_in_a_row) < HOST_CHECK_AFTER_FAILURES:
+            return
         failed, self.failed_in_a_row = self.failed_in_a_row, []
         baseline = self.loop.baseline_trial()
         assert baseline is not None, "trials are measured only after the host's baseline"
