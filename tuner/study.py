@@ -721,18 +721,18 @@ def _claimed_trials(study: optuna.Study) -> int:
     """Deployed trials and those running but not deployed yet (a peer's batch waiting for its turn), on any
     host (the budget is the study's). A trial a dead controller left, re-queued, counts once: as its copy,
     once a host takes it."""
-    return len(_claimed_numbers(study))
+    return len(_claimed(study.get_trials(deepcopy=False)))
 
 
-def _claimed_numbers(study: optuna.Study) -> list[int]:
-    """The trials `_claimed_trials` counts, by number."""
-    trials = [(trial, TrialRecord.of(trial)) for trial in study.get_trials(deepcopy=False)]
-    requeued = {record.requeued_from for _, record in trials if record.requeued_from is not None}
-    return sorted(
-        trial.number
-        for trial, record in trials
-        if not (record.baseline or trial.number in requeued) and (record.deployed or trial.state == TrialState.RUNNING)
-    )
+def _claimed(trials: Sequence[FrozenTrial]) -> dict[int, TrialRecord]:
+    """The trials `_claimed_trials` counts, by number, in order, with their records."""
+    records = {trial.number: (trial, TrialRecord.of(trial)) for trial in trials}
+    requeued = {record.requeued_from for _, record in records.values() if record.requeued_from is not None}
+    return {
+        number: record
+        for number, (trial, record) in sorted(records.items())
+        if not (record.baseline or number in requeued) and (record.deployed or trial.state == TrialState.RUNNING)
+    }
 
 
 def over_budget(study: optuna.Study, number: int, budget: int) -> bool:
@@ -740,10 +740,9 @@ def over_budget(study: optuna.Study, number: int, budget: int) -> bool:
     one trial left and ask at once. Trial numbers order them, and the later of the two sees the earlier
     one's trial (created before its own), so exactly the later one is over. A re-queued trial's copy takes
     its original's place and is never over."""
-    if TrialRecord.of(study.trials[number]).requeued_from is not None:
-        return False
-    claimed = _claimed_numbers(study)
-    return number in claimed and claimed.index(number) >= budget
+    claimed = _claimed(study.get_trials(deepcopy=False))
+    record = claimed.get(number)
+    return record is not None and record.requeued_from is None and list(claimed).index(number) >= budget
 
 
 class _Peers:
