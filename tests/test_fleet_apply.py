@@ -58,8 +58,11 @@ class _RecordingDeployer(ProcessDeployer):
         return str(self._record)
 
 
-if _KIND not in DEPLOYERS.kinds():
-    DEPLOYERS.register(_KIND)(_RecordingDeployer)
+@pytest.fixture(autouse=True)
+def _recording_deployer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in's kind, for this module's tests only (the registries' contents are tested as shipped)."""
+    monkeypatch.setitem(DEPLOYERS._entries, _KIND, _RecordingDeployer)
+
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 _SPEED = ["--sim-speed", "20"]
