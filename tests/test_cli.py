@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from tests.conftest import TinyRun, llama_server_processes
+from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
 from tests.tuner_process import CLI_DEADLINE_S, run_tuner
 from tuner.report import build_leaderboard
@@ -138,6 +139,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
 ) -> None:
     before = llama_server_processes(llama_server_binary)
     command = [sys.executable, "-m", "tuner", "run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=1"]
+    command += QUICK_ROUNDS
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None
         for line in process.stdout:
@@ -156,7 +158,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
     assert interrupted.state.name == "FAIL"
     assert "interrupted" in (TrialRecord.of(interrupted).fail_reason or "")
 
-    resumed = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0")
+    resumed = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0", *QUICK_ROUNDS)
     assert resumed.returncode == 0, resumed.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
     baselines = [t for t in study.get_trials() if TrialRecord.of(t).baseline and t.state.name == "COMPLETE"]
@@ -236,7 +238,15 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)
     try:
         first = tuner_cli(
-            "run", str(TINY), "--runs-dir", str(runs), "--set", "budget.trials=0", "--set", "confirm.top=0"
+            "run",
+            str(TINY),
+            "--runs-dir",
+            str(runs),
+            "--set",
+            "budget.trials=0",
+            "--set",
+            "confirm.top=0",
+            *QUICK_ROUNDS,
         )
         assert first.returncode == 0, first.stderr
         with open(runs / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):  # the disk fills up
@@ -244,7 +254,15 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
                 filler.write(b"\0" * 65536)
         before = llama_server_processes(llama_server_binary)
         full = tuner_cli(
-            "run", str(TINY), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0"
+            "run",
+            str(TINY),
+            "--runs-dir",
+            str(runs),
+            "--set",
+            "budget.trials=1",
+            "--set",
+            "confirm.top=0",
+            *QUICK_ROUNDS,
         )
         assert full.returncode != 0
         assert "Traceback" not in full.stderr

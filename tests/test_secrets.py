@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.quick import QUICK_ROUNDS
 from tuner.errors import ConfigError
 from tuner.study_record import RECORD_KEY
 
@@ -31,6 +32,7 @@ def test_the_api_key_is_used_but_never_printed_or_written(tmp_path: Path, llama_
     env = {**os.environ, "SERVE_TUNER_TEST_KEY": CANARY}
     base = [sys.executable, "-m", "tuner", "--log-level", "debug", "run", str(TINY)]
     base += ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"', "--set", "budget.trials=0", "--set", "confirm.top=0"]
+    base += QUICK_ROUNDS
     ok = subprocess.run(
         [*base, "--runs-dir", str(tmp_path / "ok")], capture_output=True, text=True, timeout=600, check=False, env=env
     )

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
 from tests.systemd_host import SystemdHost
 from tuner.deployers.systemd import (
@@ -514,7 +515,7 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
         "--runs-dir",
         str(tmp_path),
     ]
-    command += ["--set", "budget.trials=0", "--set", "confirm.top=0"]
+    command += ["--set", "budget.trials=0", "--set", "confirm.top=0", *QUICK_ROUNDS]
     crashed = subprocess.run(
         command,
         capture_output=True,
