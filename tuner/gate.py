@@ -9,6 +9,7 @@ wrong conversation (llama.cpp issue 27148, with --cache-ram), and no threshold e
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -50,10 +51,14 @@ async def ask_probes(
     timeout_s: float,
     lora: tuple[tuple[str, float], ...] | None = None,
 ) -> list[tuple[int, ...]]:
-    answers = []
+    """The probes' greedy answers, in PROBE_PROMPTS' order. Asked together: the server decodes them in one
+    batch, and on the real llama-server their answers were the same as one at a time, token for token, at
+    five n_batch / n_ubatch settings, while the four took 1.3-1.5 s instead of 2.1-2.4 s (one thread of a
+    2-core CPU). `MeasurementError` for the first that fails; the others are cancelled."""
     headers = engine.request_headers()
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers, verify=tls_context()) as client:
-        for prompt in PROBE_PROMPTS:
+
+        async def ask(prompt: str) -> tuple[int, ...]:
             call = engine.probe_request(prompt, tokens=tokens, lora=lora)
             try:
                 response = await client.request(call.method, call.path, json=call.json)
@@ -64,8 +69,14 @@ async def ask_probes(
             if response.status_code != 200:
                 answer = redact(response.text)[:200]  # a refusal may quote the key it refused
                 raise MeasurementError(f"correctness probe got HTTP {response.status_code}: {answer}")
-            answers.append(engine.parse_probe_answer(response.json()))
-    return answers
+            return engine.parse_probe_answer(response.json())
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                asked = [group.create_task(ask(prompt)) for prompt in PROBE_PROMPTS]
+        except ExceptionGroup as failed:  # the first failure, as one probe at a time raised it
+            raise failed.exceptions[0] from None
+    return [task.result() for task in asked]
 
 
 def _agreement(answer: Sequence[int], reference: Sequence[int]) -> float:
