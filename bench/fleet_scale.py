@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import resource
 import sys
 import tempfile
 import time
@@ -81,6 +83,7 @@ def _one(  # noqa: PLR0917
     name = f"scale-{hosts}-{seed}-{time.time_ns()}"
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
+        cpu_before = _cpu_s()
         if url is None:
             study = run_simulated_fleet(
                 _prepared(names, trials, name),
@@ -103,6 +106,7 @@ def _one(  # noqa: PLR0917
                 assert child.exitcode == 0, f"a host's controller exited {child.exitcode}"
             study = optuna.load_study(study_name=name, storage=storage)
         total = time.perf_counter() - started
+        cpu = _cpu_s() - cpu_before
     trials_done = study.get_trials()
     records = [TrialRecord.of(t) for t in trials_done]
     # The study's own span, from its first trial's start to its last one's end: without the controllers'
@@ -115,10 +119,20 @@ def _one(  # noqa: PLR0917
         "hosts": hosts,
         "wall_s": wall,
         "with_start_up_s": total,
+        # The controllers' CPU time against what the machine's cores offered meanwhile: near 1, the
+        # controllers waited for a core (several controllers on one machine, which a fleet spreads out).
+        "controllers_cpu_s": cpu,
+        "cpu_share": cpu / (total * (os.cpu_count() or 1)),
         "deployed_trials": sum(1 for r in deployed if not r.baseline),
         "baselines": sum(1 for r in deployed if r.baseline),
         "per_host": {n: sum(1 for r in deployed if r.host == n) for n in names},
     }
+
+
+def _cpu_s() -> float:
+    """User and system CPU seconds of this process and of its children that ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run(trials: int, round_s: float, seed: int) -> dict[str, Any]:
@@ -148,8 +162,9 @@ def run(trials: int, round_s: float, seed: int) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| controllers | hosts | wall time | speed-up | of linear | ideal (baselines) | storage time per trial |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| controllers | hosts | wall time | speed-up | of linear | ideal (baselines) | storage time per trial "
+        "| cores busy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         overhead = row.get("storage_overhead_s_per_trial")
@@ -157,9 +172,14 @@ def table(results: dict[str, Any]) -> str:
         who = "one per host" if row["mode"] == "processes" else "one for all"
         lines.append(
             f"| {who} | {row['hosts']} | {row['wall_s']:.1f} s | {row['speed_up']:.2f}x | {row['of_linear']:.2f} | "
-            f"{row['ideal_speed_up']:.2f}x | {shown} |"
+            f"{row['ideal_speed_up']:.2f}x | {shown} | {_share(row)} |"
         )
     return "\n".join(lines)
+
+
+def _share(row: dict[str, Any]) -> str:
+    share = row.get("cpu_share")
+    return "-" if share is None else f"{share:.0%}"
 
 
 def main() -> None:
