@@ -5,6 +5,7 @@ per-host locks, records of version 1 and 2, and a storage URL's password kept ou
 
 from __future__ import annotations
 
+import asyncio
 import io
 import statistics
 import time
@@ -157,6 +158,18 @@ class _BreaksAfterItsBaseline(SimulatedTrialRunner):
         await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
 
 
+class _BreaksAndChecksSlowly(_BreaksAfterItsBaseline):
+    """As `_BreaksAfterItsBaseline`, its baseline's start taking a while to fail: its peer may have nothing
+    left to measure meanwhile."""
+
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        if self.broken and not settings:
+            await asyncio.sleep(1.0)
+        await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
+
+
 class _RefusesItsFirstThreeTrials(SimulatedTrialRunner):
     """A sound host whose first three trials' settings do not start (the settings' fault, not the host's)."""
 
@@ -194,6 +207,27 @@ def test_a_host_whose_trials_keep_failing_and_whose_baseline_no_longer_starts_is
     assert all(t.state == TrialState.COMPLETE and r.host == "gpu-a" for t, r in again.values())
     assert sum(1 for t, r in records if r.deployed and not r.baseline and t.state == TrialState.COMPLETE) == 6
     assert any("gpu-b dropped" in line for line in said)
+
+
+def test_a_peer_with_nothing_left_waits_for_a_host_checking_itself_and_measures_what_it_queues(
+    tmp_path: Path,
+) -> None:
+    # gpu-b fails its three trials while gpu-a takes the rest of the budget; gpu-a, done with its own, must
+    # not end the search while gpu-b checks its baseline, or the three trials gpu-b queues are never measured.
+    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", 'search.pruner="none"')
+    result = run_simulated_fleet(
+        prepared,
+        tmp_path / "run",
+        hosts={"gpu-a": 1.0, "gpu-b": 1.0},
+        seed=1,
+        runner_class={"gpu-b": _BreaksAndChecksSlowly},
+        heartbeat_s=0.1,
+        grace_s=5.0,
+    )
+    assert list(result.dropped) == ["gpu-b"]
+    records = _records(result.study)
+    assert not [t.number for t, _ in records if t.state == TrialState.WAITING]
+    assert sum(1 for t, r in records if r.deployed and not r.baseline and t.state == TrialState.COMPLETE) == 6
 
 
 def test_a_host_whose_trials_fail_but_whose_baseline_still_starts_goes_on(tmp_path: Path) -> None:

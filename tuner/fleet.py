@@ -179,6 +179,26 @@ def write_lease(trial: optuna.Trial, host: str | None, *, now: float | None = No
     trial.set_user_attr(LEASE_KEY, {"host": host, "at": time.time() if now is None else now})
 
 
+# A fleet host checking whether it is at fault (`_Peers.check_host`): {"at": time}, or {"at": None} once done.
+_CHECK_KEY_PREFIX = "serve_tuner:host-check:"
+
+
+def write_host_check(study: optuna.Study, host: str, *, done: bool = False) -> None:
+    """Tells the peers that `host` is checking itself (renewed with its leases), or that it is done."""
+    study.set_user_attr(_CHECK_KEY_PREFIX + host, {"at": None if done else time.time()})
+
+
+def hosts_checking(study: optuna.Study, *, grace_s: float, now: float | None = None) -> list[str]:
+    """The hosts checking themselves now: their check renewed within `grace_s` (a dead one's goes stale)."""
+    now = time.time() if now is None else now
+    checking = []
+    for key, value in study.user_attrs.items():
+        at = value.get("at") if key.startswith(_CHECK_KEY_PREFIX) and isinstance(value, dict) else None
+        if isinstance(at, (int, float)) and now - at <= grace_s:
+            checking.append(key.removeprefix(_CHECK_KEY_PREFIX))
+    return checking
+
+
 def _lease_time(trial: FrozenTrial) -> float:
     lease = trial.user_attrs.get(LEASE_KEY)
     if isinstance(lease, dict) and isinstance(lease.get("at"), (int, float)):

@@ -44,9 +44,11 @@ from tuner.fleet import (
     fail_own_interrupted_trials,
     fail_stale_trials,
     fleet_seed,
+    hosts_checking,
     open_storage,
     requeue,
     stored_spec,
+    write_host_check,
     write_lease,
 )
 from tuner.gate import judge, lora_answer_changes
@@ -96,6 +98,7 @@ _MAX_SKIPPED_PROPOSALS = 200
 # longer start either, the host is at fault and is dropped (its failed trials queued for the others); if they
 # do, the settings were, and it goes on.
 HOST_CHECK_AFTER_FAILURES = 3
+GATE_FAILURE = "correctness gate"  # how a trial the gate failed starts its reason
 
 # TPE's first trials: a space-filling design (tuner.sampling), then the model.
 _TPE_STARTUP = 3
@@ -745,6 +748,16 @@ def over_budget(study: optuna.Study, number: int, budget: int) -> bool:
     return record is not None and record.requeued_from is None and list(claimed).index(number) >= budget
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """A fleet host's failed trial, as `check_host` queues it again if the host is at fault."""
+
+    number: int
+    params: dict[str, Any]
+    settings: dict[str, ParamValue]
+    reason: str
+
+
 class _Peers:
     """A fleet host's loop among its peers: its own baseline, the leases of its running trials, the silent
     peers' trials failed and re-queued, the proposals its peers are measuring, the wait for them at the end."""
@@ -756,8 +769,8 @@ class _Peers:
         self.study = loop.study
         self.leased: dict[int, optuna.Trial] = {}  # the trials this loop has running, whose leases it renews
         self.checked_at = -math.inf  # when silent peers were last looked for
-        # This host's trials that failed since its last measured one: (number, settings, reason).
-        self.failed_in_a_row: list[tuple[int, dict[str, ParamValue], str]] = []
+        self.failed_in_a_row: list[_Failed] = []  # this host's trials that failed since its last measured one
+        self.checking = False  # `check_host` under way
 
     def begin(self) -> None:
         # This host's RUNNING trials were left by a controller of it that died (we hold its lock now); a peer
@@ -787,16 +800,19 @@ class _Peers:
         return None
 
     def done(self, batch: list[_Pending]) -> None:
-        """A batch is over: its leases end, and a trial the controller's stop cut short is queued again, for
-        another host (or this one, when it comes back)."""
+        """A batch is over: its leases end, a trial the controller's stop cut short is queued again, for
+        another host (or this one, when it comes back), and the host's failures in a row are counted (the
+        correctness gate's are the settings' by definition, and an interruption is neither's)."""
+        trials = {t.number: t for t in self.study.get_trials(deepcopy=False)}
         for pending in batch:
             self.leased.pop(pending.trial.number, None)
-            trial = self.study.trials[pending.trial.number]
-            reason = TrialRecord.of(trial).fail_reason
+            trial = trials[pending.trial.number]
+            reason = TrialRecord.of(trial).fail_reason or "failed"
             if trial.state == TrialState.FAIL and not pending.baseline and reason == INTERRUPTED:
                 requeue(self.study, trial.number, dict(trial.params), pending.settings)
             elif trial.state == TrialState.FAIL and not pending.baseline:
-                self.failed_in_a_row.append((trial.number, pending.settings, reason or "failed"))
+                if not reason.startswith(("interrupted:", GATE_FAILURE)):
+                    self.failed_in_a_row.append(_Failed(trial.number, dict(trial.params), pending.settings, reason))
             elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
                 self.failed_in_a_row.clear()
 
@@ -804,24 +820,31 @@ class _Peers:
         """After HOST_CHECK_AFTER_FAILURES failed trials in a row: the host's baseline settings, started again,
         tell the host's fault from the settings'. A host whose baseline no longer starts is dropped
         (`DeployError`, which `run_fleet` reports) and its failed trials are queued for the other hosts; one
-        whose baseline starts goes on."""
+        whose baseline starts goes on. Meanwhile the host's check is in the storage (renewed with the
+        leases), so that a peer with nothing left to measure waits for it instead of ending the search
+        before the failed trials are queued again."""
         if len(self.failed_in_a_row) < HOST_CHECK_AFTER_FAILURES:
             return
         failed, self.failed_in_a_row = self.failed_in_a_row, []
         baseline = self.loop.baseline_trial()
         assert baseline is not None, "trials are measured only after the host's baseline"
-        numbers = ", ".join(str(number) for number, _, _ in failed)
+        numbers = ", ".join(str(f.number) for f in failed)
         self.fleet.say(f"note: host {self.host}: trials {numbers} failed in a row; starting its baseline again")
+        self.checking = True
+        write_host_check(self.study, self.host)
         try:
-            await self.loop.servers.deploy({}, number=baseline.number, log_name=f"host-check-{failed[-1][0]}.log")
-        except (DeployError, MeasurementError) as exc:
+            await self.loop.servers.deploy({}, number=baseline.number, log_name=f"host-check-{failed[-1].number}.log")
+        except (DeployError, MeasurementError, TransportError) as exc:
             self.loop.servers.forget()
-            for number, settings, _ in failed:
-                requeue(self.study, number, dict(self.study.trials[number].params), settings)
+            for one in failed:
+                requeue(self.study, one.number, one.params, one.settings)
             raise DeployError(
-                f"trials {numbers} failed in a row (the last: {failed[-1][2]}) and the host's baseline settings "
-                f"no longer start either ({exc}); those trials are queued for the other hosts"
+                f"trials {numbers} failed in a row (the last: {failed[-1].reason}) and the host's baseline "
+                f"settings no longer start either ({exc}); those trials are queued for the other hosts"
             ) from None
+        finally:
+            self.checking = False
+            write_host_check(self.study, self.host, done=True)
         self.fleet.say(f"note: host {self.host}: its baseline settings start; the failures were the settings'")
 
     @contextlib.asynccontextmanager
@@ -835,6 +858,8 @@ class _Peers:
                         write_lease(trial, self.host)
                     except (ValueError, RuntimeError):  # told meanwhile
                         self.leased.pop(number, None)
+                if self.checking:
+                    write_host_check(self.study, self.host)
                 await asyncio.sleep(self.fleet.heartbeat_s)
 
         task = asyncio.create_task(beat())
@@ -857,7 +882,9 @@ class _Peers:
             budget = self.loop.spec.budget.trials
             if waiting and within and not self.loop.exhausted and _claimed_trials(self.study) < budget:
                 return True
-            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials):
+            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials) and not (
+                hosts_checking(self.study, grace_s=self.fleet.grace_s)
+            ):
                 return False
             await asyncio.sleep(poll_s)
 
@@ -1013,7 +1040,7 @@ class _Gates:
         result = judge(answers, reference, min_agreement=self.gate.min_agreement)
         update_trial_record(trial, answer_agreement=result.agreement)
         if not result.passed:
-            raise MeasurementError(f"correctness gate: {result.reason}")
+            raise MeasurementError(f"{GATE_FAILURE}: {result.reason}")
 
 
 class _Confirmation:
