@@ -24,6 +24,7 @@ from tests.sim_study import DEMO, fleet_overrides, prepare_simulated, run_simula
 from tests.test_cli_input import run_cli
 from tuner.deployers.base import DEPLOYERS
 from tuner.deployers.process import ProcessDeployer, ProcessOptions
+from tuner.errors import DeployError
 from tuner.models import LaunchSpec
 from tuner.study_record import TrialRecord
 from tuner.transports.base import Transport
@@ -33,6 +34,7 @@ _KIND = "process-with-a-recorded-config"
 
 class _RecordedOptions(ProcessOptions):
     record: str = Field(description="A JSON-lines file: what this host was asked to make permanent or remove.")
+    fail_remove: bool = Field(default=False, description="Removing fails, as on a host that went away.")
 
 
 class _RecordingDeployer(ProcessDeployer):
@@ -43,6 +45,7 @@ class _RecordingDeployer(ProcessDeployer):
     def __init__(self, options: _RecordedOptions, *, transport: Transport) -> None:
         super().__init__(options, transport=transport)
         self._record = Path(options.record)
+        self._fail_remove = options.fail_remove
 
     def _write(self, entry: dict[str, Any]) -> None:
         with self._record.open("a") as out:
@@ -54,6 +57,8 @@ class _RecordingDeployer(ProcessDeployer):
         return str(self._record)
 
     async def remove_persisted(self, launch: LaunchSpec) -> str | None:
+        if self._fail_remove:
+            raise DeployError("cannot remove the drop-in: Connection refused")
         self._write({"remove": True})
         return str(self._record)
 
@@ -68,15 +73,25 @@ HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 _SPEED = ["--sim-speed", "20"]
 
 
-def _hosts_override(records: Path, broken: str | None = None) -> str:
+def _hosts_override(
+    records: Path, *, broken: str | None = None, refuses: str | None = None, **deploy: dict[str, Any]
+) -> str:
+    """The fleet's hosts: `broken`'s server dies after one request, `refuses`' does not start; `deploy`: a
+    host's [deploy] table instead of the recording one."""
     entries = []
     for name in HOSTS:
-        args = [*_SPEED, *(["--sim-fault", "die-after=1"] if name == broken else [])]
+        fault = {broken: ["--sim-fault", "die-after=1"], refuses: ["--sim-fault", "refuse-start"]}.get(name, [])
+        table = deploy.get(name.replace("-", "_")) or {
+            "kind": _KIND, "record": f"{records / name}.jsonl", "start_timeout_s": 30
+        }  # fmt: skip
         entries.append(
-            f'{{name = "{name}", deploy = {{kind = "{_KIND}", record = "{records / name}.jsonl", '
-            f"start_timeout_s = 30}}, engine = {{extra_args = {json.dumps(args)}}}}}"
+            f'{{name = "{name}", deploy = {_toml(table)}, engine = {{extra_args = {json.dumps([*_SPEED, *fault])}}}}}'
         )
     return "hosts=[" + ", ".join(entries) + "]"
+
+
+def _toml(table: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{key} = {json.dumps(value)}" for key, value in table.items()) + "}"
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +143,48 @@ def test_a_host_whose_verification_fails_stops_the_rollout_there(
     assert outcome.code == 1
     line = outcome.error_line()
     assert "host gpu-b: the verification run failed" in line and "stays on its baseline" in line, line
-    assert "applied on gpu-a, which keep it" in line and "not tried: gpu-c" in line, line
+    assert f"gpu-a keeps trial {trial}" in line and "not tried: gpu-c" in line, line
+    assert f"applied trial {trial} (" in outcome.out and ") on gpu-a for good" in outcome.out  # said as it was done
     assert len(_lines(tmp_path / "gpu-a.jsonl")) == 1
     assert _lines(tmp_path / "gpu-b.jsonl") == [] and _lines(tmp_path / "gpu-c.jsonl") == []
+
+
+def test_a_host_whose_server_does_not_start_stops_the_rollout_and_says_who_keeps_the_trial(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fleet_run: tuple[Path, int]
+) -> None:
+    runs, trial = fleet_run
+    outcome = _apply(capsys, runs, trial, tmp_path, "--set", _hosts_override(tmp_path, refuses="gpu-b"))
+    assert outcome.code != 0 and "Traceback" not in outcome.err
+    assert f"the rollout stopped at host gpu-b, which is back on its baseline; gpu-a keeps trial {trial}" in outcome.out
+    assert "not tried: gpu-c" in outcome.out
+    assert len(_lines(tmp_path / "gpu-a.jsonl")) == 1 and _lines(tmp_path / "gpu-c.jsonl") == []
+
+
+def test_a_host_whose_deploy_cannot_keep_a_trial_is_refused_before_any_host_is_touched(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fleet_run: tuple[Path, int]
+) -> None:
+    runs, trial = fleet_run
+    hosts = _hosts_override(tmp_path, gpu_c={"kind": "process", "start_timeout_s": 30})
+    outcome = _apply(capsys, runs, trial, tmp_path, "--set", hosts)
+    assert outcome.code == 2
+    assert "deploy.kind = 'process' (host gpu-c) has no configuration of the host to write" in outcome.error_line()
+    assert all(_lines(tmp_path / f"{host}.jsonl") == [] for host in HOSTS)
+    restore = run_cli(capsys, "restore", str(DEMO), "--set", 'engine.binary="simulated"', "--set", hosts)
+    assert restore.code == 2 and "(host gpu-c) writes nothing" in restore.error_line()
+    assert all(_lines(tmp_path / f"{host}.jsonl") == [] for host in HOSTS)
+
+
+def test_restore_tries_every_host_and_names_the_ones_it_could_not_restore(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    failing = {"kind": _KIND, "record": str(tmp_path / "gpu-b.jsonl"), "fail_remove": True}
+    hosts = _hosts_override(tmp_path, gpu_b=failing)
+    outcome = run_cli(capsys, "restore", str(DEMO), "--set", 'engine.binary="simulated"', "--set", hosts)
+    assert outcome.code == 1
+    line = outcome.error_line()
+    assert "could not restore 1 of 3 hosts (gpu-b: cannot remove the drop-in: Connection refused)" in line, line
+    assert "gpu-a: removed" in outcome.out and "gpu-c: removed" in outcome.out
+    assert _lines(tmp_path / "gpu-a.jsonl") == [{"remove": True}] == _lines(tmp_path / "gpu-c.jsonl")
 
 
 def test_apply_and_restore_on_the_hosts_named(

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.config import ParamValue, StudySpec
-from tuner.deployers.base import PersistentDeployer, create_deployer
-from tuner.errors import ConfigError, MeasurementError, StudyError
+from tuner.deployers.base import DEPLOYERS, PersistentDeployer, create_deployer
+from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import fleet_hosts, open_optuna_study_readonly, prepare_study
+from tuner.study import PreparedStudy, fleet_hosts, open_optuna_study_readonly, prepare_study
 from tuner.transports.base import create_transport
 from tuner.trial_runner import ServerTrialRunner
 
-__all__ = ["Applied", "apply_settings", "apply_to_hosts", "restore_hosts", "restore_settings"]
+__all__ = ["Applied", "apply_to_hosts", "restore_hosts", "restore_settings"]
 
 # Fresh prompts for the verification run: no round of the study used this index, so nothing is cached.
 _VERIFY_PROMPTS_INDEX = 1_000_003
@@ -56,6 +56,48 @@ def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
     return row
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """What `tuner apply` will do on one host, checked before any host is touched."""
+
+    spec: StudySpec
+    prepared: PreparedStudy
+    row: LeaderboardRow
+    server: dict[str, ParamValue]
+    client: dict[str, ParamValue]
+    host: str | None
+
+
+def _writes_the_hosts_config(spec: StudySpec) -> bool:
+    """Whether the study's deploy kind can make a trial the host's own (`PersistentDeployer`)."""
+    factory = DEPLOYERS.get(spec.deploy.kind)
+    return all(callable(getattr(factory, name, None)) for name in ("persist", "remove_persisted"))
+
+
+def _plan(spec: StudySpec, base_dir: Path, run_path: Path, row: LeaderboardRow, host: str | None) -> _Plan:
+    prepared = prepare_study(spec, base_dir)
+    engine = prepared.engine
+    try:
+        engine.check_settings(row.settings)  # what the journal holds, which a hand edit may have changed
+    except ConfigError as exc:
+        raise ConfigError(f"trial {row.number} of {run_path}: {exc}; apply another trial with --trial N") from None
+    server = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "server"}
+    client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
+    engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
+    if not _writes_the_hosts_config(spec):
+        flags = " ".join(f"{name}={value}" for name, value in sorted(server.items()))
+        on = "" if host is None else f" (host {host})"
+        raise ConfigError(
+            f"deploy.kind = {spec.deploy.kind!r}{on} has no configuration of the host to write; start the server "
+            f"with these settings yourself: {flags}"
+        )
+    return _Plan(spec=spec, prepared=prepared, row=row, server=server, client=client, host=host)
+
+
+def _hosts_text(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 async def apply_to_hosts(
     spec: StudySpec,
     base_dir: Path,
@@ -64,70 +106,83 @@ async def apply_to_hosts(
     trial: int | None,
     hosts: Sequence[str] | None,
     say: Callable[[str], None],
+    applied: Callable[[Applied], None],
 ) -> list[Applied]:
-    """`apply_settings` on the study's host, or on a fleet's hosts (those named, else every one) one after
-    another, as a rollout: the first host whose verification run fails stops it there, back on its
-    baseline; the hosts before it keep what they verified, and the error says which did and which were not
-    tried."""
+    """Makes the chosen trial (the recommendation, or `trial`) the host's own after a verification run, or
+    a fleet's hosts' (those named, else every one), one after another, as a rollout. The trial is chosen
+    once and every host is checked before any is touched; `applied` hears of each host as it is done. The
+    first host where it fails is back on its baseline and stops the rollout: the error (a failed
+    verification run) or a line said before it (anything else, Ctrl-C included) names the hosts that keep
+    the trial and those not tried."""
+    row = _chosen_row(run_path, trial)
     if not spec.hosts and not hosts:
-        return [await apply_settings(spec, base_dir, run_path, trial=trial, say=say)]
-    entries = fleet_hosts(spec, hosts)
-    applied: list[Applied] = []
-    for index, entry in enumerate(entries):
-        say(f"host {entry.name}:")
+        plans = [_plan(spec, base_dir, run_path, row, None)]
+    else:
+        plans = [_plan(spec.for_host(e), base_dir, run_path, row, e.name) for e in fleet_hosts(spec, hosts)]
+    done: list[Applied] = []
+    for index, plan in enumerate(plans):
+        if plan.host is not None:
+            say(f"host {plan.host}:")
         try:
-            applied.append(
-                await apply_settings(spec.for_host(entry), base_dir, run_path, trial=trial, say=say, host=entry.name)
-            )
-        except StudyError as exc:
-            kept = ", ".join(str(a.host) for a in applied)
-            left = ", ".join(e.name for e in entries[index + 1 :])
-            raise StudyError(
-                f"host {entry.name}: {exc}"
-                + (f"; applied on {kept}, which keep it (`tuner restore STUDY --host NAME` removes it)" if kept else "")
-                + (f"; not tried: {left}" if left else "")
-            ) from None
-    return applied
+            result = await _apply(plan, run_path, say=say)
+        except BaseException as exc:
+            if plan.host is None:
+                raise
+            kept = [str(a.host) for a in done]
+            state = (f"; {_hosts_text(kept)} keep{'s' if len(kept) == 1 else ''} trial {row.number} (`tuner restore "
+                     f"STUDY --host NAME` removes it)" if kept else "")  # fmt: skip
+            left = [p.host for p in plans[index + 1 :] if p.host is not None]
+            state += f"; not tried: {', '.join(left)}" if left else ""
+            if isinstance(exc, StudyError):  # the verification run failed: one line says it all
+                raise StudyError(f"host {plan.host}: {exc}{state}") from None
+            say(f"the rollout stopped at host {plan.host}, which is back on its baseline{state}")
+            raise
+        done.append(result)
+        applied(result)
+    return done
 
 
 async def restore_hosts(
-    spec: StudySpec, base_dir: Path, *, hosts: Sequence[str] | None
-) -> list[tuple[str | None, str | None]]:
-    """`restore_settings` on the study's host or on a fleet's hosts (those named, else every one): per host,
-    the path removed (None: it had none)."""
-    if not spec.hosts and not hosts:
-        return [(None, await restore_settings(spec, base_dir))]
-    return [(e.name, await restore_settings(spec.for_host(e), base_dir)) for e in fleet_hosts(spec, hosts)]
-
-
-async def apply_settings(
     spec: StudySpec,
     base_dir: Path,
-    run_path: Path,
     *,
-    trial: int | None,
-    say: Callable[[str], None],
-    host: str | None = None,
-) -> Applied:
-    prepared = prepare_study(spec, base_dir)
-    engine = prepared.engine
-    row = _chosen_row(run_path, trial)
-    try:
-        engine.check_settings(row.settings)  # what the journal holds, which a hand edit may have changed
-    except ConfigError as exc:
-        raise ConfigError(f"trial {row.number} of {run_path}: {exc}; apply another trial with --trial N") from None
-    server = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "server"}
-    client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
-    engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
+    hosts: Sequence[str] | None,
+    restored: Callable[[str | None, str | None], None],
+) -> None:
+    """Removes what `tuner apply` wrote on the study's host, or on a fleet's hosts (those named, else every
+    one). A rollback: every host is tried; `restored` hears of each (the path removed, or None where there
+    was nothing), and the hosts that could not be restored are named at the end (`StudyError`)."""
+    targets = (
+        [(None, spec)]
+        if not spec.hosts and not hosts
+        else [(e.name, spec.for_host(e)) for e in fleet_hosts(spec, hosts)]
+    )
+    for host, host_spec in targets:  # before any host is touched
+        if not _writes_the_hosts_config(host_spec):
+            on = "" if host is None else f" (host {host})"
+            raise ConfigError(
+                f"deploy.kind = {host_spec.deploy.kind!r}{on} writes nothing to the host that could be removed"
+            )
+    failed: list[str] = []
+    for host, host_spec in targets:
+        try:
+            removed = await restore_settings(host_spec, base_dir)
+        except TunerError as exc:
+            if host is None:
+                raise
+            failed.append(f"{host}: {exc}")
+            continue
+        restored(host, removed)
+    if failed:
+        raise StudyError(f"could not restore {len(failed)} of {len(targets)} hosts ({'; '.join(failed)}); run it again")
+
+
+async def _apply(plan: _Plan, run_path: Path, *, say: Callable[[str], None]) -> Applied:
+    spec, prepared, row, server, host = plan.spec, plan.prepared, plan.row, plan.server, plan.host
     log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}{'' if host is None else '-' + host}-server.log"
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)
-        if not isinstance(deployer, PersistentDeployer):
-            flags = " ".join(f"{name}={value}" for name, value in sorted(server.items()))
-            raise ConfigError(
-                f"deploy.kind = {spec.deploy.kind!r} has no configuration of the host to write; start the server "
-                f"with these settings yourself: {flags}"
-            )
+        assert isinstance(deployer, PersistentDeployer), "checked by _plan"
         async with deployer:
             runner = ServerTrialRunner(prepared, deployer=deployer, transport=transport)
             say(f"starting trial {row.number}'s settings as a trial first: {server}")
@@ -157,13 +212,13 @@ async def apply_settings(
             )
             path = await deployer.persist(note=note)
     return Applied(
-        trial=row.number, server_settings=server, client_settings=client, path=path, requests=len(records),
+        trial=row.number, server_settings=server, client_settings=plan.client, path=path, requests=len(records),
         metrics=metrics, host=host,
     )  # fmt: skip
 
 
 async def restore_settings(spec: StudySpec, base_dir: Path) -> str | None:
-    """Removes what `apply_settings` wrote; returns its path, or None if the host had none."""
+    """Removes what `tuner apply` wrote on one host; returns its path, or None if the host had none."""
     prepared = prepare_study(spec, base_dir)
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)

@@ -459,33 +459,41 @@ def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
 def _apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
+    from tuner.study import fleet_hosts
 
     _use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
+    if args.hosts:
+        fleet_hosts(spec, args.hosts)  # a wrong --host is the user's mistake (exit 2), run directory or not
     run_path = args.runs_dir / spec.name
     if not _holds_study(run_path):
         raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
 
     received: list[int] = []
 
-    async def main() -> list[Applied]:
-        _stop_on_signals(received)
-        return await apply_to_hosts(spec, base_dir, run_path, trial=args.trial, hosts=args.hosts, say=console.print)
-
-    for applied in _run_stoppable(main(), received):
-        settings = ", ".join(f"{k}={v}" for k, v in sorted(applied.server_settings.items())) or "(the baseline's)"
-        stall, ttft = applied.metrics.get("stall_tok_s"), applied.metrics.get("ttft_p95_s")
-        on = "" if applied.host is None else f" on {applied.host}"
+    def applied(result: Applied) -> None:  # each host as it is done: a rollout may stop at the next
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(result.server_settings.items())) or "(the baseline's)"
+        stall, ttft = result.metrics.get("stall_tok_s"), result.metrics.get("ttft_p95_s")
+        on = "" if result.host is None else f" on {result.host}"
         console.print(
-            f"verification run{on}: {applied.requests} requests, all answered"
+            f"verification run{on}: {result.requests} requests, all answered"
             + (f"; stall {stall:.2f} tok/s" if stall is not None else "")
             + (f", TTFT p95 {ttft:.2f} s" if ttft is not None else "")
         )
-        console.print(f"applied trial {applied.trial} ({settings}){on} for good: {applied.path}", highlight=False)
-        if applied.client_settings:
-            client = ", ".join(f"{k}={v}" for k, v in sorted(applied.client_settings.items()))
+        console.print(f"applied trial {result.trial} ({settings}){on} for good: {result.path}", highlight=False)
+        if result.client_settings:
+            client = ", ".join(f"{k}={v}" for k, v in sorted(result.client_settings.items()))
             console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
-    console.print(f"`tuner restore {args.study}` removes it")
+
+    async def main() -> list[Applied]:
+        _stop_on_signals(received)
+        return await apply_to_hosts(
+            spec, base_dir, run_path, trial=args.trial, hosts=args.hosts, say=console.print, applied=applied
+        )
+
+    done = _run_stoppable(main(), received)
+    named = "".join(f" --host {a.host}" for a in done if a.host is not None) if args.hosts else ""
+    console.print(f"`tuner restore {args.study}{named}` removes it", highlight=False)
     return 0
 
 
@@ -497,18 +505,20 @@ def _restore(args: argparse.Namespace, console: Console) -> int:
 
     received: list[int] = []
 
-    async def main() -> list[tuple[str | None, str | None]]:
-        _stop_on_signals(received)
-        return await restore_hosts(spec, base_dir, hosts=args.hosts)
-
-    for host, removed in _run_stoppable(main(), received):
+    def restored(host: str | None, removed: str | None) -> None:
         on = "" if host is None else f"{host}: "
         if removed is None:
-            console.print(f"{on}the host has no settings of `tuner apply`; nothing to remove")
+            console.print(f"{on}the host has no settings of `tuner apply`; nothing to remove", highlight=False)
         else:
             console.print(
                 f"{on}removed {removed}; the unit runs the operator's own configuration again", highlight=False
             )
+
+    async def main() -> None:
+        _stop_on_signals(received)
+        await restore_hosts(spec, base_dir, hosts=args.hosts, restored=restored)
+
+    _run_stoppable(main(), received)
     return 0
 
 

@@ -1275,7 +1275,8 @@ def fleet_hosts(spec: StudySpec, only: Sequence[str] | None) -> list[HostEntry]:
     if not spec.hosts:
         raise ConfigError("--host names a host of the study's [[hosts]], and the study has none")
     if unknown:
-        raise ConfigError(f"--host {unknown[0]!r} is not a host of the study; its hosts: {', '.join(names)}")
+        shown = unknown[0] if len(unknown[0]) <= 100 else unknown[0][:100] + "..."
+        raise ConfigError(f"--host {shown!r} is not a host of the study; its hosts: {', '.join(names)}")
     return [h for h in spec.hosts if h.name in only]
 
 
