@@ -122,7 +122,7 @@ def _one(  # noqa: PLR0917
         # The controllers' CPU time against what the machine's cores offered meanwhile: near 1, the
         # controllers waited for a core (several controllers on one machine, which a fleet spreads out).
         "controllers_cpu_s": cpu,
-        "cpu_share": cpu / (total * (os.cpu_count() or 1)),
+        "cpu_share": cpu / (total * len(os.sched_getaffinity(0))),
         "deployed_trials": sum(1 for r in deployed if not r.baseline),
         "baselines": sum(1 for r in deployed if r.baseline),
         "per_host": {n: sum(1 for r in deployed if r.host == n) for n in names},

@@ -184,11 +184,11 @@ class _ProbeCountingRunner(SimulatedTrialRunner):
         self.probed: list[int] = []
 
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]:
         if lora is None:
             self.probed.append(self.started.number)
-        return await super().probe_answers(tokens=tokens, lora=lora)
+        return await super().probe_answers(tokens=tokens, lora=lora, together=together)
 
 
 def test_a_trial_with_the_baselines_server_settings_asks_no_correctness_probes(tmp_path: Path) -> None:

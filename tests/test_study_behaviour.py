@@ -170,9 +170,9 @@ class _WrongAnswersAt256(SimulatedTrialRunner):
         await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
 
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]:
-        answers = await super().probe_answers(tokens=tokens, lora=lora)
+        answers = await super().probe_answers(tokens=tokens, lora=lora, together=together)
         return [tuple(t + 1 for t in answer) for answer in answers] if self.n_batch == 256 else answers
 
 
@@ -191,6 +191,37 @@ def test_a_config_whose_answers_differ_is_failed_by_the_correctness_gate_and_nev
     assert sum(1 for started in runner.starts_by_settings if started.get("n_batch") == 256) == 1
     board = build_leaderboard(study)
     assert board.recommendation.row is None or board.recommendation.row.settings.get("n_batch") != 256
+
+
+class _BatchedAnswersDifferAt256(_WrongAnswersAt256):
+    """A server whose answers change at n_batch = 256 only when the probes come in one batch (a device
+    whose batched kernels differ in their last bits); one at a time they are the baseline's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[bool] = []  # how each ask came: together or not
+
+    async def probe_answers(
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
+    ) -> list[tuple[int, ...]]:
+        self.asked.append(together)
+        answers = await SimulatedTrialRunner.probe_answers(self, tokens=tokens, lora=lora, together=together)
+        return [tuple(t + 1 for t in answer) for answer in answers] if self.n_batch == 256 and together else answers
+
+
+def test_answers_that_differ_only_in_a_batch_are_asked_again_one_at_a_time_before_the_gate_fails_them(
+    tmp_path: Path,
+) -> None:
+    prepared = prepare_simulated(_small_study("budget.trials=2", "confirm.top=0", "extra_rounds_if_noisy=0"))
+    runner = _BatchedAnswersDifferAt256(prepared, seed=6, noise=NoiseModel())
+    with RunDirectory(tmp_path / "s", notice=lambda _line: None) as run_dir:
+        study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=InMemoryStorage())
+        asyncio.run(run_search(prepared, run_dir, study, runner))
+    records = [(t, TrialRecord.of(t)) for t in study.get_trials() if TrialRecord.of(t).deployed]
+    (trial, record), *_ = [(t, r) for t, r in records if (r.settings or {}).get("n_batch") == 256]
+    assert trial.state == TrialState.COMPLETE and record.answer_agreement == [1.0] * 4, record.fail_reason
+    # The baseline's reference one at a time; each trial together, the one at 256 again one at a time.
+    assert runner.asked[0] is False and runner.asked.count(False) == 2, runner.asked
 
 
 def test_settings_pruned_once_are_not_deployed_again_when_proposed_again(tmp_path: Path) -> None:

@@ -50,11 +50,14 @@ async def ask_probes(
     tokens: int,
     timeout_s: float,
     lora: tuple[tuple[str, float], ...] | None = None,
+    together: bool = True,
 ) -> list[tuple[int, ...]]:
-    """The probes' greedy answers, in PROBE_PROMPTS' order. Asked together: the server decodes them in one
-    batch, and on the real llama-server their answers were the same as one at a time, token for token, at
+    """The probes' greedy answers, in PROBE_PROMPTS' order. `together`: all at once, which the server decodes
+    in one batch; on the real llama-server their answers were the same as one at a time, token for token, at
     five n_batch / n_ubatch settings, while the four took 1.3-1.5 s instead of 2.1-2.4 s (one thread of a
-    2-core CPU). `MeasurementError` for the first that fails; the others are cancelled."""
+    2-core CPU; bench/probe_batching.py). An engine or device may answer a batch otherwise in its last bits:
+    the gate asks one at a time again before it fails a trial. `MeasurementError` for the first probe to
+    fail; the others are cancelled."""
     headers = engine.request_headers()
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers, verify=tls_context()) as client:
 
@@ -71,10 +74,12 @@ async def ask_probes(
                 raise MeasurementError(f"correctness probe got HTTP {response.status_code}: {answer}")
             return engine.parse_probe_answer(response.json())
 
+        if not together:
+            return [await ask(prompt) for prompt in PROBE_PROMPTS]
         try:
             async with asyncio.TaskGroup() as group:
                 asked = [group.create_task(ask(prompt)) for prompt in PROBE_PROMPTS]
-        except ExceptionGroup as failed:  # the first failure, as one probe at a time raised it
+        except ExceptionGroup as failed:  # the first to fail (a bug's exception too: it is the only kind)
             raise failed.exceptions[0] from None
     return [task.result() for task in asked]
 
@@ -112,7 +117,7 @@ def judge(answers: Sequence[Sequence[int]], reference: Sequence[Sequence[int]], 
 
 class Prober(Protocol):
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]: ...
 
 

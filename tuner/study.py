@@ -1025,7 +1025,9 @@ class _Gates:
 
     async def correctness(self, trial: optuna.Trial, *, baseline: bool) -> None:
         self.loop.observer.probing(number=trial.number)
-        answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens)
+        # The baseline's reference one at a time, as a single user gets its answers; a trial's together (one
+        # batch, a second saved a trial), asked again one at a time before it is failed.
+        answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens, together=not baseline)
         host = self.loop.host
         if baseline:
             # Each host's baseline answers are its own trials' reference (hosts may differ in their last bits).
@@ -1038,6 +1040,9 @@ class _Gates:
         if reference is None:
             return
         result = judge(answers, reference, min_agreement=self.gate.min_agreement)
+        if not result.passed:
+            answers = await self.loop.runner.probe_answers(tokens=self.gate.tokens, together=False)
+            result = judge(answers, reference, min_agreement=self.gate.min_agreement)
         update_trial_record(trial, answer_agreement=result.agreement)
         if not result.passed:
             raise MeasurementError(f"{GATE_FAILURE}: {result.reason}")

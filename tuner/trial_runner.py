@@ -94,9 +94,10 @@ class TrialRunner(Protocol):
         ...
 
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]:
-        """The greedy answers to the correctness probes; `MeasurementError` if a probe fails."""
+        """The greedy answers to the correctness probes, asked together or one at a time; `MeasurementError` if
+        a probe fails."""
         ...
 
     async def measure_round(
@@ -331,10 +332,12 @@ class ServerTrialRunner:
             await asyncio.sleep(_LOG_POLL_S)
 
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]:
         timeout = self.prepared.spec.workload.request_timeout_s
-        answers = await ask_probes(self.prepared.engine, self.base_url, tokens=tokens, timeout_s=timeout, lora=lora)
+        answers = await ask_probes(
+            self.prepared.engine, self.base_url, tokens=tokens, timeout_s=timeout, lora=lora, together=together
+        )
         _, self._log_mark = await self.deployer.read_log(self._log_mark)  # the probes are not the round's
         return answers
 

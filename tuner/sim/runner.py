@@ -150,7 +150,7 @@ class SimulatedTrialRunner:
         return None
 
     async def probe_answers(
-        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None
+        self, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None, together: bool = True
     ) -> list[tuple[int, ...]]:
         from tuner.gate import PROBE_PROMPTS
 
