@@ -184,17 +184,27 @@ class _RefusesItsFirstThreeTrials(SimulatedTrialRunner):
         await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
 
 
-def test_a_host_whose_trials_keep_failing_and_whose_baseline_no_longer_starts_is_dropped(tmp_path: Path) -> None:
-    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", 'search.pruner="none"')
+def _gpu_b_misbehaving(
+    tmp_path: Path, runner: type[SimulatedTrialRunner], *extra: str, heartbeat_s: float = 10.0, grace_s: float = 120.0
+) -> tuple[SimulatedFleet, list[str]]:
+    """A two-host fleet (no pruning, no confirmation) whose gpu-b runs on `runner`; what its loops said."""
+    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", 'search.pruner="none"', *extra)
     said: list[str] = []
     result = run_simulated_fleet(
         prepared,
         tmp_path / "run",
         hosts={"gpu-a": 1.0, "gpu-b": 1.0},
         seed=1,
-        runner_class={"gpu-b": _BreaksAfterItsBaseline},
+        runner_class={"gpu-b": runner},
         say=said.append,
+        heartbeat_s=heartbeat_s,
+        grace_s=grace_s,
     )
+    return result, said
+
+
+def test_a_host_whose_trials_keep_failing_and_whose_baseline_no_longer_starts_is_dropped(tmp_path: Path) -> None:
+    result, said = _gpu_b_misbehaving(tmp_path, _BreaksAfterItsBaseline)
     reason = result.dropped["gpu-b"]
     assert list(result.dropped) == ["gpu-b"], result.dropped
     assert "failed in a row" in reason and "baseline settings no longer start" in reason, reason
@@ -214,16 +224,7 @@ def test_a_peer_with_nothing_left_waits_for_a_host_checking_itself_and_measures_
 ) -> None:
     # gpu-b fails its three trials while gpu-a takes the rest of the budget; gpu-a, done with its own, must
     # not end the search while gpu-b checks its baseline, or the three trials gpu-b queues are never measured.
-    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", 'search.pruner="none"')
-    result = run_simulated_fleet(
-        prepared,
-        tmp_path / "run",
-        hosts={"gpu-a": 1.0, "gpu-b": 1.0},
-        seed=1,
-        runner_class={"gpu-b": _BreaksAndChecksSlowly},
-        heartbeat_s=0.1,
-        grace_s=5.0,
-    )
+    result, _ = _gpu_b_misbehaving(tmp_path, _BreaksAndChecksSlowly, heartbeat_s=0.1, grace_s=5.0)
     assert list(result.dropped) == ["gpu-b"]
     records = _records(result.study)
     assert not [t.number for t, _ in records if t.state == TrialState.WAITING]
@@ -231,16 +232,7 @@ def test_a_peer_with_nothing_left_waits_for_a_host_checking_itself_and_measures_
 
 
 def test_a_host_whose_trials_fail_but_whose_baseline_still_starts_goes_on(tmp_path: Path) -> None:
-    prepared = _fleet_prepared(["gpu-a", "gpu-b"], "confirm.top=0", "budget.trials=10", 'search.pruner="none"')
-    said: list[str] = []
-    result = run_simulated_fleet(
-        prepared,
-        tmp_path / "run",
-        hosts={"gpu-a": 1.0, "gpu-b": 1.0},
-        seed=1,
-        runner_class={"gpu-b": _RefusesItsFirstThreeTrials},
-        say=said.append,
-    )
+    result, said = _gpu_b_misbehaving(tmp_path, _RefusesItsFirstThreeTrials, "budget.trials=10")
     assert result.dropped == {}
     assert any("gpu-b: its baseline settings start; the failures were the settings'" in line for line in said)
     records = _records(result.study)
