@@ -2,8 +2,9 @@
 
 On the simulated server (tests/sim_study.py), whose slots and host-RAM prompt cache behave as llama-server's:
 a trial that differs from the running server only in its LoRA policy (a request-scope knob) is measured on
-it, its slots cleared first; a trial with other server settings, a trial's own next round, and a server with
-the prompt cache on (llama-server's default) restart as before.
+it, its slots cleared first and, since no request empties the host-RAM prompt cache, a variant of the
+round's prompts replayed; a trial with other server settings, a trial's own next round, and an engine that
+cannot clear its server restart as before. tests/test_server_reuse_real.py checks the same on llama-server.
 """
 
 from __future__ import annotations
@@ -57,12 +58,17 @@ def test_a_trial_differing_only_in_its_lora_policy_is_measured_on_the_running_se
     assert result.board.recommendation.message  # the study ran to its end
 
 
-def test_a_reused_server_serves_no_prompt_from_an_earlier_trials_round(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache_ram", ["cache_ram=0", "the default cache_ram"])
+def test_a_reused_server_serves_no_prompt_from_an_earlier_trials_round(tmp_path: Path, cache_ram: str) -> None:
     # Round k of every trial replays the same prompts: without its slots cleared, a reused server would
-    # answer part of the next trial's round from the last one's cached prompts. Every round, reused or
-    # not, must find in the cache exactly what it finds on a server started for it.
+    # answer part of the next trial's round from the last one's cached prompts, and with the host-RAM
+    # prompt cache on (llama-server's default), which no request empties, from that cache unless the round
+    # replays a variant of its prompts. Every round, reused or not, must find in the cache exactly what it
+    # finds on a server started for it.
+    overrides = ["engine.settings.cache_ram=0"] if cache_ram == "cache_ram=0" else []
+
     def cached_tokens(reuse: bool, run: str) -> dict[tuple[int, str], int]:
-        prepared = _lora_study("engine.settings.cache_ram=0", "confirm.top=0")
+        prepared = _lora_study(*overrides, "confirm.top=0")
         runner = _RecordingRunner(prepared, seed=0, noise=QUIET)
         if not reuse:
             runner.refuse_reuse = True
@@ -73,6 +79,17 @@ def test_a_reused_server_serves_no_prompt_from_an_earlier_trials_round(tmp_path:
     with_reuse, restarted = cached_tokens(True, "reused"), cached_tokens(False, "restarted")
     assert with_reuse.keys() == restarted.keys()
     assert with_reuse == restarted
+    assert any(restarted.values())  # the workload's own sharing is found in the cache either way
+
+
+def test_with_the_prompt_cache_on_a_lora_policy_is_measured_on_the_running_server(tmp_path: Path) -> None:
+    # llama-server's default cache_ram (8192 MiB): the host-RAM prompt cache keeps the earlier rounds'
+    # prompts, and a reused round replays a variant of its own, so the server is reused as with it off.
+    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
+    runner = result.runner
+    assert runner.reuses_by_settings, runner.servers
+    assert len(runner.starts_by_settings) < runner.rounds_measured
+    assert all(len(trials) == len(set(trials)) for trials in _servers(runner))
 
 
 def test_a_trial_with_other_server_settings_restarts_the_server(tmp_path: Path) -> None:
@@ -84,12 +101,15 @@ def test_a_trial_with_other_server_settings_restarts_the_server(tmp_path: Path) 
     assert len(runner.starts_by_settings) == runner.rounds_measured
 
 
-def test_with_the_prompt_cache_on_even_a_lora_policy_restarts_the_server(tmp_path: Path) -> None:
-    # llama-server's default cache_ram (8192 MiB): no request empties the host-RAM prompt cache, which
-    # would hand the next trial the same round's prompts.
-    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
-    assert result.runner.reuses_by_settings == []
-    assert len(result.runner.starts_by_settings) == result.runner.rounds_measured
+def test_a_server_the_engine_cannot_clear_is_restarted_for_every_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ollama and vLLM: nothing is known to clear their caches without a restart (`Engine.reuse_refusal`).
+    prepared = _lora_study("confirm.top=0")
+    monkeypatch.setattr(prepared.engine, "reuse_refusal", lambda _settings: "no request clears this engine's cache")
+    runner = _run(prepared, SimulatedTrialRunner(prepared, seed=0, noise=QUIET), tmp_path / "s")
+    assert runner.reuses_by_settings == []
+    assert len(runner.starts_by_settings) == runner.rounds_measured
 
 
 def test_a_server_whose_slots_could_not_all_be_cleared_is_restarted(
@@ -108,20 +128,16 @@ def test_a_server_whose_slots_could_not_all_be_cleared_is_restarted(
     assert len(runner.starts_by_settings) == runner.rounds_measured
 
 
-def test_llama_server_refuses_reuse_with_the_prompt_cache_on_and_clears_every_slot_otherwise() -> None:
+def test_llama_server_can_be_reused_with_its_prompt_cache_on_and_clears_every_slot() -> None:
     def engine(**options: object) -> LlamaServerEngine:
         from tuner.engines.llama_server import LlamaServerOptions
 
         return LlamaServerEngine(LlamaServerOptions.model_validate({"binary": "simulated", **options}))
 
     default = engine()
-    assert "cache_ram" in (default.reuse_refusal({}) or "")
-    assert "8192" in (default.reuse_refusal({}) or "")
-    assert "cache_ram: 1024 MiB" in (default.reuse_refusal({"cache_ram": 1024}) or "")
-    assert default.reuse_refusal({"cache_ram": 0}) is None
-    assert engine(settings={"cache_ram": 0}).reuse_refusal({"lora_policy": "all_on"}) is None
-    flagged = engine(settings={"cache_ram": 0}, extra_args=["--cache-ram", "512"])
-    assert "--cache-ram" in (flagged.reuse_refusal({}) or "")
+    assert default.reuse_refusal({}) is None
+    assert default.reuse_refusal({"cache_ram": 1024, "lora_policy": "all_on"}) is None
+    assert engine(extra_args=["--cache-ram", "512"]).reuse_refusal({}) is None
     # The server settings leave the request-scope knobs out: a LoRA policy alone changes nothing there.
     assert default.server_settings({"lora_policy": "all_off"}) == default.server_settings({})
     assert default.server_settings({"n_batch": 64}) != default.server_settings({})
@@ -154,11 +170,17 @@ class _RecordingRunner(SimulatedTrialRunner):
         settings: Mapping[str, ParamValue],
         number: int,
         prompts_index: int,
+        prompts_variant: int = 0,
         label: str,
         records_name: str | None,
     ) -> RoundResult:
         result = await super().measure_round(
-            settings=settings, number=number, prompts_index=prompts_index, label=label, records_name=records_name
+            settings=settings,
+            number=number,
+            prompts_index=prompts_index,
+            prompts_variant=prompts_variant,
+            label=label,
+            records_name=records_name,
         )
         self.cached[(number, label)] += sum(r.timings.cache_n for r in result.records if r.timings is not None)
         return result
@@ -198,7 +220,6 @@ def test_a_trial_with_the_baselines_server_settings_asks_no_correctness_probes(t
     runner = _run(prepared, _ProbeCountingRunner(prepared, seed=0, noise=QUIET), tmp_path / "lora")
     assert isinstance(runner, _ProbeCountingRunner)
     assert runner.probed == [0], runner.probed  # the baseline's only; both policies measured without
-    assert len(runner.starts_by_settings) == runner.rounds_measured
     server = prepare_simulated(["budget.trials=2", "confirm.top=0", "extra_rounds_if_noisy=0"])
     runner = _run(server, _ProbeCountingRunner(server, seed=0, noise=QUIET), tmp_path / "batch")
     assert isinstance(runner, _ProbeCountingRunner)

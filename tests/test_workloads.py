@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import WorkloadError
+from tuner.models import ReplayRequest
 from tuner.workloads import load_trace, synthesize_requests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +40,33 @@ def test_new_tokens_differ_between_rounds_so_no_round_hits_the_cache_of_another(
     (second,) = synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=1)
     assert first.prompt_token_ids[:8] == second.prompt_token_ids[:8]
     assert first.prompt_token_ids[8:] != second.prompt_token_ids[8:]
+
+
+def test_a_variant_keeps_the_rounds_shape_and_begins_with_none_of_its_tokens(tmp_path: Path) -> None:
+    # A reused server's host-RAM prompt cache holds the rounds it measured; a variant of the next round's
+    # prompts has the same lengths and the same sharing between its own requests, and no prompt begins with
+    # a token of any variant-0 prompt's beginning, so nothing cached before can serve it.
+    trace = load_trace(write(tmp_path, HEADER + LINE % ("a", 100) + LINE % ("b", 50) + SESSION.replace('"s"', '"t"')))
+
+    def made(variant: int) -> list[ReplayRequest]:
+        return synthesize_requests(trace, token_range=(100, 30000), seed=1, round_index=2, variant=variant)
+
+    canonical, reused, again = made(0), made(1), made(2)
+    assert made(0) == canonical  # the prompts every earlier version made for this round
+    for other in (reused, again):
+        assert [r.prompt_tokens for r in other] == [r.prompt_tokens for r in canonical]
+        assert [r.answer_spans for r in other] == [r.answer_spans for r in canonical]
+        for mine, theirs in itertools.product(other, canonical):
+            assert mine.prompt_token_ids[0] != theirs.prompt_token_ids[0]
+        for (a, b), (x, y) in itertools.combinations(zip(other, canonical, strict=True), 2):
+            assert _common_prefix(a.prompt_token_ids, b.prompt_token_ids) == _common_prefix(
+                x.prompt_token_ids, y.prompt_token_ids
+            )
+    assert reused[0].prompt_token_ids[0] != again[0].prompt_token_ids[0]
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def test_a_malformed_line_is_reported_with_file_and_line_number(tmp_path: Path) -> None:

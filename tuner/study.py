@@ -609,13 +609,14 @@ class _StudyRun:
             update_trial_record(trial, deployed=True)
         gates = _Gates(self)
         probing = round_index == 0 and gates.probes(pending.settings, baseline=pending.baseline)
-        await self.servers.deploy(settings, number=trial.number, probing=probing)
+        variant = await self.servers.deploy(settings, number=trial.number, probing=probing)
         if round_index == 0:
             await gates.check(trial, pending.settings, baseline=pending.baseline, probing=probing)
         measured = await self.runner.measure_round(
             settings=settings,
             number=trial.number,
             prompts_index=round_index,
+            prompts_variant=variant,
             label=label,
             records_name=f"round-{round_index + 1}",
         )
@@ -957,10 +958,11 @@ class _Servers:
 
     async def deploy(
         self, settings: Mapping[str, ParamValue], *, number: int, log_name: str = "server.log", probing: bool = False
-    ) -> None:
+    ) -> int:
         """Readies a server for a round of trial `number`: the running one where that measures the same as a
-        restart, else a restart. `probing`: the correctness probes come next, and warm a new server as the
-        warm-up would, so it gets none.
+        restart, else a restart; returns the round's prompts variant, 0 on a restarted server, else how many
+        rounds the reused one measured before. `probing`: the correctness probes come next, and warm a new
+        server as the warm-up would, so it gets none.
 
         A restart per round is what keeps one round from being served from another's cached prompts (round k
         of every trial replays the same prompts) and gives each of a trial's rounds its own start. A running
@@ -970,8 +972,11 @@ class _Servers:
         - it has not measured a round of this trial yet: the rounds of one trial, and a confirmation's pairs,
           keep their restart-to-restart spread, which the noise flag and the paired interval rest on;
         - the engine can clear what a restart would (`Engine.reuse_refusal`: llama-server's slots, by
-          requests that replace each slot's prompt; never with its host-RAM prompt cache on, which no
-          request empties), and the runner saw in the server's log that every slot was cleared.
+          requests that replace each slot's prompt), and the runner saw in the server's log that every slot
+          was cleared.
+        What no request clears (llama-server's host-RAM prompt cache) is left useless instead: the reused
+        round replays a variant of its prompts (`round_sessions`), the same shape in tokens that nothing it
+        cached from its earlier rounds begins with.
         """
         engine, log_path = self.loop.prepared.engine, str(self.loop.run_dir.trial_dir(number) / log_name)
         server = engine.server_settings(settings)
@@ -981,14 +986,16 @@ class _Servers:
             if refusal is None:
                 refusal = await self.loop.runner.reuse(settings, number=number, log_path=log_path)
             if refusal is None:
+                variant = len(running.trials)
                 running.trials.add(number)
                 self.running = running
                 self.loop.observer.server_reused(number=number)
-                return
+                return variant
         warm_up = not (probing and self.loop.spec.gate.enabled)
         self.loop.observer.server_starting(number=number)
         await self.loop.runner.start(settings, number=number, log_path=log_path, warm_up=warm_up)
         self.running = _RunningServer(settings=server, trials={number})
+        return 0
 
 
 class _Gates:
@@ -1116,11 +1123,12 @@ class _Confirmation:
         self.loop.observer.round_started(number=number, label=label, index=2 * pair + position + 1, total=2 * pairs)
         # A fleet's hosts each confirm the same candidate: their files are told apart by the host's name.
         name = f"confirm-{candidate}" if self.loop.host is None else f"confirm-{candidate}-{self.loop.host}"
-        await self.loop.servers.deploy(settings, number=number, log_name=f"{name}-server.log")
+        variant = await self.loop.servers.deploy(settings, number=number, log_name=f"{name}-server.log")
         measured = await runner.measure_round(
             settings=settings,
             number=number,
             prompts_index=self.spec.rounds + pair,
+            prompts_variant=variant,
             label=label,
             records_name=f"{name}-{pair + 1}",
         )

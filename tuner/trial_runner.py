@@ -106,11 +106,13 @@ class TrialRunner(Protocol):
         settings: Mapping[str, ParamValue],
         number: int,
         prompts_index: int,
+        prompts_variant: int = 0,
         label: str,
         records_name: str | None,
     ) -> RoundResult:
         """One replay of the workload with its metrics; `MeasurementError` if the server died or no request
-        of the round succeeded."""
+        of the round succeeded. `prompts_variant`: 0 on a server started for the round, else how many rounds
+        the reused server measured before (`round_sessions`)."""
         ...
 
 
@@ -128,18 +130,21 @@ def warm_up_request(engine: Engine) -> ReplayRequest:
 
 
 def round_requests(
-    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int
+    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int, prompts_variant: int = 0
 ) -> list[ReplayRequest]:
     """The round's requests. Every trial replays the same prompts for the same `prompts_index`, so that
     trials differ only in their settings; rounds of one trial get fresh prompts, so that no round hits
-    another's cache."""
+    another's cache. A round on a reused server replays a `prompts_variant` of them: the same shape in
+    other tokens, none of which its host-RAM prompt cache holds from the rounds it measured before."""
     return [
-        request for session in round_sessions(prepared, settings, prompts_index=prompts_index) for request in session
+        request
+        for session in round_sessions(prepared, settings, prompts_index=prompts_index, prompts_variant=prompts_variant)
+        for request in session
     ]
 
 
 def round_sessions(
-    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int
+    prepared: PreparedStudy, settings: Mapping[str, ParamValue], *, prompts_index: int, prompts_variant: int = 0
 ) -> Iterator[list[ReplayRequest]]:
     """`round_requests` a session at a time, in the order of the sessions' first arrivals, made as the
     load generator takes them: a long round never holds all its prompts."""
@@ -150,6 +155,7 @@ def round_sessions(
         token_range=engine.prompt_token_range(),
         seed=spec.workload.seed,
         round_index=prompts_index,
+        variant=prompts_variant,
         time_scale=spec.workload.time_scale,
     ):
         yield engine.apply_request_settings(session, settings, lora_mix=lora_mix)
@@ -347,6 +353,7 @@ class ServerTrialRunner:
         settings: Mapping[str, ParamValue],
         number: int,
         prompts_index: int,
+        prompts_variant: int = 0,
         label: str,
         records_name: str | None,
     ) -> RoundResult:
@@ -355,7 +362,7 @@ class ServerTrialRunner:
         counters_before = await scrape_prometheus(engine, self.base_url)
         async with GpuMemorySampler(self.transport) as gpu:
             records = await replay_sessions(
-                round_sessions(prepared, settings, prompts_index=prompts_index),
+                round_sessions(prepared, settings, prompts_index=prompts_index, prompts_variant=prompts_variant),
                 engine=engine,
                 base_url=self.base_url,
                 request_timeout_s=prepared.spec.workload.request_timeout_s,

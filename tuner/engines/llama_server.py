@@ -402,16 +402,11 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
 
     def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
         # A slot's cache is cleared by a request with an unrelated prompt (`flush_requests`): the slot keeps
-        # no token of the earlier prompt. The host-RAM prompt cache (cache_ram, on by default) is another
-        # matter: the server saves each displaced slot into it, no endpoint of llama-server clears it, and
-        # the next trial's round (the same prompts as this round of every trial) would be restored from it.
-        # A restart is the only way to empty it, so a server with it on is never reused.
-        cache_ram = self.effective_settings(settings).get("cache_ram")
-        if cache_ram != 0:
-            shown = "llama-server's default, 8192 MiB" if cache_ram is None else f"{cache_ram} MiB"
-            return f"the host-RAM prompt cache is on (cache_ram: {shown}) and only a restart empties it"
-        if any(arg in ("--cache-ram", "-cram") or arg.startswith("--cache-ram=") for arg in self._options.extra_args):
-            return "engine.extra_args sets --cache-ram, which wins over the setting"
+        # no token of the earlier prompt. The host-RAM prompt cache (cache_ram, on by default) is not: the
+        # server saves each displaced slot into it and no endpoint empties it. What it holds is of no use to
+        # a reused round, which replays a variant of its prompts that begins with none of its earlier
+        # rounds' tokens (tuner.study `_Servers.deploy`): the server restores a cached prompt only where at
+        # least a quarter of its tokens begin the new one (server_prompt_cache::load).
         return None
 
     def slot_count(self, startup_log: str) -> int | None:
@@ -465,7 +460,10 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             "n_predict": tokens,
             "temperature": 0.0,
             "stream": False,
-            "cache_prompt": True,
+            # Computed afresh whatever a slot or the host-RAM prompt cache holds: a cached state of the same
+            # prompt may have been computed under another adapter setting (the LoRA answer check asks each
+            # probe under two), and the server matches cached prompts by their tokens alone.
+            "cache_prompt": False,
             "return_tokens": True,
         }
         if lora is not None:

@@ -41,7 +41,9 @@ from tuner.trial_runner import (
 __all__ = ["SimulatedTrialRunner", "parse_faults"]
 
 _BETWEEN_ROUNDS_S = 1.0  # the server's clock between the warm-up or a round and the next round
-_REQUESTS: dict[tuple[int, int, tuple[tuple[str, ParamValue], ...]], tuple[PreparedStudy, list[ReplayRequest]]] = {}
+# Keyed by the prepared study's id, the prompts' index and variant, and the settings.
+_RequestsKey = tuple[int, int, int, tuple[tuple[str, ParamValue], ...]]
+_REQUESTS: dict[_RequestsKey, tuple[PreparedStudy, list[ReplayRequest]]] = {}
 
 
 def parse_faults(specs: Sequence[str]) -> tuple[Fault, ...]:
@@ -171,6 +173,7 @@ class SimulatedTrialRunner:
         settings: Mapping[str, ParamValue],
         number: int,
         prompts_index: int,
+        prompts_variant: int = 0,
         label: str,
         records_name: str | None,
     ) -> RoundResult:
@@ -178,12 +181,12 @@ class SimulatedTrialRunner:
         prepared, engine, started = self.prepared, self.prepared.engine, self.started
         # Synthesizing a round's prompts is most of a simulated round's time, and every trial of a study (and
         # every study of one prepared spec) replays the same ones for the same index.
-        key = (id(prepared), prompts_index, tuple(sorted(settings.items())))
+        key = (id(prepared), prompts_index, prompts_variant, tuple(sorted(settings.items())))
         cached = _REQUESTS.get(key)
         if cached is not None and cached[0] is prepared:  # an id is reused once its object is gone
             requests = cached[1]
         else:
-            requests = round_requests(prepared, settings, prompts_index=prompts_index)
+            requests = round_requests(prepared, settings, prompts_index=prompts_index, prompts_variant=prompts_variant)
             _REQUESTS[key] = (prepared, requests)
             if len(_REQUESTS) > 4096:
                 _REQUESTS.pop(next(iter(_REQUESTS)))

@@ -6,6 +6,11 @@ history is the conversation so far (earlier prompts and answers), so the slot th
 turn finds it in its cache. Answers are placeholders here; the load generator swaps in the ids the
 server actually generated (`answer_spans`), because those are what the server cached. New tokens are
 seeded by session and round, so nothing is reused by accident, not even across rounds.
+
+A `variant` other than 0 draws every token afresh, shared blocks included, and keeps the round's shape: the
+same lengths, the same sharing between its own requests. It is for a server that is reused instead of
+restarted (tuner.study `_Servers.deploy`): its host-RAM prompt cache still holds the prompts of the rounds
+it measured before, which no request empties, and a variant shares no prefix with them.
 """
 
 from __future__ import annotations
@@ -88,13 +93,14 @@ def synthesize_requests(
     token_range: tuple[int, int],
     seed: int,
     round_index: int,
+    variant: int = 0,
     time_scale: float = 1.0,
 ) -> list[ReplayRequest]:
     """Every request of the trace with its prompt, in the trace's order."""
     built = {
         request.request_id: request
         for session in synthesize_sessions(
-            trace, token_range=token_range, seed=seed, round_index=round_index, time_scale=time_scale
+            trace, token_range=token_range, seed=seed, round_index=round_index, variant=variant, time_scale=time_scale
         )
         for request in session
     }
@@ -111,12 +117,15 @@ def synthesize_sessions(
     token_range: tuple[int, int],
     seed: int,
     round_index: int,
+    variant: int = 0,
     time_scale: float = 1.0,
 ) -> Iterator[list[ReplayRequest]]:
     """Each session's requests with their prompts, its turns in order, sessions in the order of their
     first arrival; made as they are read, so a replay holds only the sessions under way. What is made
-    does not depend on the order: a session's tokens come from its own seed, a block's from its id."""
+    does not depend on the order: a session's tokens come from its own seed, a block's from its id.
+    `variant`: see the module's text; 0 makes the prompts every earlier version made."""
     low, high = token_range
+    salt: tuple[str, ...] = () if variant == 0 else (f"variant {variant}",)
     blocks: OrderedDict[str, list[int]] = OrderedDict()
     codes, turns, offsets = trace.session_codes, trace.turn, trace.offset_s
     by_session = np.lexsort((offsets, turns, codes))
@@ -133,13 +142,13 @@ def synthesize_sessions(
             for block in shape.prompt.shared_prefix:
                 made = blocks.get(block.block)
                 if made is None or len(made) < block.tokens:
-                    made = blocks[block.block] = _draw(_rng("block", seed, block.block), low, high, block.tokens)
+                    made = blocks[block.block] = _draw(_rng("block", seed, *salt, block.block), low, high, block.tokens)
                     if len(blocks) > _BLOCKS_KEPT:
                         blocks.popitem(last=False)
                 blocks.move_to_end(block.block)
                 prefix.extend(made[: block.tokens])
             if conversation is None:
-                conversation = _Conversation(_rng("session", seed, round_index, shape.session), token_range)
+                conversation = _Conversation(_rng("session", seed, round_index, *salt, shape.session), token_range)
             history, spans = conversation.history(shape.prompt.history_tokens)
             new = conversation.fresh(shape.prompt.new_tokens)
             # The last turn's answer is never part of a prompt: its placeholder is not made (the session's
