@@ -45,7 +45,7 @@ def _servers(runner: SimulatedTrialRunner) -> list[list[int]]:
 
 
 def test_a_trial_differing_only_in_its_lora_policy_is_measured_on_the_running_server(tmp_path: Path) -> None:
-    result = run_simulated(_lora_study("engine.settings.cache_ram=0"), tmp_path / "s", seed=0, noise=QUIET)
+    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
     runner = result.runner
     assert runner.reuses_by_settings, runner.servers
     assert all(set(settings) <= {"lora_policy"} for settings in runner.reuses_by_settings)  # {}: the baseline
@@ -82,19 +82,9 @@ def test_a_reused_server_serves_no_prompt_from_an_earlier_trials_round(tmp_path:
     assert any(restarted.values())  # the workload's own sharing is found in the cache either way
 
 
-def test_with_the_prompt_cache_on_a_lora_policy_is_measured_on_the_running_server(tmp_path: Path) -> None:
-    # llama-server's default cache_ram (8192 MiB): the host-RAM prompt cache keeps the earlier rounds'
-    # prompts, and a reused round replays a variant of its own, so the server is reused as with it off.
-    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
-    runner = result.runner
-    assert runner.reuses_by_settings, runner.servers
-    assert len(runner.starts_by_settings) < runner.rounds_measured
-    assert all(len(trials) == len(set(trials)) for trials in _servers(runner))
-
-
 def test_a_trial_with_other_server_settings_restarts_the_server(tmp_path: Path) -> None:
-    # The demo's n_batch x n_ubatch study, the prompt cache off so that only the settings keep a restart.
-    prepared = prepare_simulated(["engine.settings.cache_ram=0", "budget.trials=3", "extra_rounds_if_noisy=0"])
+    # The demo's n_batch x n_ubatch study: every trial's server settings differ.
+    prepared = prepare_simulated(["budget.trials=3", "extra_rounds_if_noisy=0"])
     result = run_simulated(prepared, tmp_path / "s", seed=0, noise=QUIET)
     runner = result.runner
     assert runner.reuses_by_settings == []
@@ -115,7 +105,7 @@ def test_a_server_the_engine_cannot_clear_is_restarted_for_every_round(
 def test_a_server_whose_slots_could_not_all_be_cleared_is_restarted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prepared = _lora_study("engine.settings.cache_ram=0", "confirm.top=0")
+    prepared = _lora_study("confirm.top=0")
     flush, flushes = prepared.engine.flush_requests, []
 
     def one_slot_missed(slots: int) -> list[ReplayRequest]:
