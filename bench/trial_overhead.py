@@ -240,7 +240,7 @@ def instrument() -> None:
         study_module._Confirmation,
         "measure",
         "start",
-        lambda _self, number, _settings, *, candidate, pair, baseline: (number, f"confirm {candidate} pair {pair + 1}"),
+        lambda _self, number, _settings, *, candidate, pair, **_: (number, f"confirm {candidate} pair {pair + 1}"),
     )
     _unit(
         study_module._StudyRun,
@@ -270,12 +270,18 @@ def instrument() -> None:
     # read_log serves the startup check, the warm-up's and probes' marks and the round's log; each is
     # timed under the step that called it, except the round's, timed with its parsing.
     _wrap(trial_runner, "replay", _replay_phase)
+    _wrap(trial_runner, "replay_sessions", MEASURED)  # the round, its prompts made as the replay takes them
     _wrap(trial_runner, "scrape_prometheus", "counters (Prometheus)")
     _wrap(GpuMemorySampler, "__aenter__", "GPU sampler")
     _wrap(GpuMemorySampler, "__aexit__", "GPU sampler")
     _wrap(trial_runner, "round_requests", "round's prompts")
     _wrap(trial_runner, "round_metrics", "round metrics")
-    _wrap(trial_runner.ServerTrialRunner, "probe_answers", "correctness probes")
+    # The LoRA answer check asks the probes under adapter settings (`lora`); the correctness gate under none.
+    _wrap(
+        trial_runner.ServerTrialRunner,
+        "probe_answers",
+        lambda _self, **kwargs: "correctness probes" if kwargs.get("lora") is None else "LoRA answer probes",
+    )
     _wrap(study_module, "lora_answer_changes", "LoRA answer probes")
     _wrap(runs.RunDirectory, "save_records", "records written")
     _wrap(runs.RunDirectory, "save_server_tasks", "server tasks written")
