@@ -239,7 +239,8 @@ class Engine(Protocol):
 
     def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
         """Why a running server with these settings cannot measure a round of another trial without a
-        restart (a cache that no request clears); None where `flush_requests` clears what a restart would."""
+        restart (a cache that no request clears and that a variant of the round's prompts could still hit);
+        None where `flush_requests` clears what a restart would, or what it leaves no variant can use."""
         ...
 
     def slot_count(self, startup_log: str) -> int | None:
