@@ -60,6 +60,7 @@ from tuner.runs import RunDirectory
 from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.sim.server import CommandLineError, parse_command_line
+from tuner.snapshots import SnapshotStorage, snapshot
 from tuner.study_record import (
     INTERRUPTED,
     Confirmation,
@@ -265,10 +266,13 @@ def open_optuna_study(
     seed: int | None = None,
 ) -> optuna.Study:
     """The run directory's study (its journal), or one in `storage` (a fleet's database, the simulated studies'
-    memory). `seed`: the sampler's, where it is not the study's (each controller of a fleet has its own)."""
+    memory), read once per step of the loop where it takes a snapshot (`tuner.snapshots`). `seed`: the
+    sampler's, where it is not the study's (each controller of a fleet has its own)."""
+    # As create_study would take it (a database's storage behind Optuna's cache of the finished trials), wrapped.
+    backend = optuna.storages.get_storage(storage if storage is not None else run_dir.storage())
     return optuna.create_study(
         study_name=spec.name,
-        storage=storage if storage is not None else run_dir.storage(),
+        storage=SnapshotStorage(backend),
         sampler=_SAMPLERS[spec.search.sampler](spec.seed if seed is None else seed, space, bool(spec.hosts)),
         pruner=_PRUNERS[spec.search.pruner](),
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
@@ -438,20 +442,21 @@ class _StudyRun:
     def begin(self) -> None:
         """What a (re)start does before the host is reached: interrupted trials marked, the baseline queued."""
         spec, study = self.spec, self.study
-        _record_study(study, spec)
-        if self.peers is None:
-            _fail_interrupted_trials(study)
-            _ensure_baseline_queued(study, self.prepared)
-        else:
-            self.peers.begin()
-        self.observer.study_started(
-            name=spec.name,
-            run_dir=str(self.run_dir.path),
-            baseline_done=self.baseline_trial() is not None,
-            trials_done=_deployed_trials(study),
-            budget=spec.budget.trials,
-        )
-        self.best.tell_stored()  # a resumed study's best so far
+        with snapshot(study):
+            _record_study(study, spec)
+            if self.peers is None:
+                _fail_interrupted_trials(study)
+                _ensure_baseline_queued(study, self.prepared)
+            else:
+                self.peers.begin()
+            self.observer.study_started(
+                name=spec.name,
+                run_dir=str(self.run_dir.path),
+                baseline_done=self.baseline_trial() is not None,
+                trials_done=_deployed_trials(study),
+                budget=spec.budget.trials,
+            )
+            self.best.tell_stored()  # a resumed study's best so far
 
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         self._runner = runner  # a fleet's host goes on until its peers' trials are done (a dead one's re-queued)
@@ -476,11 +481,12 @@ class _StudyRun:
 
     async def run(self, deadline: float | None) -> None:
         while True:
-            if self.baseline_trial() is not None and _claimed_trials(self.study) >= self.spec.budget.trials:
-                return
-            if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
-                return
-            batch = self.ask_batch()
+            with snapshot(self.study):  # a step: the study's trials read once, and again after each write
+                if self.baseline_trial() is not None and _claimed_trials(self.study) >= self.spec.budget.trials:
+                    return
+                if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
+                    return
+                batch = self.ask_batch()
             if batch:
                 await self.run_batch(batch)
             if self.exhausted or not batch:
@@ -876,17 +882,18 @@ class _Peers:
         failed). True: there is a trial to measure again (a dead peer's, re-queued, within the budget)."""
         poll_s = min(1.0, self.fleet.heartbeat_s)
         while True:
-            self.fail_stale()
-            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-            waiting = [t for t in trials if t.state == TrialState.WAITING]
-            within = deadline is None or time.monotonic() < deadline
-            budget = self.loop.spec.budget.trials
-            if waiting and within and not self.loop.exhausted and _claimed_trials(self.study) < budget:
-                return True
-            if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials) and not (
-                hosts_checking(self.study, grace_s=self.fleet.grace_s)
-            ):
-                return False
+            with snapshot(self.study):
+                self.fail_stale()
+                trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+                waiting = [t for t in trials if t.state == TrialState.WAITING]
+                within = deadline is None or time.monotonic() < deadline
+                budget = self.loop.spec.budget.trials
+                if waiting and within and not self.loop.exhausted and _claimed_trials(self.study) < budget:
+                    return True
+                if not any(t.state == TrialState.RUNNING and not TrialRecord.of(t).baseline for t in trials) and not (
+                    hosts_checking(self.study, grace_s=self.fleet.grace_s)
+                ):
+                    return False
             await asyncio.sleep(poll_s)
 
     def measuring(self, trial: optuna.Trial, settings: dict[str, ParamValue]) -> str | None:
