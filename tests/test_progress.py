@@ -494,6 +494,21 @@ def test_controllers_sharing_a_run_directory_each_keep_their_progress_and_status
     assert resumed.snapshot().phase_seconds == pytest.approx(stopped.snapshot().phase_seconds)
 
 
+def test_status_of_a_fleet_run_by_one_controller_says_running(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # `tuner run fleet.toml` without --host: one controller drives every host, and holds the directory's lock
+    # shared (another host's controller may join) and each host's lock alone.
+    clock = Clock()
+    tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
+    with RunDirectory(tmp_path, notice=lambda _: None, hosts=["gpu-a", "gpu-b"]):
+        start(tracker, clock)
+        shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
+    assert f"{tmp_path}: running (pid {os.getpid()}); last update" in shown
+    tracker.study_ended(outcome="finished")
+    assert f"{tmp_path}: not running: finished at" in one_line(run_cli(capsys, "status", str(tmp_path)).out)
+
+
 @pytest.mark.parametrize("make", ["empty", "file", "missing"])
 def test_status_of_a_directory_that_is_not_a_run_exits_2_naming_the_problem_and_the_fix(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, make: str

@@ -704,12 +704,22 @@ def run_status(run_path: Path, *, now: float | None = None) -> RunStatus:
             f"{run_path} is not a run directory (no {PROGRESS_FILE} or optuna.journal in it); pass one made by "
             "`tuner run`, e.g. runs/stall-demo"
         )
-    # The lock first: a run tells its end before it lets the lock go, so a run that ends between the two
+    # The locks first: a run tells its end before it lets the lock go, so a run that ends between the two
     # reads shows as ending, never as stopped without a word.
     holder = held_by(run_path)
-    return RunStatus(
-        run_dir=run_path, holder=holder, progress=read_progress(run_path), now=time.time() if now is None else now
-    )
+    # A fleet's controller holds the directory's lock shared (its peers may join) and its hosts' locks alone:
+    # the directory's one controller, without --host, is the holder of a host lock that wrote progress.json.
+    host_holders = set() if holder is not None else _host_lock_holders(run_path)
+    progress = read_progress(run_path)
+    if holder is None and progress is not None and str(progress.pid) in host_holders:
+        holder = str(progress.pid)
+    return RunStatus(run_dir=run_path, holder=holder, progress=progress, now=time.time() if now is None else now)
+
+
+def _host_lock_holders(run_path: Path) -> set[str]:
+    """The pids holding a fleet host's lock (`.lock-<host>`) in the run directory."""
+    holders = (held_by(run_path, lock.name) for lock in run_path.glob(".lock-*"))
+    return {holder for holder in holders if holder is not None}
 
 
 def controller_statuses(run_path: Path, *, now: float | None = None) -> list[RunStatus]:
