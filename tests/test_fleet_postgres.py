@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 
 from tests.conftest import llama_server_processes
 from tuner.fleet import open_storage
+from tuner.progress import progress_file
 from tuner.study_record import HostRecord, TrialRecord
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -159,7 +160,7 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
     trial_c: list[int] = []
 
     state_file = runs["sim-c"] / name / "deployer-state-sim-c.json"
-    progress_file = runs["sim-c"] / name / "progress.json"
+    progress_path = runs["sim-c"] / name / progress_file(["sim-c"])  # its controller's, run with --host sim-c
 
     def sim_c_measuring() -> bool:
         for trial in study.get_trials(states=(TrialState.RUNNING,)):
@@ -182,7 +183,7 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
         controller = procs["sim-c"]
         controller.send_signal(signal.SIGSTOP)
         try:
-            current = json.loads(progress_file.read_text()).get("current") or {}
+            current = json.loads(progress_path.read_text()).get("current") or {}
             server = int(json.loads(state_file.read_text())["pid"])
         except (OSError, ValueError, KeyError):
             current, server = {}, 0
@@ -295,6 +296,16 @@ def test_two_controllers_share_a_simulated_fleet_study_on_postgresql(postgres_ur
     assert sum(1 for _, r in records if r.deployed and not r.baseline) == 4
     report = (run_dir / "report.html").read_text()  # the morning report: a host column and the spread
     assert "<th data-sort='text'>host</th>" in report and "id='host-spread'" in report
+    # Each controller kept its own progress file, and `tuner status` shows both.
+    status = subprocess.run(
+        [sys.executable, "-m", "tuner", "status", str(run_dir), "--json"], check=True, capture_output=True, cwd=ROOT
+    )
+    controllers = json.loads(status.stdout)["controllers"]
+    assert [(c["hosts"], c["progress"]["state"]) for c in controllers] == [
+        (["sim-1"], "finished"),
+        (["sim-2"], "finished"),
+    ]
+    assert not (run_dir / "progress.json").exists()
 
 
 def test_a_storage_that_does_not_answer_is_one_line_without_the_password_and_nothing_written(tmp_path: Path) -> None:

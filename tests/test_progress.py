@@ -26,7 +26,7 @@ from tuner.console import ConsoleObserver
 from tuner.errors import StudyError
 from tuner.live import LiveDisplay, run_observer
 from tuner.observers import NullObserver, Observers, StudyObserver
-from tuner.progress import PROGRESS_FILE, Plan, Progress, ProgressTracker, read_progress
+from tuner.progress import PROGRESS_FILE, Plan, Progress, ProgressTracker, progress_file, read_progress
 from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
 
@@ -460,6 +460,53 @@ def test_status_while_a_resume_is_starting_says_the_progress_is_the_last_runs(
     with RunDirectory(tmp_path, notice=lambda _: None):
         shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
     assert f"running (pid {os.getpid()}), starting: what follows is the previous run's state" in shown
+
+
+def test_controllers_sharing_a_run_directory_each_keep_their_progress_and_status_shows_each(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Two `tuner run --host` controllers of one fleet in one run directory: gpu-a's runs (it holds its host's
+    # lock), gpu-b's was interrupted. One progress.json would be the last writer's.
+    assert progress_file(()) == PROGRESS_FILE
+    assert progress_file(["gpu-b", "gpu-a"]) == "progress-gpu-a+gpu-b.json"
+    clock = Clock()
+    running = ProgressTracker(PLAN, path=tmp_path / progress_file(["gpu-a"]), clock=clock)
+    stopped = ProgressTracker(PLAN, path=tmp_path / progress_file(["gpu-b"]), clock=clock)
+    for tracker in (running, stopped):
+        start(tracker, clock)
+    running.trial_started(number=3, settings={"n_batch": 64}, baseline=False)
+    stopped.trial_started(number=4, settings={"n_batch": 128}, baseline=False)
+    clock.now += 5
+    stopped.study_ended(outcome="interrupted")
+    with RunDirectory(tmp_path, notice=lambda _: None, hosts=["gpu-a"]):
+        shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
+        status = json.loads(run_cli(capsys, "status", str(tmp_path), "--json").out)
+    assert not (tmp_path / PROGRESS_FILE).exists()
+    assert "no progress file" not in shown  # the directory's own file: none, its controllers have theirs
+    assert f"{tmp_path} (controller of gpu-a): running (pid {os.getpid()}); last update" in shown
+    assert "measuring trial 3" in shown
+    assert f"{tmp_path} (controller of gpu-b): not running: interrupted at" in shown
+    assert "`tuner run` with its study file and --host gpu-b resumes it" in shown
+    controllers = [(c["hosts"], c["running"], c["progress"]["state"]) for c in status["controllers"]]
+    assert controllers == [(["gpu-a"], True, "running"), (["gpu-b"], False, "interrupted")]
+    resumed = ProgressTracker(PLAN, path=tmp_path / progress_file(["gpu-b"]), clock=clock)
+    start(resumed, clock)  # gpu-b's controller again: its own file's time so far is carried over
+    assert resumed.snapshot().phase_seconds == pytest.approx(stopped.snapshot().phase_seconds)
+
+
+def test_status_of_a_fleet_run_by_one_controller_says_running(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # `tuner run fleet.toml` without --host: one controller drives every host, and holds the directory's lock
+    # shared (another host's controller may join) and each host's lock alone.
+    clock = Clock()
+    tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
+    with RunDirectory(tmp_path, notice=lambda _: None, hosts=["gpu-a", "gpu-b"]):
+        start(tracker, clock)
+        shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
+    assert f"{tmp_path}: running (pid {os.getpid()}); last update" in shown
+    tracker.study_ended(outcome="finished")
+    assert f"{tmp_path}: not running: finished at" in one_line(run_cli(capsys, "status", str(tmp_path)).out)
 
 
 @pytest.mark.parametrize("make", ["empty", "file", "missing"])

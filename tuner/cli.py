@@ -383,12 +383,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from tuner.live import run_observer
     from tuner.morning_report import REPORT_NAME, ReportWriter
     from tuner.observers import Observers
-    from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
+    from tuner.progress import Plan, ProgressTracker, progress_file
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
 
     run_path = args.runs_dir / spec.name
-    tracker = ProgressTracker(Plan.of(spec), path=run_path / PROGRESS_FILE)
+    tracker = ProgressTracker(Plan.of(spec), path=run_path / progress_file(args.hosts or ()))
 
     received: list[int] = []
 
@@ -417,17 +417,28 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 def _status(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from tuner.progress import run_status
+    from tuner.progress import controller_statuses, run_status
 
     _use_storage(args)
     status = run_status(args.run_dir)
+    # A fleet's controllers sharing the directory (`--host`): each one's own progress, beside the directory's
+    # one controller's where a run without --host left it.
+    controllers = controller_statuses(args.run_dir, now=status.now)
     fleet = _fleet_status(args.run_dir)
     if args.json:
-        print(json.dumps({**status.as_json(), **({"fleet": fleet} if fleet is not None else {})}, indent=2))
+        shown = {
+            **status.as_json(),
+            **({"controllers": [c.as_json() for c in controllers]} if controllers else {}),
+            **({"fleet": fleet} if fleet is not None else {}),
+        }
+        print(json.dumps(shown, indent=2))
         return 0
     from tuner.live import render_status
 
-    render_status(status, console)
+    if status.progress is not None or status.running or not controllers:
+        render_status(status, console)
+    for controller in controllers:
+        render_status(controller, console)
     for host in fleet or []:
         now = f", measuring trial {host['running']}" if host["running"] is not None else ""
         gone = f"; dropped: {host['dropped']}" if host["dropped"] else ""

@@ -103,7 +103,7 @@ def progress_panel(p: Progress, *, now: float | None = None, live: bool = True, 
 def render_status(status: RunStatus, console: Console) -> None:
     """`tuner status`: whether the run goes on, then its panel."""
     style = "bold green" if status.live else "bold yellow" if status.running else "bold"
-    console.print(Text(f"{status.run_dir}: {status.headline()}", style=style), soft_wrap=True)
+    console.print(Text(f"{status.who}: {status.headline()}", style=style), soft_wrap=True)
     if status.progress is not None:
         console.print(progress_panel(status.progress, now=status.now, live=status.live))
 

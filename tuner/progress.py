@@ -4,7 +4,9 @@
 phase under way, the rounds done and left, the time a round takes and so an estimate of the time left
 (new trials stop at the budget's hours), and the best trial so far. At each event it writes that state
 as `runs/<study>/progress.json` (`Progress`, atomically: a reader sees the last whole state), so that
-another process reads it without opening the journal, whose lock belongs to the run.
+another process reads it without opening the journal, whose lock belongs to the run. Controllers of a
+fleet that share a run directory (`tuner run --host NAME`) each write their own file,
+`progress-<host>.json` (`progress_file`), and `tuner status` shows each.
 
 Pure: no rich, no optuna; `tuner status` reads the file with pydantic alone.
 """
@@ -17,7 +19,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -41,8 +43,10 @@ __all__ = [
     "Progress",
     "ProgressTracker",
     "RunStatus",
+    "controller_statuses",
     "duration_text",
     "held_by",
+    "progress_file",
     "read_progress",
     "run_status",
 ]
@@ -51,6 +55,25 @@ PROGRESS_FILE = "progress.json"
 PROGRESS_VERSION = 1
 
 RunState = Literal["running", "finished", "interrupted", "failed"]
+
+
+_CONTROLLER_PREFIX = "progress-"
+
+
+def progress_file(hosts: Sequence[str] = ()) -> str:
+    """The progress file of a controller: `progress.json` for a run directory's one controller (a one-host
+    study, or a fleet's driving every host), `progress-<host>[+<host>...].json` for one of the controllers
+    that share it, each running the hosts it was given (`--host`): one file would be the last writer's."""
+    return f"{_CONTROLLER_PREFIX}{'+'.join(sorted(set(hosts)))}.json" if hosts else PROGRESS_FILE
+
+
+def _controller_files(run_path: Path) -> list[Path]:
+    return sorted(path for path in run_path.glob(f"{_CONTROLLER_PREFIX}*.json") if path.is_file())
+
+
+def _controller_hosts(path: Path) -> tuple[str, ...]:
+    """The hosts a controller's progress file is named after (`progress_file`'s inverse)."""
+    return tuple(path.name.removeprefix(_CONTROLLER_PREFIX).removesuffix(".json").split("+"))
 
 
 class _Strict(BaseModel):
@@ -364,7 +387,7 @@ class ProgressTracker(NullObserver):
         if self.path is None:
             return {}
         try:
-            earlier = read_progress(self.path.parent)
+            earlier = read_progress(self.path.parent, self.path.name)
         except StudyError:
             return {}
         if earlier is None or earlier.study != name:
@@ -538,10 +561,10 @@ class ProgressTracker(NullObserver):
         self._event(change)
 
 
-def read_progress(run_path: Path) -> Progress | None:
-    """The run directory's progress file; None when there is none. `StudyError` naming the file and the
-    way on when it is not one this version wrote."""
-    path = run_path / PROGRESS_FILE
+def read_progress(run_path: Path, name: str = PROGRESS_FILE) -> Progress | None:
+    """The run directory's progress file (`name`: a controller's, `progress_file`); None when there is none.
+    `StudyError` naming the file and the way on when it is not one this version wrote."""
+    path = run_path / name
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -563,11 +586,12 @@ def read_progress(run_path: Path) -> Progress | None:
         ) from None
 
 
-def held_by(run_path: Path) -> str | None:
-    """The pid (as the run wrote it) of the `tuner run` holding the run directory's lock; None when no run
-    holds it. Reads only: the lock file is opened read-only and a shared lock tried and let go at once."""
+def held_by(run_path: Path, lock: str = ".lock") -> str | None:
+    """The pid (as the run wrote it) of the `tuner run` holding the run directory's lock (`lock`: a fleet
+    host's, `.lock-<host>`); None when no run holds it. Reads only: the lock file is opened read-only and a
+    shared lock tried and let go at once."""
     try:
-        handle = (run_path / ".lock").open("r")
+        handle = (run_path / lock).open("r")
     except OSError:  # no lock file: no run ever held this directory
         return None
     with handle:
@@ -603,6 +627,12 @@ class RunStatus:
     holder: str | None  # the pid of the run holding the directory's lock, None when none does
     progress: Progress | None
     now: float
+    hosts: tuple[str, ...] = ()  # one of a fleet's controllers sharing the directory: the hosts it runs
+
+    @property
+    def who(self) -> str:
+        """The run directory, and which of its controllers this is where several share it."""
+        return f"{self.run_dir}" + (f" (controller of {', '.join(self.hosts)})" if self.hosts else "")
 
     @property
     def running(self) -> bool:
@@ -615,7 +645,8 @@ class RunStatus:
         return p is not None and (not self.running or str(p.pid) == self.holder)
 
     def headline(self) -> str:
-        p, resume = self.progress, "`tuner run` with its study file resumes it"
+        hosts = "".join(f" --host {host}" for host in self.hosts)
+        p, resume = self.progress, f"`tuner run` with its study file{' and' + hosts if hosts else ''} resumes it"
         if self.running:
             if p is None:
                 return f"running (pid {self.holder}): its study has not begun yet, so no progress is written"
@@ -650,6 +681,7 @@ class RunStatus:
         p = self.progress
         return {
             "run_dir": str(self.run_dir),
+            **({"hosts": list(self.hosts)} if self.hosts else {}),
             "running": self.running,
             "pid": int(self.holder) if self.holder is not None and self.holder.isdigit() else None,
             "status": self.headline(),
@@ -661,18 +693,49 @@ class RunStatus:
 
 
 def run_status(run_path: Path, *, now: float | None = None) -> RunStatus:
-    """A run directory's status. `ConfigError` (exit 2) for a path that is not one; reads only."""
+    """A run directory's status (its one controller's; `controller_statuses` where several share it).
+    `ConfigError` (exit 2) for a path that is not one; reads only."""
     if not run_path.is_dir():
         what = "does not exist" if not run_path.exists() else "is not a directory"
         raise ConfigError(f"{run_path} {what}; pass a run directory made by `tuner run`, e.g. runs/stall-demo")
-    if not any((run_path / name).is_file() for name in (PROGRESS_FILE, "optuna.journal")):
+    own = any((run_path / name).is_file() for name in (PROGRESS_FILE, "optuna.journal"))
+    if not own and not _controller_files(run_path):
         raise ConfigError(
             f"{run_path} is not a run directory (no {PROGRESS_FILE} or optuna.journal in it); pass one made by "
             "`tuner run`, e.g. runs/stall-demo"
         )
-    # The lock first: a run tells its end before it lets the lock go, so a run that ends between the two
+    # The locks first: a run tells its end before it lets the lock go, so a run that ends between the two
     # reads shows as ending, never as stopped without a word.
     holder = held_by(run_path)
-    return RunStatus(
-        run_dir=run_path, holder=holder, progress=read_progress(run_path), now=time.time() if now is None else now
-    )
+    # A fleet's controller holds the directory's lock shared (its peers may join) and its hosts' locks alone:
+    # the directory's one controller, without --host, is the holder of a host lock that wrote progress.json.
+    host_holders = set() if holder is not None else _host_lock_holders(run_path)
+    progress = read_progress(run_path)
+    if holder is None and progress is not None and str(progress.pid) in host_holders:
+        holder = str(progress.pid)
+    return RunStatus(run_dir=run_path, holder=holder, progress=progress, now=time.time() if now is None else now)
+
+
+def _host_lock_holders(run_path: Path) -> set[str]:
+    """The pids holding a fleet host's lock (`.lock-<host>`) in the run directory."""
+    holders = (held_by(run_path, lock.name) for lock in run_path.glob(".lock-*"))
+    return {holder for holder in holders if holder is not None}
+
+
+def controller_statuses(run_path: Path, *, now: float | None = None) -> list[RunStatus]:
+    """The status of each of a fleet's controllers that share the run directory (`tuner run --host NAME`),
+    each from its own progress file and its hosts' lock, in the order of their hosts' names."""
+    now = time.time() if now is None else now
+    statuses = []
+    for path in _controller_files(run_path):
+        hosts = _controller_hosts(path)
+        statuses.append(
+            RunStatus(
+                run_dir=run_path,
+                holder=held_by(run_path, f".lock-{hosts[0]}"),  # the controller holds each of its hosts'
+                progress=read_progress(run_path, path.name),
+                now=now,
+                hosts=hosts,
+            )
+        )
+    return statuses

@@ -8,7 +8,8 @@ runs/<study>/
                       is moved aside into optuna.journal.torn-<time> by the next run
   trials/0003/server.log        the server's log for that trial
   trials/0003/round-1.jsonl     one RequestRecord per line
-  progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it)
+  progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it);
+                      progress-<host>.json instead for each of a fleet's controllers run with --host
   host.json           which server build and host the baseline ran on (for the report)
   report.html         the morning report, rewritten after every trial
   leaderboard.csv     the last leaderboard, written at the end of a run
