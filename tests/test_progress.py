@@ -489,9 +489,32 @@ def test_controllers_sharing_a_run_directory_each_keep_their_progress_and_status
     assert "`tuner run` with its study file and --host gpu-b resumes it" in shown
     controllers = [(c["hosts"], c["running"], c["progress"]["state"]) for c in status["controllers"]]
     assert controllers == [(["gpu-a"], True, "running"), (["gpu-b"], False, "interrupted")]
+    # Only controllers wrote here: the run is running while one of them is, for a script reading the top.
+    assert status["running"] is True and status["status"].startswith("1 of 2 controllers running"), status
     resumed = ProgressTracker(PLAN, path=tmp_path / progress_file(["gpu-b"]), clock=clock)
     start(resumed, clock)  # gpu-b's controller again: its own file's time so far is carried over
     assert resumed.snapshot().phase_seconds == pytest.approx(stopped.snapshot().phase_seconds)
+
+
+def test_status_passes_over_files_no_controller_wrote_and_names_a_controller_of_many_hosts_within_limits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A file name has at most 255 bytes: a controller of many long host names is named by its first.
+    many = [f"{letter * 100}" for letter in "cab"]
+    name = progress_file(many)
+    assert len(name) < 255 and name == f"progress-{'a' * 100}+=2.json"
+    clock = Clock()
+    tracker = ProgressTracker(PLAN, path=tmp_path / name, clock=clock)
+    start(tracker, clock)
+    tracker.study_ended(outcome="interrupted")
+    # Files of that shape that no controller wrote: unreadable, a host name no study has, a link.
+    (tmp_path / "progress-gpu-a+gpu-b.json").write_text("{junk")
+    (tmp_path / "progress-.json").write_text("{}")
+    (tmp_path / "progress-x.json").symlink_to(tmp_path / name)
+    done = run_cli(capsys, "status", str(tmp_path), "--json")
+    status = json.loads(done.out)
+    assert [(c["hosts"], c["progress"]["state"]) for c in status["controllers"]] == [(["a" * 100], "interrupted")]
+    assert status["running"] is False
 
 
 def test_status_of_a_fleet_run_by_one_controller_says_running(

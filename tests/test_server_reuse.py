@@ -141,13 +141,21 @@ def test_llama_server_can_be_reused_with_its_prompt_cache_on_and_clears_every_sl
 
 
 class _RecordingRunner(SimulatedTrialRunner):
-    """Counts each round's cached prompt tokens, by trial and round; can refuse every reuse."""
+    """Counts each round's cached prompt tokens, by trial and round, and the prompts variant of each round
+    on each server start; can refuse every reuse."""
 
     refuse_reuse = False
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.cached: dict[tuple[int, str], int] = defaultdict(int)
+        self.variants: list[list[int]] = []
+
+    async def start(
+        self, settings: Mapping[str, ParamValue], *, number: int, log_path: str, warm_up: bool = True
+    ) -> None:
+        await super().start(settings, number=number, log_path=log_path, warm_up=warm_up)
+        self.variants.append([])
 
     async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
         if self.refuse_reuse:
@@ -173,7 +181,18 @@ class _RecordingRunner(SimulatedTrialRunner):
             records_name=records_name,
         )
         self.cached[(number, label)] += sum(r.timings.cache_n for r in result.records if r.timings is not None)
+        self.variants[-1].append(prompts_variant)
         return result
+
+
+def test_each_round_a_server_measures_replays_its_own_variant_of_the_prompts(tmp_path: Path) -> None:
+    # The host-RAM prompt cache keeps every round a server measured: its third round must not replay the
+    # second's prompts either. A server started for a round replays the prompts every earlier version made.
+    prepared = _lora_study("confirm.top=0")
+    runner = _run(prepared, _RecordingRunner(prepared, seed=0, noise=QUIET), tmp_path / "s")
+    assert isinstance(runner, _RecordingRunner)
+    assert any(len(rounds) >= 3 for rounds in runner.variants), runner.variants
+    assert all(rounds == list(range(len(rounds))) for rounds in runner.variants), runner.variants
 
 
 def _run(prepared: PreparedStudy, runner: SimulatedTrialRunner, path: Path) -> SimulatedTrialRunner:

@@ -426,8 +426,14 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     controllers = controller_statuses(args.run_dir, now=status.now)
     fleet = _fleet_status(args.run_dir)
     if args.json:
+        own = status.as_json()
+        if controllers and status.progress is None and not status.running:
+            # Only `--host` controllers wrote here: the run is running while one of them is.
+            running = [c for c in controllers if c.running]
+            own["running"] = bool(running)
+            own["status"] = f"{len(running)} of {len(controllers)} controllers running; see controllers"
         shown = {
-            **status.as_json(),
+            **own,
             **({"controllers": [c.as_json() for c in controllers]} if controllers else {}),
             **({"fleet": fleet} if fleet is not None else {}),
         }

@@ -17,6 +17,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,20 +61,38 @@ RunState = Literal["running", "finished", "interrupted", "failed"]
 _CONTROLLER_PREFIX = "progress-"
 
 
+# A file name has at most 255 bytes; a controller of many long host names is named by its first and how
+# many more ("=N", a character no host name has): a host is held by one controller at a time.
+_NAMED_HOSTS_MAX = 200
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # tuner.config's host names
+
+
 def progress_file(hosts: Sequence[str] = ()) -> str:
     """The progress file of a controller: `progress.json` for a run directory's one controller (a one-host
     study, or a fleet's driving every host), `progress-<host>[+<host>...].json` for one of the controllers
     that share it, each running the hosts it was given (`--host`): one file would be the last writer's."""
-    return f"{_CONTROLLER_PREFIX}{'+'.join(sorted(set(hosts)))}.json" if hosts else PROGRESS_FILE
+    if not hosts:
+        return PROGRESS_FILE
+    named = sorted(set(hosts))
+    joined = "+".join(named)
+    if len(joined) > _NAMED_HOSTS_MAX:
+        joined = f"{named[0]}+={len(named) - 1}"
+    return f"{_CONTROLLER_PREFIX}{joined}.json"
 
 
 def _controller_files(run_path: Path) -> list[Path]:
-    return sorted(path for path in run_path.glob(f"{_CONTROLLER_PREFIX}*.json") if path.is_file())
+    """The controllers' progress files: named as `progress_file` names them, regular files (not links)."""
+    return sorted(
+        path
+        for path in run_path.glob(f"{_CONTROLLER_PREFIX}*.json")
+        if path.is_file() and not path.is_symlink() and all(map(_HOST_NAME.match, _controller_hosts(path)))
+    )
 
 
 def _controller_hosts(path: Path) -> tuple[str, ...]:
-    """The hosts a controller's progress file is named after (`progress_file`'s inverse)."""
-    return tuple(path.name.removeprefix(_CONTROLLER_PREFIX).removesuffix(".json").split("+"))
+    """The hosts a controller's progress file is named after (`progress_file`'s inverse; "=N": N more)."""
+    parts = path.name.removeprefix(_CONTROLLER_PREFIX).removesuffix(".json").split("+")
+    return tuple(part for part in parts if not (part.startswith("=") and part[1:].isdigit() and len(parts) == 2))
 
 
 class _Strict(BaseModel):
@@ -729,13 +748,13 @@ def controller_statuses(run_path: Path, *, now: float | None = None) -> list[Run
     statuses = []
     for path in _controller_files(run_path):
         hosts = _controller_hosts(path)
-        statuses.append(
-            RunStatus(
-                run_dir=run_path,
-                holder=held_by(run_path, f".lock-{hosts[0]}"),  # the controller holds each of its hosts'
-                progress=read_progress(run_path, path.name),
-                now=now,
-                hosts=hosts,
-            )
-        )
+        try:
+            progress = read_progress(run_path, path.name)
+        except StudyError:  # not one a controller wrote: it says nothing of the run, and hides nothing else
+            continue
+        # The controller holds each of its hosts' locks; a file left by an earlier grouping of hosts is
+        # running only while one process holds them all.
+        holders = {held_by(run_path, f".lock-{host}") for host in hosts}
+        holder = holders.pop() if len(holders) == 1 else None
+        statuses.append(RunStatus(run_dir=run_path, holder=holder, progress=progress, now=now, hosts=hosts))
     return statuses

@@ -839,6 +839,9 @@ class _Peers:
         self.fleet.say(f"note: host {self.host}: trials {numbers} failed in a row; starting its baseline again")
         self.checking = True
         write_host_check(self.study, self.host)
+        # Started afresh: a running server reused (a LoRA-policy trial's, whose failure left it up) would say
+        # nothing of whether the baseline settings still start.
+        self.loop.servers.forget()
         try:
             await self.loop.servers.deploy({}, number=baseline.number, log_name=f"host-check-{failed[-1].number}.log")
         except (DeployError, MeasurementError, TransportError) as exc:
