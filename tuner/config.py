@@ -50,7 +50,7 @@ __all__ = [
 ParamValue = int | float | bool | str
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # names of studies and hosts: safe in file names
 
 # Optuna's samplers seed numpy, which takes 0 .. 2**32 - 1.
 _MAX_SEED = 2**32 - 1
@@ -270,7 +270,7 @@ class HostEntry(StrictModel):
     """One host of a fleet: its name, and the `[host]` / `[deploy]` tables it uses instead of the study's."""
 
     name: str = Field(
-        pattern=_NAME_PATTERN, max_length=100, description="The host's name in the records and the leaderboard."
+        pattern=NAME_PATTERN, max_length=100, description="The host's name in the records and the leaderboard."
     )
     host: PluginSpec | None = Field(default=None, description="How to reach it; the study's [host] if not set.")
     deploy: PluginSpec | None = Field(default=None, description="How to deploy on it; the study's [deploy] if not set.")
@@ -293,7 +293,7 @@ class HostEntry(StrictModel):
 
 class StudySpec(StrictModel):
     name: str = Field(
-        pattern=_NAME_PATTERN,
+        pattern=NAME_PATTERN,
         max_length=200,
         description="Names the run directory: letters, digits, _ . - (starting with a letter or digit).",
     )
@@ -683,7 +683,7 @@ def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Pa
                 entry[table].setdefault("kind", default)
     if "name" not in data:
         data["name"] = path.stem
-        if not re.fullmatch(_NAME_PATTERN, path.stem):
+        if not re.fullmatch(NAME_PATTERN, path.stem):
             raise ConfigError(
                 f"{path}: the study has no name = ..., and its file name {path.stem!r} cannot name a run "
                 f'directory (letters, digits, _ . - only); add a line such as name = "{_suggest_name(path.stem)}"'

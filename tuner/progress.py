@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tuner.config import ParamValue
+from tuner.config import NAME_PATTERN, ParamValue
 from tuner.errors import ConfigError, StudyError, TunerError
 from tuner.files import write_atomic
 from tuner.observers import NullObserver
@@ -64,7 +64,7 @@ _CONTROLLER_PREFIX = "progress-"
 # A file name has at most 255 bytes; a controller of many long host names is named by its first and how
 # many more ("=N", a character no host name has): a host is held by one controller at a time.
 _NAMED_HOSTS_MAX = 200
-_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # tuner.config's host names
+_HOST_NAME = re.compile(NAME_PATTERN)
 
 
 def progress_file(hosts: Sequence[str] = ()) -> str:
