@@ -5,6 +5,7 @@ says what to send and when, a `RequestRecord` says what happened, measured on on
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -13,10 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 __all__ = [
     "AnswerSpan",
     "LaunchSpec",
+    "ListenRule",
+    "OperatorServer",
     "PrefillProgress",
     "ReplayRequest",
     "RequestRecord",
     "RequestStatus",
+    "ServerCommand",
     "ServerTimings",
     "TaskTimeline",
     "TokenRateSample",
@@ -25,6 +29,96 @@ __all__ = [
 
 class _Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerCommand(StrEnum):
+    """Whose command line starts the server, which decides what `auto` paths and the address mean."""
+
+    LOCAL = "local"  # the tuner's, on this machine: `auto` is the build `tuner setup` made here
+    REMOTE = "remote"  # the tuner's, on another host or in a container: every path is the host's, given
+    UNIT = "unit"  # the operator's own (a systemd unit kept as it is): its program, model and address
+
+
+# Addresses a server listens on that mean "every interface": the controller reaches it on the host's loopback.
+_EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+class OperatorServer(_Contract):
+    """The operator's own server as its unit starts it: its program, model and address, read back from its
+    command line and environment (what a deployer that keeps the unit's command measures, and leaves alone)."""
+
+    program: str
+    model: str | None
+    host: str
+    port: int
+
+    @property
+    def reach_host(self) -> str:
+        """Where the controller connects, from the host's side: a server on every interface is on loopback."""
+        return "127.0.0.1" if self.host in _EVERY_INTERFACE else self.host.strip("[]")
+
+    def describe(self) -> str:
+        model = f", model {self.model}" if self.model else ""
+        return f"{self.program}{model}, listening on {self.host or '*'}:{self.port}"
+
+
+class ListenRule(_Contract):
+    """How an engine's server is told which model to load and where to listen: its flags, its environment
+    variables and its defaults. With it a deployer reads the operator's choice back from the unit instead of
+    writing one of its own."""
+
+    host_flags: tuple[str, ...] = ()
+    port_flags: tuple[str, ...] = ()
+    model_flags: tuple[str, ...] = ()
+    host_env: str | None = None
+    port_env: str | None = None
+    model_env: str | None = None
+    address_env: str | None = Field(default=None, description="One variable with HOST[:PORT] (OLLAMA_HOST).")
+    model_after: str | None = Field(default=None, description="A word the model follows as its first argument.")
+    default_host: str
+    default_port: int
+
+    def read(self, argv: Sequence[str], environ: Mapping[str, str]) -> OperatorServer:
+        """The server `argv` starts with `environ`: a flag wins over its environment variable, as in the
+        engines themselves. `ValueError` for a port that is no number."""
+        host, port, model = self.default_host, str(self.default_port), None
+        if self.address_env and environ.get(self.address_env):
+            host, port = _split_address(environ[self.address_env], default_port=port)
+        host = environ.get(self.host_env, host) if self.host_env else host
+        port = environ.get(self.port_env, port) if self.port_env else port
+        model = environ.get(self.model_env) if self.model_env else None
+        words = list(argv[1:])
+        if self.model_after and self.model_after in words:
+            following = words.index(self.model_after) + 1
+            if following < len(words) and not words[following].startswith("-"):
+                model = words[following]
+        host = _flag_value(words, self.host_flags) or host
+        port = _flag_value(words, self.port_flags) or port
+        model = _flag_value(words, self.model_flags) or model
+        return OperatorServer(program=argv[0] if argv else "", model=model, host=host, port=int(port))
+
+
+def _flag_value(words: Sequence[str], flags: Sequence[str]) -> str | None:
+    """The last value given to any of `flags`, as `--flag VALUE` or `--flag=VALUE`."""
+    found = None
+    for index, word in enumerate(words):
+        name, equals, value = word.partition("=")
+        if name in flags:
+            if equals:
+                found = value
+            elif index + 1 < len(words):
+                found = words[index + 1]
+    return found
+
+
+def _split_address(address: str, *, default_port: str) -> tuple[str, str]:
+    """`HOST[:PORT]`, maybe with a scheme (`http://0.0.0.0:11434`) or an IPv6 host in brackets."""
+    rest = address.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):
+        host, _, after = rest.partition("]")
+        return host + "]", after.removeprefix(":") or default_port
+    host, colon, port = rest.rpartition(":")
+    return (host, port or default_port) if colon else (rest, default_port)
 
 
 class LaunchSpec(_Contract):
@@ -41,6 +135,9 @@ class LaunchSpec(_Contract):
     host: str = Field(default="127.0.0.1", description="Address the server listens on.")
     port: int = Field(description="TCP port the server listens on.")
     health_path: str = Field(default="/health", description="GET path that answers 200 once ready.")
+    listen: ListenRule | None = Field(
+        default=None, description="How to read where the operator's own server listens, from its unit."
+    )
 
     @property
     def base_url(self) -> str:

@@ -35,7 +35,7 @@ from tuner.config import (
     load_search_space,
     validate_options,
 )
-from tuner.deployers.base import DEPLOYERS, RecoveringDeployer, create_deployer
+from tuner.deployers.base import DEPLOYERS, RecoveringDeployer, check_launch, create_deployer, server_command
 from tuner.engines.base import Engine, create_engine
 from tuner.engines.llama_server import SIMULATED
 from tuner.errors import ConfigError, DeployError, MeasurementError, StudyError, TransportError
@@ -197,7 +197,7 @@ def _check_settings_consistency(full_space: SearchSpace, base_settings: Mapping[
 def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     _check_sampler(spec.search.sampler)
     _check_plugin_options(spec)
-    engine = create_engine(spec.engine)
+    engine = create_engine(spec.engine, command=server_command(spec.deploy, local_host=spec.host.kind == "local"))
     full_space = load_search_space(base_dir / spec.search.space)
     space = full_space.restricted_to(spec.search.params)
     if space.engine != engine.kind:
@@ -1311,6 +1311,7 @@ async def _run_fleet_study(
     prepared = {name: prepare_study(host_spec, base_dir) for name, host_spec in specs.items()}
     for name, host_spec in specs.items():  # each host's launch, before any host is touched
         _check_simulated_server(host_spec, prepared[name].engine.launch_spec({}))
+        check_launch(host_spec.deploy, prepared[name].engine.launch_spec({}))
     first = next(iter(prepared.values()))
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
@@ -1360,6 +1361,7 @@ async def run_study(
     prepared = prepare_study(spec, base_dir)
     baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
     _check_simulated_server(spec, baseline_launch)
+    check_launch(spec.deploy, baseline_launch)
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None

@@ -16,7 +16,7 @@ from tuner.config import PluginSpec, validate_options
 from tuner.errors import ServerNotReady
 from tuner.faults import crash_point
 from tuner.http import tls_context
-from tuner.models import LaunchSpec
+from tuner.models import LaunchSpec, ServerCommand
 from tuner.registry import Registry
 from tuner.transports.base import Transport
 
@@ -27,7 +27,9 @@ __all__ = [
     "Deployment",
     "PersistentDeployer",
     "RecoveringDeployer",
+    "check_launch",
     "create_deployer",
+    "server_command",
     "wait_until_healthy",
 ]
 
@@ -102,6 +104,28 @@ class DeployerFactory(Protocol):
 
 
 DEPLOYERS: Registry[DeployerFactory] = Registry("deploy")
+
+
+def server_command(deploy: PluginSpec, *, local_host: bool) -> ServerCommand:
+    """Whose command line starts the server under this deploy: a deploy kind says so with a static
+    `server_command(options, local_host=...)`; otherwise the tuner's own, here or on the host."""
+    factory = DEPLOYERS.get(deploy.kind)
+    decide = getattr(factory, "server_command", None)
+    if callable(decide):
+        options = validate_options(factory.options_model, deploy.options(), where="deploy")
+        decided = decide(options, local_host=local_host)
+        assert isinstance(decided, ServerCommand)
+        return decided
+    return ServerCommand.LOCAL if local_host else ServerCommand.REMOTE
+
+
+def check_launch(deploy: PluginSpec, launch: LaunchSpec) -> None:
+    """`ConfigError` for a launch the deploy kind cannot carry, before any host is touched: a deploy kind
+    says so with a static `check_launch(options, launch)`."""
+    factory = DEPLOYERS.get(deploy.kind)
+    check = getattr(factory, "check_launch", None)
+    if callable(check):
+        check(validate_options(factory.options_model, deploy.options(), where="deploy"), launch)
 
 
 def create_deployer(spec: PluginSpec, *, transport: Transport) -> Deployer:

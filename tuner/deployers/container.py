@@ -30,7 +30,7 @@ from pydantic import Field
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
-from tuner.models import LaunchSpec
+from tuner.models import LaunchSpec, ServerCommand
 from tuner.redact import redact
 from tuner.transports.base import CommandResult, Transport
 
@@ -137,6 +137,11 @@ def _without_env_values(inspect: dict[str, Any]) -> dict[str, Any]:
 @DEPLOYERS.register("container")
 class ContainerDeployer:
     options_model = ContainerOptions
+
+    @staticmethod
+    def server_command(options: ContainerOptions, *, local_host: bool) -> ServerCommand:
+        """The image's paths, not this machine's, whichever host runs it."""
+        return ServerCommand.REMOTE
 
     def __init__(self, options: ContainerOptions, *, transport: Transport) -> None:
         self._options = options

@@ -47,7 +47,7 @@ from tuner.errors import (
     TransportError,
 )
 from tuner.faults import crash_point
-from tuner.models import LaunchSpec
+from tuner.models import LaunchSpec, OperatorServer, ServerCommand
 from tuner.redact import redact
 from tuner.transports.base import Transport
 
@@ -162,8 +162,8 @@ def render_drop_in(
     if exec_start == "replace":
         if not launch.executable.startswith("/"):
             raise ConfigError(
-                f"ExecStart= needs an absolute path, not {launch.executable!r}; set engine.binary to the "
-                "server's path on the host"
+                f"ExecStart= needs the server program's absolute path on the host, not {launch.executable!r}; set "
+                "engine.binary (vLLM: the first word of engine.command) to it"
             )
         words = [quote_unit_word(word, in_exec=True, what="a command-line argument") for word in launch.command]
         lines += ["ExecStart=", "ExecStart=" + " ".join(words)]
@@ -240,6 +240,11 @@ def _read_snapshot(raw: bytes) -> dict[str, object]:
     return snapshot
 
 
+def _environ(raw: bytes) -> dict[str, str]:
+    """A process's environment as /proc/PID/environ holds it."""
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
+
+
 @dataclass(frozen=True)
 class UnitState:
     properties: Mapping[str, str]
@@ -264,6 +269,18 @@ class UnitState:
 class SystemdDeployer:
     options_model = SystemdOptions
 
+    @staticmethod
+    def server_command(options: SystemdOptions, *, local_host: bool) -> ServerCommand:
+        """`keep`: the unit's own command line, model and address; `replace`: the study's, with host paths."""
+        if options.exec_start == "keep":
+            return ServerCommand.UNIT
+        return ServerCommand.LOCAL if local_host else ServerCommand.REMOTE
+
+    @staticmethod
+    def check_launch(options: SystemdOptions, launch: LaunchSpec) -> None:
+        """A launch no drop-in can carry is refused before the host is touched."""
+        render_drop_in(launch, exec_start=options.exec_start, note="check", secrets_file="/dev/null")
+
     def __init__(self, options: SystemdOptions, *, transport: Transport) -> None:
         self._options = options
         self._transport = transport
@@ -280,6 +297,7 @@ class SystemdDeployer:
         self._written: str | None = None  # our drop-in's text, while one is in place
         self._deployed: UnitState | None = None
         self._launch: LaunchSpec | None = None
+        self._operator: OperatorServer | None = None  # with `keep`: the unit's own server, read once
         self._last_beat = 0.0
 
     # ---- the host's commands ------------------------------------------------------------------
@@ -441,6 +459,44 @@ class SystemdDeployer:
 
     # ---- a trial ------------------------------------------------------------------------------
 
+    async def operator_server(self, launch: LaunchSpec, state: UnitState | None = None) -> OperatorServer:
+        """The unit's own server (program, model, address), read from its running process, or from its
+        ExecStart= and Environment= where it is not running; with `keep` a trial listens where it does."""
+        if self._operator is not None:
+            return self._operator
+        if launch.listen is None:
+            raise DeployError(f"{self._unit}: this engine cannot say where the unit's server listens")
+        state = state or await self._state()
+        argv: list[str] = []
+        environ: dict[str, str] = {}
+        if state["ActiveState"] == "active" and state.main_pid:
+            cmdline = await self._read(f"/proc/{state.main_pid}/cmdline")
+            raw = await self._read(f"/proc/{state.main_pid}/environ")
+            argv = (cmdline or b"").decode(errors="replace").split("\0")[:-1]
+            environ = _environ(raw or b"")
+        if not argv:
+            match = re.search(r"argv\[\]=(.*?) ;", state["ExecStart"])
+            argv = shlex.split(match.group(1)) if match else []
+            environ = parse_show_environment(state["Environment"])
+        if not argv:
+            raise DeployError(
+                f"cannot read {self._unit}'s command line (ExecStart=); check `systemctl cat {self._unit}`"
+            )
+        try:
+            self._operator = launch.listen.read(argv, environ)
+        except ValueError:
+            raise DeployError(
+                f"{self._unit} sets a port that is not a number; check its ExecStart= and Environment="
+            ) from None
+        return self._operator
+
+    async def _address(self, launch: LaunchSpec) -> str:
+        """Where this controller reaches the server: the unit's own address with `keep`, else the launch's."""
+        if self._options.exec_start == "keep" and launch.listen is not None:
+            server = await self.operator_server(launch)
+            return await self._transport.reach(server.reach_host, server.port)
+        return await self._transport.reach(launch.host, launch.port)
+
     async def _refuse_later_overrides(self, launch: LaunchSpec, state: UnitState) -> None:
         """An operator drop-in that sorts after ours and sets one of our keys would silently win."""
         ours = set(launch.env) | set(launch.secret_env)
@@ -473,7 +529,9 @@ class SystemdDeployer:
         await self._refuse_later_overrides(launch, before)
         if self._options.exec_start == "keep":
             check_kept_command(launch, before["ExecStart"])
-        base_url = await self._transport.reach(launch.host, launch.port)
+            if launch.listen is not None:
+                await self.operator_server(launch, before)
+        base_url = await self._address(launch)
         if (
             text == self._written
             and self._deployed is not None
@@ -571,7 +629,7 @@ class SystemdDeployer:
         environ = await self._read(f"/proc/{after.main_pid}/environ")
         if environ is None:
             raise DeployError(f"cannot read the environment of {self._unit}'s process {after.main_pid}")
-        running = dict(entry.split("=", 1) for entry in environ.decode(errors="replace").split("\0") if "=" in entry)
+        running = _environ(environ)
         for name, value in launch.env.items():
             if running.get(name) != value:
                 raise DeployError(
@@ -724,7 +782,7 @@ class SystemdDeployer:
                 )
             await asyncio.sleep(0.25)
         if launch is not None:
-            base_url = await self._transport.reach(launch.host, launch.port)
+            base_url = await self._address(launch)
             remaining = max(deadline - time.monotonic(), 1.0)
 
             async def stopped() -> str | None:

@@ -9,10 +9,10 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from tuner.config import ParamValue, PluginSpec, validate_options
+from tuner.config import ParamValue, PluginSpec, StrictModel, validate_options
 from tuner.errors import ConfigError
 from tuner.metrics import MetricInfo
-from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
+from tuner.models import LaunchSpec, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 from tuner.registry import Registry
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Knob",
     "KnobbedEngine",
     "StreamEvent",
+    "check_paths_for",
     "create_engine",
     "parse_prometheus_text",
     "render_env_value",
@@ -102,8 +103,9 @@ class KnobbedEngine(Generic[OptionsT]):
     kind: str
     knobs: Mapping[str, Knob]
 
-    def __init__(self, options: OptionsT) -> None:
+    def __init__(self, options: OptionsT, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
         self._options = options
+        self._command = command
         try:
             self.check_settings(options.settings)
         except ConfigError as exc:
@@ -153,6 +155,29 @@ class KnobbedEngine(Generic[OptionsT]):
     def request_headers(self) -> dict[str, str]:
         """No headers by default."""
         return {}
+
+
+def check_paths_for(
+    command: ServerCommand, options: StrictModel, *, paths: Mapping[str, str], placement: Sequence[str] = ()
+) -> None:
+    """Refuses, in one line, an engine path or address that means nothing for whose command starts the
+    server: `auto` (this machine's build) anywhere but here, or a program, model or address of the study's
+    (`placement`, the option names) where the operator's unit keeps its own."""
+    if command is not ServerCommand.LOCAL:
+        for key, value in paths.items():
+            if value == "auto":
+                raise ConfigError(
+                    f'{key} = "auto" means a file of this machine\'s (`tuner setup`), which the host does not have; '
+                    f"set {key} to its path on the host"
+                )
+    if command is ServerCommand.UNIT:
+        given = sorted(name for name in placement if name in options.model_fields_set)
+        if given:
+            raise ConfigError(
+                f"engine.{given[0]} is the operator's own: deploy.exec_start = \"keep\" runs the unit's command "
+                f"line, which sets the program, model, address and port; remove engine.{given[0]} from the study "
+                "(the unit's are read and shown), or set deploy.exec_start = \"replace\" to run the study's own"
+            )
 
 
 def render_env_value(knob: Knob, value: ParamValue) -> str:
@@ -296,16 +321,18 @@ class EngineFactory(Protocol):
     @property
     def options_model(self) -> type[BaseModel]: ...
 
-    def __call__(self, options: Any) -> Engine: ...
+    def __call__(self, options: Any, *, command: ServerCommand = ...) -> Engine: ...
 
 
 ENGINES: Registry[EngineFactory] = Registry("engine")
 
 
-def create_engine(spec: PluginSpec) -> Engine:
+def create_engine(spec: PluginSpec, *, command: ServerCommand = ServerCommand.LOCAL) -> Engine:
+    """The study's engine; `command` says whose command line starts its server (`ConfigError` for a
+    path that cannot mean anything there, such as `auto` on another host)."""
     factory = ENGINES.get(spec.kind)
     options = validate_options(factory.options_model, spec.options(), where="engine")
-    return factory(options)
+    return factory(options, command=command)
 
 
 def parse_prometheus_text(text: str) -> dict[str, float]:

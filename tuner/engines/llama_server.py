@@ -22,12 +22,20 @@ from pydantic_core import PydanticCustomError
 
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, render_env_value
+from tuner.engines.base import (
+    ENGINES,
+    HttpCall,
+    Knob,
+    KnobbedEngine,
+    StreamEvent,
+    check_paths_for,
+    render_env_value,
+)
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.metrics import MetricInfo
-from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
+from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
 # common/arg.cpp, when a flag and its environment variable are both given.
@@ -239,7 +247,7 @@ class LlamaServerOptions(StrictModel):
         return value
 
 
-def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str, key: str) -> str:
+def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str) -> str:
     """A configured path (a path on the host, which the study checks there), or with `auto` the one
     `tuner setup` made here."""
     if configured != "auto":
@@ -248,6 +256,19 @@ def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: st
     if found is None:
         raise AssetError(f"the {what} is not there yet; run `tuner setup` (one time, about 10 minutes)")
     return str(found)
+
+
+# What llama-server reads its model and address from (common/arg.cpp): a flag wins over its variable.
+LLAMA_SERVER_LISTEN = ListenRule(
+    host_flags=("--host",),
+    port_flags=("--port",),
+    model_flags=("-m", "--model"),
+    host_env="LLAMA_ARG_HOST",
+    port_env="LLAMA_ARG_PORT",
+    model_env="LLAMA_ARG_MODEL",
+    default_host="127.0.0.1",
+    default_port=8080,
+)
 
 
 def _free_port(host: str) -> int:
@@ -263,8 +284,15 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     metrics: ClassVar[Mapping[str, MetricInfo]] = LLAMA_SERVER_METRICS
     options_model = LlamaServerOptions
 
-    def __init__(self, options: LlamaServerOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: LlamaServerOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
+        super().__init__(options, command=command)
+        if options.binary != SIMULATED:
+            adapters = {f"engine.lora_adapters.{name}": path for name, path in options.lora_adapters.items()}
+            if command is ServerCommand.UNIT:
+                check_paths_for(command, options, paths=adapters, placement=("binary", "model", "host", "port"))
+            else:
+                paths = {"engine.binary": options.binary, "engine.model": options.model, **adapters}
+                check_paths_for(command, options, paths=paths)
         self._api_key: SecretStr | None = None
         if options.api_key_env is not None:
             value = os.environ.get(options.api_key_env)
@@ -276,13 +304,19 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             self._api_key = SecretStr(value)
             remember_secret(value)  # whatever the server says back with it in is scrubbed before it is shown
 
+    @property
+    def _unit_command(self) -> bool:
+        return self._command is ServerCommand.UNIT
+
     def request_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
 
     def host_files(self) -> dict[str, str]:
-        configured = {"engine.model": self._options.model}
-        if not self.simulated:
-            configured["engine.binary"] = self._options.binary
+        configured: dict[str, str] = {}
+        if self._command is not ServerCommand.UNIT:  # the unit's own program and model are its business
+            configured["engine.model"] = self._options.model
+            if not self.simulated:
+                configured["engine.binary"] = self._options.binary
         configured.update({f"engine.lora_adapters.{name}": path for name, path in self._options.lora_adapters.items()})
         return {key: path for key, path in configured.items() if path != "auto"}
 
@@ -293,22 +327,28 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def resolve_binary(self) -> str:
         if self.simulated:
             return str(Path(sys.executable).with_name(_SIMULATOR_PROGRAM))
-        return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary", key="engine.binary")
+        return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary")
 
     def resolve_model(self) -> str:
         if self.simulated and self._options.model == "auto":
             return SIMULATED  # the simulator loads no model
-        return _resolve(self._options.model, assets.find_model, what="model file", key="engine.model")
+        return _resolve(self._options.model, assets.find_model, what="model file")
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)
-        port = self._options.port or _free_port(self._options.host)
-        env = {
-            "LLAMA_ARG_MODEL": self.resolve_model(),
-            "LLAMA_ARG_HOST": self._options.host,
-            "LLAMA_ARG_PORT": str(port),
-            "LLAMA_ARG_ENDPOINT_METRICS": "1",
-        }
+        env: dict[str, str] = {}
+        if self._unit_command:
+            # The unit's own model, address and port stay: its drop-in carries the trial's knobs and nothing
+            # else; the deployer reads where the server listens from the unit (LLAMA_SERVER_LISTEN).
+            port = self._options.port
+        else:
+            port = self._options.port or _free_port(self._options.host)
+            env = {
+                "LLAMA_ARG_MODEL": self.resolve_model(),
+                "LLAMA_ARG_HOST": self._options.host,
+                "LLAMA_ARG_PORT": str(port),
+                "LLAMA_ARG_ENDPOINT_METRICS": "1",
+            }
         for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             if knob.scope == "request":
@@ -323,22 +363,24 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             if self.simulated and configured == "auto":
                 path = f"{SIMULATED}-{name}.gguf"  # the simulator loads nothing, it only numbers the adapters
             else:
-                path = _resolve(
-                    configured, assets.find_test_lora, what="LoRA adapter", key=f"engine.lora_adapters.{name}"
-                )
+                path = _resolve(configured, assets.find_test_lora, what="LoRA adapter")
             lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
-            executable=self.resolve_binary(),
+            executable=self._options.binary if self._unit_command else self.resolve_binary(),
             args=(*lora_args, *self._options.extra_args),
             env=env,
-            secret_env={"LLAMA_API_KEY": self._api_key} if self._api_key else {},
+            # With the unit's own command its own key stays (requests still carry ours: a wrong one is a 401).
+            secret_env={"LLAMA_API_KEY": self._api_key} if self._api_key and not self._unit_command else {},
             host=self._options.host,
             port=port,
             health_path="/health",
+            listen=LLAMA_SERVER_LISTEN,
         )
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """llama-server allocates ctx_size KV tokens (all slots together) beside the weights at start."""
+        if self._command is ServerCommand.UNIT:
+            return None  # the unit's model is on the host: its header cannot be read from here
         try:
             model = Path(self.resolve_model())
         except AssetError:

@@ -20,14 +20,22 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, render_env_value
+from tuner.engines.base import (
+    ENGINES,
+    HttpCall,
+    Knob,
+    KnobbedEngine,
+    StreamEvent,
+    check_paths_for,
+    render_env_value,
+)
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.engines.text_prompts import WORDS, ids_to_text
 from tuner.errors import ConfigError
 from tuner.metrics import MetricInfo
-from tuner.models import LaunchSpec, ReplayRequest, ServerTimings, TaskTimeline
+from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 
 __all__ = ["OLLAMA_KNOBS", "OllamaEngine", "OllamaOptions"]
 
@@ -105,6 +113,10 @@ class OllamaOptions(StrictModel):
     )
 
 
+# Ollama reads its address from one variable, HOST[:PORT] (envconfig.Host).
+OLLAMA_LISTEN = ListenRule(address_env="OLLAMA_HOST", default_host="127.0.0.1", default_port=11434)
+
+
 @ENGINES.register("ollama")
 class OllamaEngine(KnobbedEngine[OllamaOptions]):
     kind = "ollama"
@@ -112,9 +124,15 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
     knobs: Mapping[str, Knob] = OLLAMA_KNOBS
     options_model = OllamaOptions
 
+    def __init__(self, options: OllamaOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
+        super().__init__(options, command=command)
+        check_paths_for(command, options, paths={}, placement=("binary", "host", "port"))
+
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)
-        env = {"OLLAMA_HOST": f"{self._options.host}:{self._options.port}"}
+        env: dict[str, str] = {}
+        if self._command is not ServerCommand.UNIT:  # the unit's own OLLAMA_HOST stays
+            env["OLLAMA_HOST"] = f"{self._options.host}:{self._options.port}"
         for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             assert knob.env is not None
@@ -126,6 +144,7 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
             host=self._options.host,
             port=self._options.port,
             health_path="/api/version",
+            listen=OLLAMA_LISTEN,
         )
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:

@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent
+from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for
 from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.errors import ConfigError
 from tuner.metrics import MetricInfo
-from tuner.models import LaunchSpec, ReplayRequest, TaskTimeline
+from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, TaskTimeline
 
 __all__ = ["VLLM_KNOBS", "VllmEngine", "VllmOptions", "sum_series"]
 
@@ -149,12 +149,23 @@ VLLM_METRICS: dict[str, MetricInfo] = {
 }
 
 
+# `vllm serve MODEL --host H --port P`: every interface and port 8000 unless told.
+VLLM_LISTEN = ListenRule(
+    host_flags=("--host",), port_flags=("--port",), model_flags=("--model",), model_after="serve",
+    default_host="0.0.0.0", default_port=8000,
+)  # fmt: skip
+
+
 @ENGINES.register("vllm")
 class VllmEngine(KnobbedEngine[VllmOptions]):
     kind = "vllm"
     metrics: ClassVar[Mapping[str, MetricInfo]] = VLLM_METRICS
     knobs: Mapping[str, Knob] = VLLM_KNOBS
     options_model = VllmOptions
+
+    def __init__(self, options: VllmOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
+        super().__init__(options, command=command)
+        check_paths_for(command, options, paths={}, placement=("command", "host", "port"))
 
     @property
     def model_name(self) -> str:
@@ -181,6 +192,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
             host=self._options.host,
             port=self._options.port,
             health_path="/health",
+            listen=VLLM_LISTEN,
         )
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
