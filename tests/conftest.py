@@ -149,9 +149,10 @@ def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
 
 @pytest.fixture(scope="session")
 def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHost]:
-    """A real systemd as PID 1 of a PID namespace on an overlay root, with the operator's llama-server
-    unit and an sshd to reach it by. Missing only where this machine refuses the namespaces, mounts or
-    cgroups it needs (then it says which); a boot that times out or a failing systemctl is a failure."""
+    """A real systemd as PID 1 of a PID namespace on an overlay root, laid out as a production host (its
+    own paths for the server and model, two operator units: tests/systemd_host.py), reached by its sshd.
+    Missing only where this machine refuses the namespaces, mounts or cgroups it needs (then it says
+    which); a boot that times out or a failing systemctl is a failure."""
     from tests.systemd_host import HostRefused, boot_systemd_host, systemd_host_unavailable
 
     why = systemd_host_unavailable()
@@ -161,7 +162,15 @@ def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFac
         need_real_part("sshd", "the systemd host is reached through an sshd unit, and /usr/sbin/sshd is not installed")
     model = assets.find_model()
     assert model is not None
-    booting = boot_systemd_host(tmp_path_factory.mktemp("systemd-host"), binary=llama_server_binary, model=model)
+    # The operator's server and model are copied to the host's own paths; the controller's cache, where
+    # `tuner setup` put them here, is hidden inside the host.
+    booting = boot_systemd_host(
+        tmp_path_factory.mktemp("systemd-host"),
+        binary=llama_server_binary,
+        model=model,
+        adapter=assets.find_test_lora(),
+        hide=[assets.cache_root()],
+    )
     try:
         host = booting.__enter__()
     except HostRefused as exc:

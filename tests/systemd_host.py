@@ -1,6 +1,11 @@
 """A real systemd, PID 1 of its own PID namespace, on an overlay of this machine's root: the host the
-systemd deployer's tests tune. An sshd unit inside it is the way in, as on a production host, and a
-llama-server unit is the operator's server. Never booted on the machine's own root: its tmpfiles
+systemd deployer's tests tune, laid out as an operator lays out a production host. An sshd unit inside
+it is the way in. The operator's llama-server and model sit at the host's own paths (/opt/llama,
+/srv/models), copied into the host's overlay, and the controller's cache of them is hidden inside the
+host (an empty tmpfs over it), so nothing the tuner built here can be run there by mistake. Two operator
+units serve: one whose model, address and port are flags in its ExecStart= (listening on every
+interface), one whose are its own Environment= lines (on 127.0.0.2); beside them an unrelated operator
+drop-in and an EnvironmentFile= the operator owns. Never booted on the machine's own root: its tmpfiles
 cleanup would empty /tmp for everyone, so everything it writes lands in the overlay and fresh tmpfs mounts.
 """
 
@@ -16,18 +21,37 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostRefused", "SystemdHost", "boot_systemd_host", "systemd_host_unavailable"]
+__all__ = [
+    "ENV_UNIT",
+    "HOST_ADAPTER",
+    "HOST_BINARY",
+    "HOST_MODEL",
+    "UNIT",
+    "HostRefused",
+    "SystemdHost",
+    "boot_systemd_host",
+    "systemd_host_unavailable",
+]
 
 _BOOT_SCRIPT = Path(__file__).parent / "data" / "boot-systemd-host.sh"
 _PR_SET_PDEATHSIG = 1
-UNIT = "llama-server.service"
+UNIT = "llama-server.service"  # model, address and port as flags in ExecStart=
+ENV_UNIT = "llama-server-env.service"  # model, address and port as its own Environment= lines
+HOST_BINARY = "/opt/llama/bin/llama-server"
+HOST_MODEL = "/srv/models/smollm2-135m.gguf"
+HOST_ADAPTER = "/srv/models/smollm2-style-lora.gguf"
+ENV_UNIT_HOST = "127.0.0.2"  # a loopback address nothing else listens on: a re-pointed server would be missed
 OPERATOR_OVERRIDE = (
     '[Service]\n# the operator\'s own setting, which the tuner must leave alone\nEnvironment="LLAMA_ARG_THREADS=1"\n'
 )
+# An operator drop-in that has nothing to do with the tuner, and the operator's own environment file.
+OPERATOR_LIMITS = "[Service]\nLimitNOFILE=65536\n"
+OPERATOR_ENV_FILE = "/etc/llama/operator.env"
+OPERATOR_ENV = "LLAMA_ARG_ALIAS=team-assistant\n"
 
 
 class HostRefused(RuntimeError):
@@ -72,9 +96,13 @@ class SystemdHost:
     server_port: int
     known_hosts: Path
     client_key: Path
-    binary: Path
-    model: Path
+    env_port: int  # ENV_UNIT's, on ENV_UNIT_HOST
+    binary: str = HOST_BINARY  # paths on the host, which this machine does not have
+    model: str = HOST_MODEL
+    adapter: str = HOST_ADAPTER
     unit: str = UNIT
+    env_unit: str = ENV_UNIT
+    env_host: str = ENV_UNIT_HOST
 
     def ssh_options(self, **extra: object) -> dict[str, object]:
         return {
@@ -111,13 +139,15 @@ class SystemdHost:
         done = self.run("cat", "--", path, check=False)
         return done.stdout.encode() if done.returncode == 0 else None
 
-    def unit_files(self) -> dict[str, str]:
-        """Every file that configures the unit (its fragment and the drop-ins of all directories), hashed."""
+    def unit_files(self, unit: str | None = None) -> dict[str, str]:
+        """Every file that configures the unit (its fragment, the drop-ins of all directories and the
+        operator's environment file), hashed."""
+        unit = unit or self.unit
         listing = self.run(
             "sh",
             "-c",
-            f"ls -1 /etc/systemd/system/{self.unit} /etc/systemd/system/{self.unit}.d/* "
-            f"/run/systemd/system/{self.unit}.d/* 2>/dev/null || true",
+            f"ls -1 /etc/systemd/system/{unit} /etc/systemd/system/{unit}.d/* "
+            f"/run/systemd/system/{unit}.d/* {OPERATOR_ENV_FILE} 2>/dev/null || true",
         ).stdout.split()
         return {path: hashlib.sha256(self.read(path) or b"").hexdigest() for path in listing}
 
@@ -128,24 +158,34 @@ class SystemdHost:
         raw = self.read(f"/proc/{self.main_pid(unit)}/environ") or b""
         return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if "=" in entry)
 
-    def wait_active(self, timeout: float = 120) -> None:
+    def wait_active(self, timeout: float = 120, unit: str | None = None) -> None:
         deadline = time.monotonic() + timeout
-        while self.show("ActiveState")["ActiveState"] != "active":
+        while self.show("ActiveState", unit=unit)["ActiveState"] != "active":
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.unit} is not active: {self.show('ActiveState', 'Result')}")
+                raise AssertionError(f"{unit or self.unit} is not active: {self.show('ActiveState', 'Result')}")
             time.sleep(0.2)
 
-    def healthy(self) -> bool:
+    def address(self, unit: str | None = None) -> str:
+        """Where the operator's unit serves, as this machine reaches it (the host shares its network)."""
+        if unit in (None, self.unit):
+            return f"http://127.0.0.1:{self.server_port}"
+        assert unit == self.env_unit
+        return f"http://{self.env_host}:{self.env_port}"
+
+    def healthy(self, unit: str | None = None) -> bool:
         import httpx
 
         try:
-            return httpx.get(f"http://127.0.0.1:{self.server_port}/health", timeout=5).status_code == 200
+            return httpx.get(f"{self.address(unit)}/health", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
 
-def _payload(directory: Path, *, ssh_port: int, server_port: int, binary: Path, model: Path) -> tuple[Path, Path]:
-    """Units, sshd config and keys to copy over the new root; returns (known_hosts, client key)."""
+def _payload(
+    directory: Path, *, ssh_port: int, server_port: int, env_port: int, binary: Path, model: Path, adapter: Path | None
+) -> tuple[Path, Path]:
+    """Units, sshd config, keys, the operator's server and model to copy over the new root; returns
+    (known_hosts, client key)."""
     import asyncssh
 
     etc = directory / "etc"
@@ -153,6 +193,12 @@ def _payload(directory: Path, *, ssh_port: int, server_port: int, binary: Path, 
     units = etc / "systemd" / "system"
     (units / f"{UNIT}.d").mkdir(parents=True)
     conf.mkdir(parents=True)
+    for source, target in ((binary, HOST_BINARY), (model, HOST_MODEL), (adapter, HOST_ADAPTER)):
+        if source is not None:
+            (directory / target.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, directory / target.lstrip("/"))
+    (directory / OPERATOR_ENV_FILE.lstrip("/")).parent.mkdir(parents=True)
+    (directory / OPERATOR_ENV_FILE.lstrip("/")).write_text(OPERATOR_ENV)
     host_key = asyncssh.generate_private_key("ssh-ed25519")
     host_key.write_private_key(str(conf / "host_key"))
     client = asyncssh.generate_private_key("ssh-ed25519")
@@ -170,13 +216,22 @@ def _payload(directory: Path, *, ssh_port: int, server_port: int, binary: Path, 
         "[Service]\nRuntimeDirectory=sshd\nExecStart=/usr/sbin/sshd -D -e -f /etc/serve-tuner-test/sshd_config\n"
     )
     (units / UNIT).write_text(
-        "[Unit]\nDescription=llama.cpp server (the operator's unit)\n[Service]\n"
-        f"ExecStart={binary} -m {model} --host 127.0.0.1 --port {server_port}\n"
+        "[Unit]\nDescription=llama.cpp server (the operator's unit: model, address and port as flags)\n[Service]\n"
+        f"EnvironmentFile={OPERATOR_ENV_FILE}\n"
+        f"ExecStart={HOST_BINARY} -m {HOST_MODEL} --host 0.0.0.0 --port {server_port}\n"
         "Restart=on-failure\nRestartSec=1\n[Install]\nWantedBy=multi-user.target\n"
     )
     (units / f"{UNIT}.d" / "override.conf").write_text(OPERATOR_OVERRIDE)
+    (units / f"{UNIT}.d" / "10-limits.conf").write_text(OPERATOR_LIMITS)
+    (units / ENV_UNIT).write_text(
+        "[Unit]\nDescription=llama.cpp server (the operator's unit: model, address and port as Environment=)\n"
+        f'[Service]\nEnvironment="LLAMA_ARG_MODEL={HOST_MODEL}" "LLAMA_ARG_HOST={ENV_UNIT_HOST}"\n'
+        f'Environment="LLAMA_ARG_PORT={env_port}" "LLAMA_ARG_THREADS=1"\n'
+        f"EnvironmentFile={OPERATOR_ENV_FILE}\nExecStart={HOST_BINARY}\n"
+        "Restart=on-failure\nRestartSec=1\n[Install]\nWantedBy=multi-user.target\n"
+    )
     (units / "serve-tuner-test.target").write_text(
-        f"[Unit]\nRequires=basic.target\nAfter=basic.target\nWants=serve-tuner-test-sshd.service {UNIT}\n"
+        f"[Unit]\nRequires=basic.target\nAfter=basic.target\nWants=serve-tuner-test-sshd.service {UNIT} {ENV_UNIT}\n"
     )
     known_hosts = directory.parent / "known_hosts"
     public = host_key.export_public_key("openssh").decode().strip()
@@ -222,10 +277,17 @@ def _remove_cgroup(name: str) -> None:
 
 
 @contextlib.contextmanager
-def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[SystemdHost]:
-    ssh_port, server_port = _free_port(), _free_port()
+def boot_systemd_host(
+    workdir: Path, *, binary: Path, model: Path, adapter: Path | None, hide: Sequence[Path]
+) -> Iterator[SystemdHost]:
+    """Boots the host with the operator's server and model copied to the host's paths; `hide` are this
+    machine's directories (the controller's build cache) that the host must not see."""
+    ssh_port, server_port, env_port = _free_port(), _free_port(), _free_port()
     payload = workdir / "payload"
-    known_hosts, client_key = _payload(payload, ssh_port=ssh_port, server_port=server_port, binary=binary, model=model)
+    known_hosts, client_key = _payload(
+        payload, ssh_port=ssh_port, server_port=server_port, env_port=env_port, binary=binary, model=model,
+        adapter=adapter,
+    )  # fmt: skip
     base = workdir / "root"
     base.mkdir()
     cgroup = f"serve-tuner-test-{uuid.uuid4().hex[:8]}"
@@ -238,6 +300,7 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
          str(base), str(payload), cgroup],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "SERVE_TUNER_TEST_HIDE": " ".join(str(path) for path in hide)},
         start_new_session=True,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, safe between fork and exec
     )  # fmt: skip
@@ -246,12 +309,14 @@ def boot_systemd_host(workdir: Path, *, binary: Path, model: Path) -> Iterator[S
         init_pid = _namespace_init(unshare.pid)
         host = SystemdHost(
             pid=init_pid, ssh_port=ssh_port, server_port=server_port, known_hosts=known_hosts,
-            client_key=client_key, binary=binary, model=model,
+            client_key=client_key, env_port=env_port,
         )  # fmt: skip
         deadline = time.monotonic() + 90
         while True:
             state = host.run("systemctl", "is-system-running", check=False).stdout.strip()
-            if state in ("running", "degraded") and host.show("ActiveState")["ActiveState"] == "active":
+            if state in ("running", "degraded") and all(
+                host.show("ActiveState", unit=unit)["ActiveState"] == "active" for unit in (UNIT, ENV_UNIT)
+            ):
                 with socket.socket() as probe:
                     if probe.connect_ex(("127.0.0.1", ssh_port)) == 0:
                         break

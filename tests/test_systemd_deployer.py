@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from pydantic import SecretStr
 
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
-from tests.systemd_host import SystemdHost
+from tests.systemd_host import ENV_UNIT, UNIT, SystemdHost
 from tuner.deployers.systemd import (
     SystemdDeployer,
     SystemdOptions,
@@ -40,9 +40,10 @@ from tuner.deployers.systemd import (
     render_drop_in,
 )
 from tuner.engines.base import Engine
+from tuner.engines.llama_server import LLAMA_SERVER_KNOBS, LLAMA_SERVER_LISTEN
 from tuner.errors import ConfigError, DeployError, ServerNotReady, StudyError, TunerError
 from tuner.faults import CRASH_POINTS
-from tuner.models import LaunchSpec, RequestRecord
+from tuner.models import LaunchSpec, OperatorServer, RequestRecord
 from tuner.study_record import TrialRecord
 from tuner.transports.base import CommandResult
 from tuner.transports.ssh import SshOptions, SshTransport
@@ -108,21 +109,27 @@ def _free_port() -> int:
 
 
 def _launch(host: SystemdHost, **settings: str) -> LaunchSpec:
-    env = {"LLAMA_ARG_MODEL": str(host.model), "LLAMA_ARG_HOST": "127.0.0.1", "LLAMA_ARG_PORT": str(host.server_port)}
-    return LaunchSpec(executable=str(host.binary), env={**env, **settings}, port=host.server_port)
+    """A trial as the llama-server engine makes it for the operator's unit: the tuned variables alone, and
+    how to read where the unit's server listens (its model, address and port stay the operator's)."""
+    return LaunchSpec(executable=host.binary, env=settings, port=0, listen=LLAMA_SERVER_LISTEN)
+
+
+def _replacing_launch(host: SystemdHost, *args: str, **settings: str) -> LaunchSpec:
+    """A trial whose drop-in replaces the unit's ExecStart= (`exec_start = "replace"`): the study's own
+    command line, with the host's paths, on the operator's port."""
+    command = ("-m", host.model, "--host", "127.0.0.1", "--port", str(host.server_port), *args)
+    return LaunchSpec(executable=host.binary, args=command, env=settings, port=host.server_port)
 
 
 # What systemd gives every process of its own (new at each start), left out of the comparison.
 _PER_START_VARIABLES = {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
-OURS_UNDER_RUN = ("llama-server.service.json", "llama-server.service.lock", "llama-server.service.restore.sh",
-                  "llama-server.service.secret.env")  # fmt: skip
-DEAD_MAN_TIMER = "serve-tuner-restore-llama-server.timer"
 
 
 @dataclass(frozen=True)
 class HostBaseline:
     """The unit as the operator left it: its files (hashed), and what its running process was given."""
 
+    unit: str
     files: dict[str, str]
     environment: dict[str, str]
     argv: list[str]
@@ -132,12 +139,13 @@ def running_argv(host: SystemdHost, unit: str | None = None) -> list[str]:
     return (host.read(f"/proc/{host.main_pid(unit)}/cmdline") or b"").decode().split("\0")[:-1]
 
 
-def host_baseline(host: SystemdHost) -> HostBaseline:
-    host.wait_active()
-    environment = host.process_environment()
+def host_baseline(host: SystemdHost, unit: str | None = None) -> HostBaseline:
+    unit = unit or host.unit
+    host.wait_active(unit=unit)
+    environment = host.process_environment(unit)
     for name in _PER_START_VARIABLES:
         environment.pop(name, None)
-    return HostBaseline(files=host.unit_files(), environment=environment, argv=running_argv(host))
+    return HostBaseline(unit=unit, files=host.unit_files(unit), environment=environment, argv=running_argv(host, unit))
 
 
 @pytest.fixture
@@ -150,28 +158,28 @@ def baseline(systemd_host: SystemdHost) -> Iterator[HostBaseline]:
 
 def assert_baseline(host: SystemdHost, before: HostBaseline) -> None:
     """Nothing of ours left, the unit's files byte-identical, the running process given exactly what it
-    was given before (environment and argv), no pending daemon-reload, and the server answering."""
-    assert host.read(RUNTIME_DROP_IN) is None, "serve-tuner's drop-in was left on the host"
+    was given before (environment and argv), no pending daemon-reload, and the server answering where
+    the operator put it."""
+    unit = before.unit
+    assert host.read(f"/run/systemd/system/{unit}.d/zz-tuner.conf") is None, "serve-tuner's drop-in was left"
     left = [
         name
-        for name in OURS_UNDER_RUN
+        for name in (f"{unit}.json", f"{unit}.lock", f"{unit}.restore.sh", f"{unit}.secret.env")
         if host.run("test", "-e", f"/run/serve-tuner/{name}", check=False).returncode == 0
     ]
     assert not left, f"serve-tuner left {left} in /run/serve-tuner"
-    timer = host.show("LoadState", "ActiveState", unit=DEAD_MAN_TIMER)
+    timer = host.show("LoadState", "ActiveState", unit=f"serve-tuner-restore-{unit.removesuffix('.service')}.timer")
     assert timer["ActiveState"] != "active", "the dead-man timer is still armed after a clean restore"
-    assert host.unit_files() == before.files, "a file of the unit changed"
-    now = host_baseline(host)
+    assert host.unit_files(unit) == before.files, "a file of the unit changed"
+    now = host_baseline(host, unit)
     assert now.environment == before.environment, "the unit's process runs with another environment"
     assert now.argv == before.argv, "the unit's process runs another command line"
-    assert host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
+    assert host.show("NeedDaemonReload", unit=unit)["NeedDaemonReload"] == "no"
     deadline = time.monotonic() + 120
-    while not host.healthy():
+    while not host.healthy(unit):
         assert time.monotonic() < deadline, "the baseline server is not healthy"
         time.sleep(0.5)
-    answer = httpx.post(
-        f"http://127.0.0.1:{host.server_port}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60
-    )
+    answer = httpx.post(f"{host.address(unit)}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60)
     assert answer.status_code == 200 and answer.json()["tokens_predicted"] > 0
 
 
@@ -402,98 +410,201 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     assert host.read("/tmp/pwned") is None
 
 
-def _study_file(systemd_host: SystemdHost, tmp_path: Path, **ssh: object) -> Path:
-    """The tiny study, run on the systemd host over ssh: trials are drop-ins on the operator's unit."""
+def _study_file(
+    systemd_host: SystemdHost, tmp_path: Path, *, unit: str | None = None, deploy: str = "", **ssh: object
+) -> Path:
+    """The tiny study, run on the systemd host over ssh as an operator writes it: trials are drop-ins on
+    the operator's unit, whose program, model, address and port the study does not name."""
     data = Path(__file__).resolve().parent / "data"
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
     text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
     text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
-    text = text.replace('kind = "llama-server"', f'kind = "llama-server"\nport = {systemd_host.server_port}')
     host = "\n".join(
         f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **systemd_host.ssh_options(**ssh)}.items()
     )
-    deploy = f'kind = "systemd"\nunit = "{systemd_host.unit}"'
+    deploy = f'kind = "systemd"\nunit = "{unit or systemd_host.unit}"\n{deploy}'
     (tmp_path / "unit.toml").write_text(f"{text}\n[host]\n{host}\n[deploy]\n{deploy}\n")
     return tmp_path / "unit.toml"
 
 
-def _assert_secret_nowhere_else(host: SystemdHost, secret: str, *, printed: str, run_dir: Path) -> None:
+def _controller_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The controller as on an operator's laptop: no llama-server build and no model (its cache empty)."""
+    empty = tmp_path / "controller-cache"
+    empty.mkdir(exist_ok=True)
+    inherited = {k: v for k, v in os.environ.items() if k not in ("SERVE_TUNER_LLAMA_SERVER", "SERVE_TUNER_MODEL")}
+    return {**inherited, "SERVE_TUNER_CACHE": str(empty), **extra}
+
+
+def _tuner(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tuner", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def _served(host: SystemdHost, unit: str) -> OperatorServer:
+    """What the unit's running process serves, read from its own argv and environment in /proc."""
+    return LLAMA_SERVER_LISTEN.read(running_argv(host, unit), host.process_environment(unit))
+
+
+def _assert_secret_nowhere_else(
+    host: SystemdHost, secret: str, *, printed: str, run_dir: Path, unit: str | None = None
+) -> None:
     """Not in systemctl show (D-Bus shows it to every user), the unit's files, the journal, the run
     directory, or anything printed."""
-    unit_dir = f"/etc/systemd/system/{host.unit}.d"
-    visible = host.run("systemctl", "show", host.unit).stdout
+    unit = unit or host.unit
+    unit_dir = f"/etc/systemd/system/{unit}.d"
+    visible = host.run("systemctl", "show", unit).stdout
     visible += host.run("sh", "-c", f"cat {unit_dir}/* /run/serve-tuner/* 2>/dev/null; true").stdout
     visible += host.run("journalctl", "--no-pager", "-o", "cat").stdout + printed
     assert secret not in visible
     assert secret.encode() not in b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
 
 
-@pytest.mark.real_server
-def test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline(
-    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+def _assert_applied_as_the_operators_own(
+    host: SystemdHost, baseline: HostBaseline, served: OperatorServer, settings: Mapping[str, object]
 ) -> None:
-    """The product's path on a production host: trials as drop-ins on the operator's unit, reached over
-    ssh, the replay through a forwarded port, and the unit exactly as found at the end."""
+    """After `tuner apply` on the operator's unit: its applied drop-in sets tuned knobs alone, the server
+    was not restarted after its verification run, and it runs the operator's model, address, port,
+    environment file and command line, answering where the operator put it."""
+    unit = baseline.unit
+    applied = f"/etc/systemd/system/{unit}.d/zz-tuner-applied.conf"
+    assert host.read(f"/run/systemd/system/{unit}.d/zz-tuner.conf") is None
+    written = (host.read(applied) or b"").decode()
+    assigned = re.findall(r'^Environment="([A-Z_]+)=', written, flags=re.MULTILINE)
+    knobs = {knob.env for knob in LLAMA_SERVER_KNOBS.values() if knob.env}
+    assert assigned and set(assigned) <= knobs, f"the applied drop-in sets more than tuned knobs: {written}"
+    assert "ExecStart" not in written and "EnvironmentFile" not in written
+    # No second restart: the process running now is the one that served the verification run.
+    invocation = host.show("InvocationID", unit=unit)["InvocationID"]
+    served_log = host.run("journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager")
+    assert "processing task" in served_log.stdout, "the server was restarted after its verification run"
+    environment = host.process_environment(unit)
+    for name, value in settings.items():
+        assert environment[LLAMA_SERVER_KNOBS[name].env or ""] == str(value)
+    # The operator's model, address, port, EnvironmentFile and command line, as before the study.
+    assert _served(host, unit) == served
+    assert running_argv(host, unit) == baseline.argv
+    changed = {k for k in {*environment, *baseline.environment} if environment.get(k) != baseline.environment.get(k)}
+    assert changed <= {*assigned, "INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
+    assert "LLAMA_API_KEY" not in environment
+    props = httpx.get(f"{host.address(unit)}/props", timeout=10).json()
+    assert props["model_path"] == host.model
+    assert host.show("NeedDaemonReload", unit=unit)["NeedDaemonReload"] == "no"
+
+
+@pytest.mark.real_server
+@pytest.mark.parametrize("unit", [UNIT, ENV_UNIT], ids=["flags-unit", "environment-unit"])
+def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port(
+    systemd_host: SystemdHost, tmp_path: Path, unit: str
+) -> None:
+    """The product's path on a production host: trials as drop-ins on the operator's own unit, reached
+    over ssh from a controller without any build or model, the replay through a forwarded port to where
+    the unit listens (every interface for one unit, 127.0.0.2 for the other); `tuner apply` writes the
+    tuned knobs alone, and the server then answers where the operator put it, with the operator's model."""
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
-    _study_file(systemd_host, tmp_path)
-    # P12: with the server's API key, which must reach the server only through a 0600 file.
+    baseline = host_baseline(systemd_host, unit)
+    served = _served(systemd_host, unit)
+    assert served.model == systemd_host.model and served.program == systemd_host.binary
+    study = _study_file(systemd_host, tmp_path, unit=unit)
+    # The requests carry the study's API key; the operator's server (which has none) is not given it.
     canary = f"sk-canary-{uuid.uuid4().hex}"
-    env = {**os.environ, "SERVE_TUNER_TEST_KEY": canary}
-    command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
-    command += ["--set", "budget.trials=1", "--set", "confirm.top=0"]
-    command += ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, env=env)
+    env = _controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
+    quick = [] if unit == UNIT else QUICK_ROUNDS  # the stall is measured once; the other unit's path is the point
+    settings = ["--set", "budget.trials=1", "--set", "confirm.top=0", *quick]
+    key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+    done = _tuner("run", str(study), "--runs-dir", str(tmp_path), *settings, *key, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
     assert [row.state for row in board.rows] == ["COMPLETE", "COMPLETE"]
     tuned = next(row for row in board.rows if not row.baseline)
-    assert tuned.metrics["stall_tok_s"][0] > 0
+    if unit == UNIT:
+        assert tuned.metrics["stall_tok_s"][0] > 0
     # The server's log came from the journal of the trial's own invocation.
     assert "listening on" in (tmp_path / "unit" / "trials" / f"{tuned.number:04d}" / "server.log").read_text()
+    assert_baseline(systemd_host, baseline)
 
     # `tuner apply` whose verification run fails (every request past its deadline): nothing is made
     # permanent, and the host is back on its baseline.
-    apply = [sys.executable, "-m", "tuner", "apply", str(tmp_path / "unit.toml"), "--runs-dir", str(tmp_path)]
-    apply += ["--trial", str(tuned.number), "--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    applied = f"/etc/systemd/system/{systemd_host.unit}.d/zz-tuner-applied.conf"
-    refused = subprocess.run(
-        [*apply, "--set", "workload.request_timeout_s=0.001"], capture_output=True, text=True, timeout=600,
-        check=False, env=env,
-    )  # fmt: skip
+    apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *quick, *key]
+    applied = f"/etc/systemd/system/{unit}.d/zz-tuner-applied.conf"
+    refused = _tuner(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "the verification run failed" in refused.stderr and "stays on its baseline" in refused.stderr
-    assert systemd_host.read(applied) is None and systemd_host.read(RUNTIME_DROP_IN) is None
+    assert systemd_host.read(applied) is None
     assert_baseline(systemd_host, baseline)
 
     # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
-    done = subprocess.run(apply, capture_output=True, text=True, timeout=600, check=False, env=env)
+    done = _tuner(*apply, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
-    assert systemd_host.read(applied) is not None and systemd_host.read(RUNTIME_DROP_IN) is None
-    # No second restart: the process running now is the one that served the verification run.
-    invocation = systemd_host.show("InvocationID")["InvocationID"]
-    served = systemd_host.run("journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager").stdout
-    assert "processing task" in served, "the server was restarted after its verification run"
+    _assert_applied_as_the_operators_own(systemd_host, baseline, served, tuned.settings)
+    _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path, unit=unit)
+
+    # `tuner restore` removes exactly that file; then the whole baseline is back.
+    done = _tuner("restore", str(study), env=env, timeout=600)
+    assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
+    assert systemd_host.read(applied) is None
+    done = _tuner("restore", str(study), env=env, timeout=600)
+    assert done.returncode == 0 and "nothing to remove" in done.stdout
+    assert_baseline(systemd_host, baseline)
+
+
+@pytest.mark.real_server
+def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_through_a_0600_file(
+    systemd_host: SystemdHost, baseline: HostBaseline, tmp_path: Path
+) -> None:
+    """`exec_start = "replace"`: the drop-in carries the study's whole command line, with the paths the
+    study names on the host (the controller has none of them), and the server's API key only through a
+    file of mode 0600; `tuner apply` makes that permanent and `tuner restore` takes it back."""
+    engine = f'binary = "{systemd_host.binary}"\nmodel = "{systemd_host.model}"\nport = {systemd_host.server_port}'
+    study = _study_file(systemd_host, tmp_path, deploy='exec_start = "replace"')
+    study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    env = _controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
+    key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+    done = _tuner(
+        "run", str(study), "--runs-dir", str(tmp_path), "--set", "budget.trials=1", "--set", "confirm.top=0",
+        *QUICK_ROUNDS, *key, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _tuner("apply", str(study), "--runs-dir", str(tmp_path), "--trial", "1", *QUICK_ROUNDS, *key, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    argv = running_argv(systemd_host)
+    assert argv[0] == systemd_host.binary and systemd_host.model in argv
     environment = systemd_host.process_environment()
-    for name, value in tuned.settings.items():
-        variable = {"n_batch": "LLAMA_ARG_BATCH", "n_ubatch": "LLAMA_ARG_UBATCH"}[name]
-        assert environment[variable] == str(value)
-    assert systemd_host.show("NeedDaemonReload")["NeedDaemonReload"] == "no"
     assert environment["LLAMA_API_KEY"] == canary  # in force...
     secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
     assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
     _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path)
-
-    # `tuner restore` removes exactly that file; the fixture then checks the whole baseline.
-    restore = [sys.executable, "-m", "tuner", "restore", str(tmp_path / "unit.toml")]
-    done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
+    done = _tuner("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
-    assert systemd_host.read(applied) is None and systemd_host.read(secrets) is None
-    done = subprocess.run(restore, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0 and "nothing to remove" in done.stdout
+    assert systemd_host.read(secrets) is None
+
+
+@pytest.mark.parametrize(
+    ("deploy", "engine", "refusal"),
+    [
+        ('exec_start = "replace"', "", r'engine\.binary = "auto" means a file of this machine\'s'),
+        ("", 'model = "/srv/models/other.gguf"', r"engine\.model is the operator's own"),
+    ],
+)
+def test_paths_that_mean_nothing_on_the_host_are_refused_before_it_is_reached(
+    tmp_path: Path, deploy: str, engine: str, refusal: str
+) -> None:
+    """`auto` is this machine's build: on another host with the study's own command line it is refused;
+    with the unit's own command line a model of the study's would be ignored, and is refused too. One
+    line, exit 2, no run directory, and no host is reached (the address is a closed port)."""
+    host = SystemdHost(pid=0, ssh_port=1, server_port=1, known_hosts=tmp_path / "known_hosts",
+                       client_key=tmp_path / "key", env_port=1)  # fmt: skip
+    study = _study_file(host, tmp_path, deploy=deploy)
+    study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
+    done = _tuner("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=_controller_env(tmp_path))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert re.search(refusal, line), line
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.real_server
@@ -522,10 +633,12 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
         text=True,
         timeout=600,
         check=False,
-        env={**os.environ, "SERVE_TUNER_CRASH_AT": step},
+        env=_controller_env(tmp_path, SERVE_TUNER_CRASH_AT=step),
     )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    again = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False, env=_controller_env(tmp_path)
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     trials = open_optuna_study_readonly(RunDirectory(tmp_path / "unit")).get_trials()
     assert not [t for t in trials if t.state.name == "RUNNING"]
@@ -647,23 +760,10 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
 ) -> None:
     """Issue 6 on systemd: `--lora-scaled` has no environment variable, so the drop-in carries the whole
     command line; the real server then lists the adapter, loaded at scale 0."""
-    from tuner import assets
-
-    adapter = assets.find_test_lora()
-    if adapter is None:
+    adapter = systemd_host.adapter  # the host's own copy: this machine's is hidden there
+    if systemd_host.read(adapter) is None:
         need_real_part("llama-server", "the test LoRA adapter is missing: run `tuner setup`")
-    launch = _launch(systemd_host, LLAMA_ARG_BATCH="64").model_copy(
-        update={
-            "args": (
-                "-m",
-                str(systemd_host.model),
-                "--port",
-                str(systemd_host.server_port),
-                "--lora-scaled",
-                f"{adapter}:0",
-            )
-        }
-    )
+    launch = _replacing_launch(systemd_host, "--lora-scaled", f"{adapter}:0", LLAMA_ARG_BATCH="64")
 
     async def scenario() -> list[dict[str, object]]:
         transport, deployer = _deployer(systemd_host, exec_start="replace")
@@ -675,7 +775,7 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
                 return list((await client.get(f"{deployment.base_url}/lora-adapters")).json())
 
     (loaded,) = asyncio.run(scenario())
-    assert loaded["path"] == str(adapter) and loaded["scale"] == 0
+    assert loaded["path"] == adapter and loaded["scale"] == 0
 
 
 @pytest.mark.real_server
@@ -732,7 +832,9 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
         command = [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")]
         command += ["--set", "budget.trials=0", "--set", "confirm.top=0", "--set", "deploy.dead_man_s=8"]
         command += ["--set", "host.reconnect_window_s=3", "--set", "host.connect_timeout_s=2"]
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as run:
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_controller_env(tmp_path)
+        ) as run:
             deadline = time.monotonic() + 300
             while systemd_host.read(RUNTIME_DROP_IN) is None:  # the baseline's drop-in: a change to undo
                 assert run.poll() is None and time.monotonic() < deadline, "the run applied nothing"
@@ -978,7 +1080,7 @@ def test_a_command_line_other_than_the_trials_is_not_scored(
         return data.rstrip(b"\n") + f' "--port" "{systemd_host.server_port}"\n'.encode()
 
     pair = _meddled(systemd_host, on_write=rewritten, options={"exec_start": "replace"})
-    reason = _apply_expecting(pair, _launch(systemd_host, LLAMA_ARG_BATCH="64"), tmp_path)
+    reason = _apply_expecting(pair, _replacing_launch(systemd_host, LLAMA_ARG_BATCH="64"), tmp_path)
     assert "not the trial's command line" in reason
 
 
@@ -1059,7 +1161,8 @@ def test_a_killed_runs_leftovers_are_held_to_its_snapshot(
 
 
 def _timer_elapses_at(host: SystemdHost) -> int:
-    shown = host.show("NextElapseUSecMonotonic", unit=DEAD_MAN_TIMER)["NextElapseUSecMonotonic"]
+    timer = "serve-tuner-restore-llama-server.timer"
+    shown = host.show("NextElapseUSecMonotonic", unit=timer)["NextElapseUSecMonotonic"]
     assert shown and shown != "infinity", "the dead-man timer is not armed"
     return _usec(shown)
 
@@ -1150,7 +1253,7 @@ def test_a_tuned_setting_the_units_own_flag_overrides_is_named_from_the_servers_
 
     command = f"{systemd_host.binary} -m {systemd_host.model} --host 127.0.0.1 --port {systemd_host.server_port}"
     flags = f"[Service]\nExecStart=\nExecStart={command} -b 2048\n"
-    engine = LlamaServerEngine(LlamaServerOptions(binary=str(systemd_host.binary), model=str(systemd_host.model)))
+    engine = LlamaServerEngine(LlamaServerOptions())
 
     async def scenario() -> str | None:
         transport, deployer = _deployer(systemd_host)

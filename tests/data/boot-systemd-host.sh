@@ -6,6 +6,7 @@
 #   CGROUP   a fresh cgroup name: systemd manages only that subtree of this machine's hierarchies
 # Writes go to the overlay's upper layer and /tmp, /run and /dev are fresh tmpfs mounts, so systemd's
 # tmpfiles cleanup and everything the tests do stay inside; /sys and /proc/sys are read-only.
+#   SERVE_TUNER_TEST_HIDE="DIR ..." mounts an empty tmpfs over each DIR inside the host (the controller's cache).
 #   SERVE_TUNER_TEST_CGROUP=v2 boots on the unified hierarchy of a hybrid machine (/sys/fs/cgroup/unified
 #   mounted over /sys/fs/cgroup in this private mount namespace), to test the cgroup-v2 path on it.
 # Exit status 3: this machine refused a namespace, mount or cgroup (the test skips off CI, saying so).
@@ -75,6 +76,10 @@ mkdir -p "$root/dev/shm" "$root/dev/pts"
 mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 ln -s /proc/self/fd "$root/dev/fd"
 cp -a "$payload/." "$root/"
+# This machine's directories the host must not see (the controller's build cache): an empty tmpfs over each.
+for hidden in ${SERVE_TUNER_TEST_HIDE:-}; do
+    if [ -d "$root$hidden" ]; then mount -t tmpfs -o mode=755 tmpfs "$root$hidden"; fi
+done
 # Only what the tests need starts: the target below, not the machine's own services.
 for unit in systemd-sysctl.service systemd-modules-load.service systemd-udevd.service systemd-udev-trigger.service \
             systemd-remount-fs.service systemd-timesyncd.service getty.target console-getty.service; do
