@@ -1,14 +1,16 @@
-"""`tuner record`: the proxy in front of an OpenAI-compatible upstream.
+"""`tuner record`: the proxy in front of an OpenAI-compatible upstream or Ollama's native API.
 
 Most tests put a stand-in upstream behind it that answers with the OpenAI chat stream as llama-server
-sends it (transcript-based: the chunk shapes of the serving-engines reference); the last one records
-real traffic to the real llama-server and stops with Ctrl-C.
+sends it (transcript-based: the chunk shapes of the serving-engines reference), or with Ollama's NDJSON
+(transcript-based too: its documented objects, and tests/data/transcripts/ollama-*); one records real
+traffic to the real llama-server and stops with Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -68,7 +70,7 @@ class Upstream:
 
 def run_recorder(
     tmp_path: Path,
-    upstream: Upstream,
+    upstream: Upstream | OllamaUpstream,
     client_side: Callable[[httpx.AsyncClient], Awaitable[None]],
     *,
     keep_content: bool = False,
@@ -305,6 +307,250 @@ def test_a_trace_that_keeps_message_text_is_readable_by_its_owner_only(tmp_path:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "text" / "rec.jsonl").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "shape" / "rec.jsonl").stat().st_mode) == 0o644
+
+
+# Ollama's native API. The stand-in answers as Ollama documents it (transcript-based: the object shapes
+# of tests/data/transcripts/ollama-generate.ndjson and the serving-engines reference): NDJSON by default,
+# one JSON object with "stream": false, and no /tokenize (a 404, as on Ollama).
+
+TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
+ANSWER = ["Hel", "lo", " there"]
+
+
+def ollama_objects(path: str, answer: list[str], prompt_tokens: int, context: list[int] | None) -> list[dict[str, Any]]:
+    """/api/chat or /api/generate's objects: one per piece, then the final one with the counts (ns durations)."""
+
+    def piece(text: str) -> dict[str, Any]:
+        if path == "/api/chat":
+            return {
+                "model": "llama3.2:3b",
+                "created_at": "2026-11-29T10:00:00Z",
+                "message": {"role": "assistant", "content": text},
+            }
+        return {"model": "llama3.2:3b", "created_at": "2026-11-29T10:00:00Z", "response": text}
+
+    final = {
+        **piece(""),
+        "done": True,
+        "done_reason": "stop",
+        **({"context": context} if context is not None else {}),
+        "total_duration": 2_500_000_000,
+        "load_duration": 100_000_000,
+        "prompt_eval_count": prompt_tokens,
+        "prompt_eval_duration": 400_000_000,
+        "eval_count": len(answer),
+        "eval_duration": 1_400_000_000,
+    }
+    return [{**piece(text), "done": False} for text in answer] + [final]
+
+
+def token_ids(text: str, count: int) -> list[int]:
+    """`count` token ids that depend on the text, as a tokenizer's would."""
+    return list(hashlib.sha256(text.encode()).digest()[:count])
+
+
+async def in_pieces(data: bytes, size: int = 37) -> AsyncIterator[bytes]:
+    # Cut anywhere, not at line ends: the network does not keep NDJSON's lines whole.
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+class OllamaUpstream:
+    """A stand-in Ollama that keeps the bytes and headers it receives and the bytes it answers. A chat
+    prompt is 10 tokens per message; a generate prompt 10 per part (system, prompt) after its `context`,
+    and its final object returns the conversation so far as `context`, as Ollama does without `raw`."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.headers: list[httpx.Headers] = []
+        self.sent: list[bytes] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path not in ("/api/chat", "/api/generate"):
+            return httpx.Response(404, text="404 page not found")
+        self.received.append(request.content)
+        self.headers.append(request.headers)
+        body = json.loads(request.content)
+        context: list[int] | None = None
+        if request.url.path == "/api/chat":
+            prompt_tokens = 10 * len(body["messages"])
+        else:
+            parts = [part for part in (body.get("system"), body["prompt"]) if part]
+            earlier = body.get("context") or []
+            prompt_tokens = len(earlier) + 10 * len(parts)
+            context = [*earlier, *(i for part in parts for i in token_ids(part, 10)), *token_ids("".join(ANSWER), 3)]
+        objects = ollama_objects(request.url.path, ANSWER, prompt_tokens, context)
+        if body.get("stream", True):
+            data = b"".join(json.dumps(o).encode() + b"\n" for o in objects)
+            self.sent.append(data)
+            return httpx.Response(200, headers={"content-type": "application/x-ndjson"}, content=in_pieces(data))
+        whole = {**objects[-1]}
+        if request.url.path == "/api/chat":
+            whole["message"] = {"role": "assistant", "content": "".join(ANSWER)}
+        else:
+            whole["response"] = "".join(ANSWER)
+        data = json.dumps(whole).encode()  # Ollama's JSON answer ends without a newline
+        self.sent.append(data)
+        return httpx.Response(200, headers={"content-type": "application/json; charset=utf-8"}, content=in_pieces(data))
+
+
+async def ollama(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], *, tag: str | None = None
+) -> tuple[int, bytes]:
+    headers = {"authorization": f"Bearer {API_KEY}", **({"x-tuner-tag": tag} if tag else {})}
+    async with client.stream("POST", path, content=json.dumps(body).encode(), headers=headers) as response:
+        return response.status_code, b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+def final_object(answer: bytes) -> dict[str, Any]:
+    last = json.loads(answer.splitlines()[-1])
+    assert isinstance(last, dict) and last["done"] is True
+    return last
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["ndjson", "stream-false"])
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+def test_ollama_requests_and_answers_pass_through_unchanged_and_are_recorded_from_the_final_counts(
+    path: str, stream: bool, tmp_path: Path
+) -> None:
+    upstream = OllamaUpstream()
+    prompt: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": "canary question"}]}
+        if path == "/api/chat"
+        else {"prompt": "canary question", "options": {"num_predict": 64}}
+    )
+    body = {"model": "llama3.2:3b", **prompt, **({} if stream else {"stream": False})}  # streaming is the default
+    answers: list[tuple[int, bytes]] = []
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        answers.append(await ollama(client, path, body, tag="support"))
+
+    recorder = run_recorder(tmp_path, upstream, client_side)
+    assert answers == [(200, upstream.sent[0])]
+    assert upstream.received == [json.dumps(body).encode()]
+    assert upstream.headers[0]["authorization"] == f"Bearer {API_KEY}" and "x-tuner-tag" not in upstream.headers[0]
+    assert recorder.recorded == 1
+    (request,) = load_trace(tmp_path / "rec.jsonl").requests
+    assert (request.prompt.total_tokens, request.output_tokens, request.tag) == (10, 3, "support")
+    text = (tmp_path / "rec.jsonl").read_text()
+    for secret in ("canary", API_KEY, "Hello there", "Bearer"):
+        assert secret not in text
+
+
+def test_an_ollama_transcript_reaches_the_client_byte_for_byte_and_its_counts_are_recorded(tmp_path: Path) -> None:
+    transcript = (TRANSCRIPTS / "ollama-generate.ndjson").read_bytes()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "application/x-ndjson"}, content=in_pieces(transcript))
+
+    upstream = OllamaUpstream()
+    upstream.handler = handler  # type: ignore[method-assign]
+    answers: list[tuple[int, bytes]] = []
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        body = {"model": "llama3.2:3b", "prompt": "What is the capital of France?"}
+        answers.append(await ollama(client, "/api/generate", body))
+
+    run_recorder(tmp_path, upstream, client_side)
+    assert answers == [(200, transcript)]
+    (request,) = load_trace(tmp_path / "rec.jsonl").requests
+    assert (request.prompt.total_tokens, request.output_tokens, request.tag) == (412, 7, "completion")
+
+
+def test_an_ollama_chat_session_and_its_shared_system_prompt_are_rebuilt_without_any_text(tmp_path: Path) -> None:
+    upstream = OllamaUpstream()
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "canary question one"}]
+        other = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "a different user"}]
+        await ollama(client, "/api/chat", {"model": "m", "messages": first}, tag="support")
+        await ollama(client, "/api/chat", {"model": "m", "messages": other})
+        await asyncio.sleep(0.3)  # the user's think time, not a wait for the proxy
+        second = [*first, {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "and?"}]
+        await ollama(client, "/api/chat", {"model": "m", "messages": second, "stream": False}, tag="support")
+
+    recorder = run_recorder(tmp_path, upstream, client_side)
+    assert recorder.recorded == 3
+    one, two, three = load_trace(tmp_path / "rec.jsonl").requests
+    assert one.session == three.session != two.session
+    assert (three.turn, one.tag, two.tag) == (1, "support", "chat")
+    assert one.prompt.shared_prefix == two.prompt.shared_prefix == three.prompt.shared_prefix
+    # Ollama has no /tokenize: the system prompt's tokens are its share of the prompt's characters.
+    prefix = one.prompt.shared_prefix[0].tokens
+    assert abs(prefix - 20 * len(SYSTEM) / len(SYSTEM + "canary question one")) <= 1
+    # Turn 1 repeats turn 0's prompt (20 tokens) and answer (3): its history, after the shared prefix.
+    assert three.prompt.history_tokens == 20 + 3 - prefix and three.prompt.total_tokens == 40
+    assert three.think_s >= 0.25 and one.output_tokens == 3
+    text = (tmp_path / "rec.jsonl").read_text()
+    for secret in ("canary", API_KEY, "Hello there", "question", "Bearer"):
+        assert secret not in text
+
+
+def test_an_ollama_generate_session_is_followed_through_the_context_it_sends_back(tmp_path: Path) -> None:
+    """The deprecated `context` holds the earlier prompt and answer; Ollama puts it before the system
+    prompt, which a client may send again or not. Either way the turn continues the session."""
+    upstream = OllamaUpstream()
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        for question, repeat_system in (("canary question one", True), ("a different user", False)):
+            first = {"model": "m", "system": SYSTEM, "prompt": question}
+            context = final_object((await ollama(client, "/api/generate", first))[1])["context"]
+            second = {"model": "m", "prompt": "and?", "context": context, "stream": False}
+            await ollama(client, "/api/generate", {**second, **({"system": SYSTEM} if repeat_system else {})})
+        await ollama(client, "/api/generate", {"model": "m", "prompt": "canary alone"})
+
+    run_recorder(tmp_path, upstream, client_side)
+    a0, a1, b0, b1, alone = load_trace(tmp_path / "rec.jsonl").requests
+    assert a0.session == a1.session != b0.session == b1.session != alone.session != a0.session
+    assert (a1.turn, b1.turn, alone.turn) == (1, 1, 0)
+    assert a0.prompt.shared_prefix == a1.prompt.shared_prefix == b0.prompt.shared_prefix == b1.prompt.shared_prefix
+    assert not alone.prompt.shared_prefix
+    prefix = a0.prompt.shared_prefix[0].tokens
+    assert abs(prefix - 20 * len(SYSTEM) / len(SYSTEM + "canary question one")) <= 1
+    # The context is turn 0's prompt (20 tokens) and answer (3); turn 1 adds its system and prompt, or its prompt.
+    assert (a1.prompt.history_tokens, a1.prompt.total_tokens) == (23 - prefix, 23 + 20)
+    assert (b1.prompt.history_tokens, b1.prompt.total_tokens) == (23 - prefix, 23 + 10)
+    text = (tmp_path / "rec.jsonl").read_text()
+    for secret in ("canary", "question", "context"):
+        assert secret not in text
+
+
+def test_an_ollama_answer_that_fails_reaches_the_client_and_is_not_recorded(tmp_path: Path) -> None:
+    busy = (TRANSCRIPTS / "ollama-503.json").read_bytes()
+    broken = b"".join(json.dumps(o).encode() + b"\n" for o in ollama_objects("/api/chat", ANSWER, 10, None)[:2])
+    broken += b'{"error": "an error was encountered while running the model"}\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["messages"][0]["content"] == "busy":
+            return httpx.Response(503, headers={"content-type": "application/json"}, content=in_pieces(busy))
+        return httpx.Response(200, headers={"content-type": "application/x-ndjson"}, content=in_pieces(broken))
+
+    upstream = OllamaUpstream()
+    upstream.handler = handler  # type: ignore[method-assign]
+    answers: list[tuple[int, bytes]] = []
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        for content in ("busy", "broken"):
+            body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+            answers.append(await ollama(client, "/api/chat", body))
+
+    recorder = run_recorder(tmp_path, upstream, client_side)
+    assert answers == [(503, busy), (200, broken)]
+    assert recorder.recorded == 0 and not (tmp_path / "rec.jsonl").exists()
+
+
+def test_ollama_content_is_written_only_when_the_user_asks_to_keep_it(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "canary question"}]
+
+    async def client_side(client: httpx.AsyncClient) -> None:
+        await ollama(client, "/api/chat", {"model": "m", "messages": messages})
+        await ollama(client, "/api/generate", {"model": "m", "system": SYSTEM, "prompt": "canary prompt"})
+
+    run_recorder(tmp_path, OllamaUpstream(), client_side, keep_content=True)
+    chat_request, generate_request = load_trace(tmp_path / "rec.jsonl").requests
+    assert chat_request.content == {"messages": messages}
+    assert generate_request.content == {"prompt": "canary prompt", "system": SYSTEM}
+    assert API_KEY not in (tmp_path / "rec.jsonl").read_text()
 
 
 def record_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,14 +1,16 @@
-"""`tuner record`: a transparent OpenAI-compatible proxy that writes the traffic's shape as a trace.
+"""`tuner record`: a transparent proxy that writes the traffic's shape as a trace.
 
 It sits between an application and its server and passes every byte of a response on as soon as it
-arrives, streaming included. Of each completion request it keeps only shape: arrival and end times,
-token counts from the server's answer, a salted hash chain of the messages (from which sessions,
-history and shared system prompts are rebuilt), LoRA use and a tag from a request header. Message text,
-headers and API keys are never stored. The trace is rewritten atomically every few seconds and at the
-end, so an interrupted recording leaves the last complete trace, never a torn file.
+arrives, streaming included. Of each completion request (the OpenAI routes, llama-server's `/completion`
+and Ollama's native `/api/chat` and `/api/generate`) it keeps only shape: arrival and end times, token
+counts from the server's answer, a salted hash chain of the messages (from which sessions, history and
+shared system prompts are rebuilt), LoRA use and a tag from a request header. Message text, headers and
+API keys are never stored. The trace is rewritten atomically every few seconds and at the end, so an
+interrupted recording leaves the last complete trace, never a torn file.
 
 When a streaming chat client did not ask for usage, the proxy asks the server for it and removes that
 extra chunk from what the client receives, so the client sees the stream it would have seen directly.
+Ollama's native answers carry their counts in their final object, so they pass through untouched.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import h11
 import httpx
@@ -30,7 +32,14 @@ import httpx
 from tuner.errors import ConfigError, OutputError
 from tuner.files import check_writable, write_atomic
 from tuner.workloads import LoraUse, dump_trace
-from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain, request_shape
+from tuner.workloads.observed import (
+    ObservedRequest,
+    RequestShape,
+    build_trace,
+    hash_chain,
+    message_text,
+    request_shape,
+)
 
 __all__ = ["Recorder", "RecorderOptions"]
 
@@ -49,8 +58,11 @@ _HOP_BY_HOP = {
     "accept-encoding",
     "content-encoding",
 }
+# Which API a recorded request speaks: the OpenAI routes (and llama-server's /completion), or Ollama's own.
+_Api = Literal["openai", "ollama-chat", "ollama-generate"]
 _CHAT_PATHS = {"/v1/chat/completions", "/chat/completions"}
 _COMPLETION_PATHS = {"/v1/completions", "/completions", "/completion"}
+_OLLAMA_PATHS: dict[str, _Api] = {"/api/chat": "ollama-chat", "/api/generate": "ollama-generate"}
 _MAX_BODY = 64 * 1024 * 1024
 
 
@@ -72,6 +84,7 @@ class _Exchange:
     """What the proxy learns of one completion request while passing it through."""
 
     arrival_s: float
+    api: _Api
     chain: tuple[str, ...]
     system_messages: int
     system_share: float
@@ -83,6 +96,10 @@ class _Exchange:
     chunks_with_output: int = 0
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    # Ollama's answer counts once its final object (`done: true`) came: a failure met mid-answer sends an
+    # error object in its place, with the status still 200.
+    answered: bool = True
+    answer_chain: str | None = None  # /api/generate: the hash of the `context` its final object returned
 
 
 class Recorder:
@@ -242,6 +259,15 @@ class Recorder:
             pending = b""
             whole = bytearray()
             async for chunk in response.aiter_raw():
+                if exchange is not None and exchange.api != "openai":
+                    # Ollama's answer (NDJSON when streamed, one JSON object when not) is passed on as it
+                    # comes and read a line at a time behind it: nothing in it is changed or held back.
+                    await _send(writer, connection, h11.Data(data=chunk))
+                    whole += chunk
+                    if b"\n" in chunk:
+                        for line in _complete_lines(whole):
+                            self._read_ollama_line(exchange, line)
+                    continue
                 if not streaming or exchange is None:
                     if exchange is not None:
                         whole += chunk
@@ -256,16 +282,20 @@ class Recorder:
                 await _send(writer, connection, h11.Data(data=pending))
             await _send(writer, connection, h11.EndOfMessage())
             if exchange is not None and response.status_code == 200:
-                if not streaming:
+                if exchange.api != "openai":
+                    self._read_ollama_line(exchange, bytes(whole))  # a body without a final newline
+                elif not streaming:
                     self._read_body(exchange, bytes(whole))
-                await self._finish_exchange(exchange, time.time())
+                if exchange.answered:
+                    await self._finish_exchange(exchange, time.time())
         finally:
             await response.aclose()
 
     def _start_exchange(
         self, path: str, headers: Mapping[str, str], body: bytes, arrival: float
     ) -> tuple[_Exchange | None, bytes, bool]:
-        if path not in _CHAT_PATHS | _COMPLETION_PATHS:
+        api: _Api | None = "openai" if path in _CHAT_PATHS | _COMPLETION_PATHS else _OLLAMA_PATHS.get(path)
+        if api is None:
             return None, body, False
         try:
             payload = json.loads(body)
@@ -273,23 +303,29 @@ class Recorder:
             return None, body, False
         if not isinstance(payload, dict):
             return None, body, False
-        shape = request_shape(self._salt, payload, chat=path in _CHAT_PATHS)
-        lora = payload.get("lora")
+        chat = path in _CHAT_PATHS or api == "ollama-chat"
+        if api == "ollama-generate":
+            shape = _generate_shape(self._salt, payload)
+        else:
+            shape = request_shape(self._salt, payload, chat=chat)
+        lora = payload.get("lora") if api == "openai" else None  # Ollama has no adapters per request
         lora_ids = tuple(
             (int(item["id"]), float(item.get("scale", 1.0)))
             for item in (lora if isinstance(lora, list) else [])
             if isinstance(item, dict) and isinstance(item.get("id"), int) and float(item.get("scale", 1.0)) != 0.0
         )
-        default_tag = "chat" if path in _CHAT_PATHS else "completion"
+        default_tag = "chat" if chat else "completion"
         exchange = _Exchange(
             arrival_s=arrival,
+            api=api,
             chain=shape.chain,
             system_messages=shape.system_messages,
             system_share=shape.system_share,
             system_text=shape.system_text,
             lora_ids=lora_ids,
             tag=headers.get(self.options.tag_header, default_tag)[:64] or default_tag,
-            content=_content(payload, path) if self.options.keep_content else None,
+            content=_content(payload, chat=chat) if self.options.keep_content else None,
+            answered=api == "openai",
         )
         hide_usage = False
         if payload.get("stream") and path in _CHAT_PATHS | {"/v1/completions", "/completions"}:
@@ -320,6 +356,31 @@ class Recorder:
             if isinstance(chunk, dict):
                 self._read_chunk(exchange, chunk)
 
+    def _read_ollama_line(self, exchange: _Exchange, line: bytes) -> None:
+        """Learns what one object of Ollama's answer says: a piece of it, or the final one with the counts."""
+        try:
+            chunk = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if not isinstance(chunk, dict):
+            return
+        message = chunk.get("message") if exchange.api == "ollama-chat" else chunk
+        if isinstance(message, dict):
+            piece = message.get("content" if exchange.api == "ollama-chat" else "response")
+            thinking = message.get("thinking")
+            if isinstance(piece, str) and piece:
+                exchange.answer.append(piece)  # the next turn sends back the answer, not the thinking
+            if (isinstance(piece, str) and piece) or (isinstance(thinking, str) and thinking):
+                exchange.chunks_with_output += 1
+        if chunk.get("done") is not True:
+            return
+        exchange.answered = True
+        exchange.prompt_tokens = _int(chunk.get("prompt_eval_count"), exchange.prompt_tokens)
+        exchange.output_tokens = _int(chunk.get("eval_count"), exchange.output_tokens)
+        context = chunk.get("context")
+        if exchange.api == "ollama-generate" and isinstance(context, list) and context:
+            exchange.answer_chain = hash_chain(self._salt, [_context_link(context)])[0]
+
     @staticmethod
     def _read_chunk(exchange: _Exchange, chunk: Mapping[str, Any]) -> None:
         for choice in chunk.get("choices") or []:
@@ -340,7 +401,11 @@ class Recorder:
 
     async def _finish_exchange(self, exchange: _Exchange, end: float) -> None:
         answer = "".join(exchange.answer)
-        answer_chain = hash_chain(exchange.chain[-1] if exchange.chain else self._salt, [f"assistant\x1f{answer}"])
+        if exchange.api == "ollama-generate":
+            answer_chain = exchange.answer_chain  # the next turn sends the returned `context`, not the answer
+        else:
+            start = exchange.chain[-1] if exchange.chain else self._salt
+            answer_chain = hash_chain(start, [f"assistant\x1f{answer}"])[0]
         system_tokens = await self._count_system_tokens(exchange)
         lora = [LoraUse(adapter=await self._lora_name(index), scale=scale) for index, scale in exchange.lora_ids]
         observed = ObservedRequest(
@@ -349,7 +414,7 @@ class Recorder:
             prompt_tokens=exchange.prompt_tokens or 0,
             output_tokens=exchange.output_tokens or exchange.chunks_with_output,
             chain=exchange.chain,
-            answer_chain=answer_chain[0],
+            answer_chain=answer_chain,
             system_messages=exchange.system_messages,
             system_tokens=system_tokens,
             system_share=exchange.system_share,
@@ -394,14 +459,52 @@ class Recorder:
         return self._lora_names.get(adapter_id, f"adapter-{adapter_id}")
 
 
-def _content(payload: Mapping[str, Any], path: str) -> dict[str, Any]:
-    if path in _CHAT_PATHS:
+def _content(payload: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
+    if chat:
         return {"messages": payload.get("messages")}
-    return {"prompt": payload.get("prompt")}
+    system = payload.get("system")  # Ollama's /api/generate: the system prompt is beside the prompt
+    return {"prompt": payload.get("prompt"), **({"system": system} if system else {})}
+
+
+def _generate_shape(salt: str, payload: Mapping[str, Any]) -> RequestShape:
+    """The hash chain of an Ollama /api/generate request: its deprecated `context` (an earlier prompt and
+    answer as token ids, which Ollama puts first), its `system` and its prompt, each hashed as the
+    message it becomes. The system prompt is a shared prefix only when it leads the prompt; after a
+    `context`, the earlier turn's prefix is the one the prompt begins with."""
+    links: list[str] = []
+    context = payload.get("context")
+    if isinstance(context, list) and context:
+        links.append(_context_link(context))
+    system = payload.get("system")
+    leading_system = isinstance(system, str) and bool(system) and not links
+    if isinstance(system, str) and system:
+        links.append(message_text({"role": "system", "content": system}))
+    links.append(message_text({"role": "user", "content": payload.get("prompt"), "images": payload.get("images")}))
+    return RequestShape(
+        chain=hash_chain(salt, links),
+        system_messages=1 if leading_system else 0,
+        system_share=len(links[0]) / sum(len(link) for link in links) if leading_system else 0.0,
+        system_text=str(system) if leading_system else None,
+    )
+
+
+def _context_link(context: list[Any]) -> str:
+    """The link of Ollama's `context`: the same whether it was returned or is sent back as the next turn's."""
+    return f"context\x1f{json.dumps(context)}"
 
 
 def _int(value: object, fallback: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else fallback
+
+
+def _complete_lines(buffer: bytearray) -> list[bytes]:
+    """Takes the complete NDJSON lines out of `buffer`, leaving the incomplete rest in it."""
+    cut = buffer.rfind(b"\n")
+    if cut < 0:
+        return []
+    lines = bytes(buffer[:cut]).splitlines()
+    del buffer[: cut + 1]
+    return lines
 
 
 def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:

@@ -30,11 +30,15 @@ __all__ = ["ObservedRequest", "RequestShape", "build_trace", "hash_chain", "mess
 
 
 def message_text(message: Mapping[str, Any]) -> str:
-    """The part of a chat message that identifies it: role, content (text or parts) and tool calls."""
+    """The part of a chat message that identifies it: role, content (text or parts), tool calls and
+    Ollama's `images` (its messages carry them beside the text, not in content parts)."""
     content = message.get("content")
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
-    calls = message.get("tool_calls")
-    return f"{message.get('role', '')}\x1f{text}" + (f"\x1f{json.dumps(calls, sort_keys=True)}" if calls else "")
+    text = f"{message.get('role', '')}\x1f{text}"
+    for extra in ("tool_calls", "images"):
+        if message.get(extra):
+            text += f"\x1f{json.dumps(message[extra], sort_keys=True)}"
+    return text
 
 
 def hash_chain(salt: str, texts: Iterable[str]) -> tuple[str, ...]:
@@ -108,12 +112,16 @@ def build_trace(observed: Sequence[ObservedRequest], *, name: str, description: 
     requests: list[TraceRequest] = []
     block_tokens: dict[str, int] = {}  # an estimated block keeps its first size, so that it stays one block
     for index, seen in enumerate(ordered):
+        previous = _previous_turn(seen, by_answer)
         prefix = _prefix(seen)
+        if prefix is None and previous is not None and previous[1].prompt.shared_prefix:
+            # A next turn's prompt begins with the earlier turn's, so with its prefix too, also where the
+            # request does not repeat the system prompt first (Ollama's `context` comes before it).
+            prefix = previous[1].prompt.shared_prefix[0]
         if prefix is not None:
             size = min(block_tokens.setdefault(prefix.block, prefix.tokens), seen.prompt_tokens)
             prefix = prefix.model_copy(update={"tokens": size})
         prefix_tokens = prefix.tokens if prefix else 0
-        previous = _previous_turn(seen, by_answer)
         if previous is None:
             sessions += 1
             session, turn, history, think = f"s{sessions}", 0, 0, 0.0
