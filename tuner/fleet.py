@@ -93,7 +93,7 @@ def _parse(url: str) -> Any:
     except ImportError:
         raise ConfigError(
             "storage.url needs SQLAlchemy and a database driver, which are not installed: "
-            "pip install 'serve-tuner[fleet]'"
+            ".venv/bin/pip install -e '.[fleet]' in the clone"
         ) from None
     try:
         parsed = make_url(url)
@@ -126,7 +126,7 @@ def _with_driver(parsed: Any) -> Any:
     if not installed:
         raise ConfigError(
             "storage.url names PostgreSQL, and no driver for it is installed (psycopg2 or psycopg): "
-            "pip install 'serve-tuner[fleet]'"
+            ".venv/bin/pip install -e '.[fleet]' in the clone"
         )
     return parsed.set(drivername=f"postgresql+{installed[0]}")
 
@@ -155,7 +155,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 ) from None
             time.sleep(0.5 * (attempt + 1))
         except ImportError as exc:
-            raise ConfigError(f"storage.url {shown}: {exc}; pip install 'serve-tuner[fleet]'") from None
+            raise ConfigError(f"storage.url {shown}: {exc}; .venv/bin/pip install -e '.[fleet]' in the clone") from None
         except Exception as exc:
             # SQLAlchemy's OperationalError and the driver's own: the first line names the cause
             # (connection refused, no such database, password authentication failed).
