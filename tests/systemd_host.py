@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -25,8 +26,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from tests.real_parts import need_real_part
+from tests.tuner_process import run_tuner
+
 __all__ = [
     "ENV_UNIT",
+    "HostBaseline",
+    "assert_baseline",
+    "controller_env",
+    "host_baseline",
+    "run_tuner_as",
+    "running_argv",
+    "operator_drop_in",
+    "study_file",
+    "sudo_login",
     "HOST_ADAPTER",
     "HOST_BINARY",
     "HOST_MODEL",
@@ -346,3 +361,120 @@ def boot_systemd_host(
             if not any((hierarchy / cgroup).exists() for hierarchy in _cgroup_roots()):
                 break
             time.sleep(0.1)
+
+
+# ---- what the tests assert about the host, and how they drive the tuner against it -------------------
+
+
+# What systemd gives every process of its own (new at each start), left out of the comparison.
+_PER_START_VARIABLES = {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
+
+
+@dataclass(frozen=True)
+class HostBaseline:
+    """The unit as the operator left it: its files (hashed), and what its running process was given."""
+
+    unit: str
+    files: dict[str, str]
+    environment: dict[str, str]
+    argv: list[str]
+
+
+def running_argv(host: SystemdHost, unit: str | None = None) -> list[str]:
+    return (host.read(f"/proc/{host.main_pid(unit)}/cmdline") or b"").decode().split("\0")[:-1]
+
+
+def host_baseline(host: SystemdHost, unit: str | None = None) -> HostBaseline:
+    unit = unit or host.unit
+    host.wait_active(unit=unit)
+    environment = host.process_environment(unit)
+    for name in _PER_START_VARIABLES:
+        environment.pop(name, None)
+    return HostBaseline(unit=unit, files=host.unit_files(unit), environment=environment, argv=running_argv(host, unit))
+
+
+def assert_baseline(host: SystemdHost, before: HostBaseline) -> None:
+    """Nothing of ours left, the unit's files byte-identical, the running process given exactly what it
+    was given before (environment and argv), no pending daemon-reload, and the server answering where
+    the operator put it."""
+    unit = before.unit
+    assert host.read(f"/run/systemd/system/{unit}.d/zz-tuner.conf") is None, "serve-tuner's drop-in was left"
+    left = [
+        name
+        for name in (f"{unit}.json", f"{unit}.lock", f"{unit}.restore.sh", f"{unit}.secret.env")
+        if host.run("test", "-e", f"/run/serve-tuner/{name}", check=False).returncode == 0
+    ]
+    assert not left, f"serve-tuner left {left} in /run/serve-tuner"
+    timer = host.show("LoadState", "ActiveState", unit=f"serve-tuner-restore-{unit.removesuffix('.service')}.timer")
+    assert timer["ActiveState"] != "active", "the dead-man timer is still armed after a clean restore"
+    assert host.unit_files(unit) == before.files, "a file of the unit changed"
+    now = host_baseline(host, unit)
+    assert now.environment == before.environment, "the unit's process runs with another environment"
+    assert now.argv == before.argv, "the unit's process runs another command line"
+    assert host.show("NeedDaemonReload", unit=unit)["NeedDaemonReload"] == "no"
+    deadline = time.monotonic() + 120
+    while not host.healthy(unit):
+        assert time.monotonic() < deadline, "the baseline server is not healthy"
+        time.sleep(0.5)
+    answer = httpx.post(f"{host.address(unit)}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["tokens_predicted"] > 0
+
+
+def study_file(
+    systemd_host: SystemdHost, tmp_path: Path, *, unit: str | None = None, deploy: str = "", **ssh: object
+) -> Path:
+    """The tiny study, run on the systemd host over ssh as an operator writes it: trials are drop-ins on
+    the operator's unit, whose program, model, address and port the study does not name."""
+    data = Path(__file__).resolve().parent / "data"
+    text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
+    text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
+    text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
+    host = "\n".join(
+        f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **systemd_host.ssh_options(**ssh)}.items()
+    )
+    deploy = f'kind = "systemd"\nunit = "{unit or systemd_host.unit}"\n{deploy}'
+    (tmp_path / "unit.toml").write_text(f"{text}\n[host]\n{host}\n[deploy]\n{deploy}\n")
+    return tmp_path / "unit.toml"
+
+
+def controller_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The controller as on an operator's laptop: no llama-server build and no model (its cache empty)."""
+    empty = tmp_path / "controller-cache"
+    empty.mkdir(exist_ok=True)
+    inherited = {k: v for k, v in os.environ.items() if k not in ("SERVE_TUNER_LLAMA_SERVER", "SERVE_TUNER_MODEL")}
+    return {**inherited, "SERVE_TUNER_CACHE": str(empty), **extra}
+
+
+def run_tuner_as(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`tuner ARGS` from a controller with the environment `env` (`controller_env`)."""
+    return run_tuner(args, timeout=timeout, env=env)
+
+
+@contextlib.contextmanager
+def operator_drop_in(host: SystemdHost, name: str, text: str, files: dict[str, str] | None = None) -> Iterator[None]:
+    """An operator's own drop-in (and the files it names), in place for the test, removed afterwards."""
+    path = f"/etc/systemd/system/{host.unit}.d/{name}"
+    for file, content in (files or {}).items():
+        host.write(file, content)
+    host.write(path, text)
+    host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
+    try:
+        yield
+    finally:
+        host.run("rm", "-f", path, *(files or {}))
+        host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
+        host.wait_active()
+
+
+def sudo_login(host: SystemdHost, user: str, commands: Sequence[str]) -> str:
+    """A plain login on the host (keys only) whose sudoers entry allows exactly `commands`, without a
+    password, as docs/production-host.md tells an operator to write it."""
+    if host.run("test", "-x", "/usr/bin/sudo", check=False).returncode != 0:
+        need_real_part("sudo", "/usr/bin/sudo is not installed (scripts/test.sh installs it where apt-get allows)")
+    if host.run("id", user, check=False).returncode != 0:
+        host.run("useradd", "--create-home", "--shell", "/bin/sh", user)
+        host.run("usermod", "-p", "*", user)  # no password, but not locked: keys only
+    allowed = ", ".join(f"{prefix}/bin/{name}" for name in commands for prefix in ("", "/usr"))
+    host.write(f"/etc/sudoers.d/serve-tuner-{user}", f"{user} ALL=(root) NOPASSWD: {allowed}\n")
+    host.run("chmod", "0440", f"/etc/sudoers.d/serve-tuner-{user}")
+    return user

@@ -18,7 +18,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,20 @@ from pydantic import SecretStr
 
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
-from tests.systemd_host import ENV_UNIT, UNIT, SystemdHost
+from tests.systemd_host import (
+    ENV_UNIT,
+    UNIT,
+    HostBaseline,
+    SystemdHost,
+    assert_baseline,
+    controller_env,
+    host_baseline,
+    operator_drop_in,
+    run_tuner_as,
+    running_argv,
+    study_file,
+    sudo_login,
+)
 from tuner.deployers.systemd import (
     SystemdDeployer,
     SystemdOptions,
@@ -121,66 +133,12 @@ def _replacing_launch(host: SystemdHost, *args: str, **settings: str) -> LaunchS
     return LaunchSpec(executable=host.binary, args=command, env=settings, port=host.server_port)
 
 
-# What systemd gives every process of its own (new at each start), left out of the comparison.
-_PER_START_VARIABLES = {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
-
-
-@dataclass(frozen=True)
-class HostBaseline:
-    """The unit as the operator left it: its files (hashed), and what its running process was given."""
-
-    unit: str
-    files: dict[str, str]
-    environment: dict[str, str]
-    argv: list[str]
-
-
-def running_argv(host: SystemdHost, unit: str | None = None) -> list[str]:
-    return (host.read(f"/proc/{host.main_pid(unit)}/cmdline") or b"").decode().split("\0")[:-1]
-
-
-def host_baseline(host: SystemdHost, unit: str | None = None) -> HostBaseline:
-    unit = unit or host.unit
-    host.wait_active(unit=unit)
-    environment = host.process_environment(unit)
-    for name in _PER_START_VARIABLES:
-        environment.pop(name, None)
-    return HostBaseline(unit=unit, files=host.unit_files(unit), environment=environment, argv=running_argv(host, unit))
-
-
 @pytest.fixture
 def baseline(systemd_host: SystemdHost) -> Iterator[HostBaseline]:
     """The unit before the test; after it, the host must be exactly on it again."""
     before = host_baseline(systemd_host)
     yield before
     assert_baseline(systemd_host, before)
-
-
-def assert_baseline(host: SystemdHost, before: HostBaseline) -> None:
-    """Nothing of ours left, the unit's files byte-identical, the running process given exactly what it
-    was given before (environment and argv), no pending daemon-reload, and the server answering where
-    the operator put it."""
-    unit = before.unit
-    assert host.read(f"/run/systemd/system/{unit}.d/zz-tuner.conf") is None, "serve-tuner's drop-in was left"
-    left = [
-        name
-        for name in (f"{unit}.json", f"{unit}.lock", f"{unit}.restore.sh", f"{unit}.secret.env")
-        if host.run("test", "-e", f"/run/serve-tuner/{name}", check=False).returncode == 0
-    ]
-    assert not left, f"serve-tuner left {left} in /run/serve-tuner"
-    timer = host.show("LoadState", "ActiveState", unit=f"serve-tuner-restore-{unit.removesuffix('.service')}.timer")
-    assert timer["ActiveState"] != "active", "the dead-man timer is still armed after a clean restore"
-    assert host.unit_files(unit) == before.files, "a file of the unit changed"
-    now = host_baseline(host, unit)
-    assert now.environment == before.environment, "the unit's process runs with another environment"
-    assert now.argv == before.argv, "the unit's process runs another command line"
-    assert host.show("NeedDaemonReload", unit=unit)["NeedDaemonReload"] == "no"
-    deadline = time.monotonic() + 120
-    while not host.healthy(unit):
-        assert time.monotonic() < deadline, "the baseline server is not healthy"
-        time.sleep(0.5)
-    answer = httpx.post(f"{host.address(unit)}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60)
-    assert answer.status_code == 200 and answer.json()["tokens_predicted"] > 0
 
 
 @pytest.mark.real_server
@@ -410,37 +368,7 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     assert host.read("/tmp/pwned") is None
 
 
-def _study_file(
-    systemd_host: SystemdHost, tmp_path: Path, *, unit: str | None = None, deploy: str = "", **ssh: object
-) -> Path:
-    """The tiny study, run on the systemd host over ssh as an operator writes it: trials are drop-ins on
-    the operator's unit, whose program, model, address and port the study does not name."""
-    data = Path(__file__).resolve().parent / "data"
-    text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
-    text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
-    text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
-    host = "\n".join(
-        f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **systemd_host.ssh_options(**ssh)}.items()
-    )
-    deploy = f'kind = "systemd"\nunit = "{unit or systemd_host.unit}"\n{deploy}'
-    (tmp_path / "unit.toml").write_text(f"{text}\n[host]\n{host}\n[deploy]\n{deploy}\n")
-    return tmp_path / "unit.toml"
-
-
-def _controller_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The controller as on an operator's laptop: no llama-server build and no model (its cache empty)."""
-    empty = tmp_path / "controller-cache"
-    empty.mkdir(exist_ok=True)
-    inherited = {k: v for k, v in os.environ.items() if k not in ("SERVE_TUNER_LLAMA_SERVER", "SERVE_TUNER_MODEL")}
-    return {**inherited, "SERVE_TUNER_CACHE": str(empty), **extra}
-
-
-def _tuner(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tuner", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-
-
-def _served(host: SystemdHost, unit: str) -> OperatorServer:
+def served_by(host: SystemdHost, unit: str) -> OperatorServer:
     """What the unit's running process serves, read from its own argv and environment in /proc."""
     return LLAMA_SERVER_LISTEN.read(running_argv(host, unit), host.process_environment(unit))
 
@@ -481,7 +409,7 @@ def _assert_applied_as_the_operators_own(
     for name, value in settings.items():
         assert environment[LLAMA_SERVER_KNOBS[name].env or ""] == str(value)
     # The operator's model, address, port, EnvironmentFile and command line, as before the study.
-    assert _served(host, unit) == served
+    assert served_by(host, unit) == served
     assert running_argv(host, unit) == baseline.argv
     changed = {k for k in {*environment, *baseline.environment} if environment.get(k) != baseline.environment.get(k)}
     assert changed <= {*assigned, "INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
@@ -505,16 +433,16 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
     from tuner.study import open_optuna_study_readonly
 
     baseline = host_baseline(systemd_host, unit)
-    served = _served(systemd_host, unit)
+    served = served_by(systemd_host, unit)
     assert served.model == systemd_host.model and served.program == systemd_host.binary
-    study = _study_file(systemd_host, tmp_path, unit=unit)
+    study = study_file(systemd_host, tmp_path, unit=unit)
     # The requests carry the study's API key; the operator's server (which has none) is not given it.
     canary = f"sk-canary-{uuid.uuid4().hex}"
-    env = _controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
+    env = controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
     quick = [] if unit == UNIT else QUICK_ROUNDS  # the stall is measured once; the other unit's path is the point
     settings = ["--set", "budget.trials=1", "--set", "confirm.top=0", *quick]
     key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    done = _tuner("run", str(study), "--runs-dir", str(tmp_path), *settings, *key, env=env)
+    done = run_tuner_as("run", str(study), "--runs-dir", str(tmp_path), *settings, *key, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
     assert [row.state for row in board.rows] == ["COMPLETE", "COMPLETE"]
@@ -529,24 +457,24 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
     # permanent, and the host is back on its baseline.
     apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *quick, *key]
     applied = f"/etc/systemd/system/{unit}.d/zz-tuner-applied.conf"
-    refused = _tuner(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
+    refused = run_tuner_as(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "the verification run failed" in refused.stderr and "stays on its baseline" in refused.stderr
     assert systemd_host.read(applied) is None
     assert_baseline(systemd_host, baseline)
 
     # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
-    done = _tuner(*apply, env=env, timeout=600)
+    done = run_tuner_as(*apply, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
     _assert_applied_as_the_operators_own(systemd_host, baseline, served, tuned.settings)
     _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path, unit=unit)
 
     # `tuner restore` removes exactly that file; then the whole baseline is back.
-    done = _tuner("restore", str(study), env=env, timeout=600)
+    done = run_tuner_as("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
     assert systemd_host.read(applied) is None
-    done = _tuner("restore", str(study), env=env, timeout=600)
+    done = run_tuner_as("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "nothing to remove" in done.stdout
     assert_baseline(systemd_host, baseline)
 
@@ -559,17 +487,17 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
     study names on the host (the controller has none of them), and the server's API key only through a
     file of mode 0600; `tuner apply` makes that permanent and `tuner restore` takes it back."""
     engine = f'binary = "{systemd_host.binary}"\nmodel = "{systemd_host.model}"\nport = {systemd_host.server_port}'
-    study = _study_file(systemd_host, tmp_path, deploy='exec_start = "replace"')
+    study = study_file(systemd_host, tmp_path, deploy='exec_start = "replace"')
     study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
     canary = f"sk-canary-{uuid.uuid4().hex}"
-    env = _controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
+    env = controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
     key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    done = _tuner(
+    done = run_tuner_as(
         "run", str(study), "--runs-dir", str(tmp_path), "--set", "budget.trials=1", "--set", "confirm.top=0",
         *QUICK_ROUNDS, *key, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    done = _tuner("apply", str(study), "--runs-dir", str(tmp_path), "--trial", "1", *QUICK_ROUNDS, *key, env=env)
+    done = run_tuner_as("apply", str(study), "--runs-dir", str(tmp_path), "--trial", "1", *QUICK_ROUNDS, *key, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     argv = running_argv(systemd_host)
     assert argv[0] == systemd_host.binary and systemd_host.model in argv
@@ -578,7 +506,7 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
     secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
     assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
     _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path)
-    done = _tuner("restore", str(study), env=env, timeout=600)
+    done = run_tuner_as("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
     assert systemd_host.read(secrets) is None
 
@@ -598,9 +526,9 @@ def test_paths_that_mean_nothing_on_the_host_are_refused_before_it_is_reached(
     line, exit 2, no run directory, and no host is reached (the address is a closed port)."""
     host = SystemdHost(pid=0, ssh_port=1, server_port=1, known_hosts=tmp_path / "known_hosts",
                        client_key=tmp_path / "key", env_port=1)  # fmt: skip
-    study = _study_file(host, tmp_path, deploy=deploy)
+    study = study_file(host, tmp_path, deploy=deploy)
     study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
-    done = _tuner("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=_controller_env(tmp_path))
+    done = run_tuner_as("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=controller_env(tmp_path))
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert re.search(refusal, line), line
@@ -622,7 +550,7 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
         "-m",
         "tuner",
         "run",
-        str(_study_file(systemd_host, tmp_path)),
+        str(study_file(systemd_host, tmp_path)),
         "--runs-dir",
         str(tmp_path),
     ]
@@ -633,11 +561,11 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
         text=True,
         timeout=600,
         check=False,
-        env=_controller_env(tmp_path, SERVE_TUNER_CRASH_AT=step),
+        env=controller_env(tmp_path, SERVE_TUNER_CRASH_AT=step),
     )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     again = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, check=False, env=_controller_env(tmp_path)
+        command, capture_output=True, text=True, timeout=600, check=False, env=controller_env(tmp_path)
     )
     assert again.returncode == 0, again.stderr[-3000:]
     trials = open_optuna_study_readonly(RunDirectory(tmp_path / "unit")).get_trials()
@@ -828,12 +756,12 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
 
         # The same outage seen from the command line: `tuner run` stops with exit 75 and one line that
         # names the dead-man timer, and the timer puts the host back without it.
-        study = _study_file(systemd_host, tmp_path, port=proxy.port, known_hosts=str(known_hosts))
+        study = study_file(systemd_host, tmp_path, port=proxy.port, known_hosts=str(known_hosts))
         command = [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")]
         command += ["--set", "budget.trials=0", "--set", "confirm.top=0", "--set", "deploy.dead_man_s=8"]
         command += ["--set", "host.reconnect_window_s=3", "--set", "host.connect_timeout_s=2"]
         with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_controller_env(tmp_path)
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=controller_env(tmp_path)
         ) as run:
             deadline = time.monotonic() + 300
             while systemd_host.read(RUNTIME_DROP_IN) is None:  # the baseline's drop-in: a change to undo
@@ -851,18 +779,7 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
 @pytest.fixture(scope="module")
 def tuner_user(systemd_host: SystemdHost) -> str:
     """An unprivileged login on the host, allowed exactly the commands the deployer runs as root."""
-    if systemd_host.run("test", "-x", "/usr/bin/sudo", check=False).returncode != 0:
-        need_real_part("sudo", "/usr/bin/sudo is not installed (scripts/test.sh installs it where apt-get allows)")
-    if systemd_host.run("id", "tuner", check=False).returncode != 0:
-        systemd_host.run("useradd", "--create-home", "--shell", "/bin/sh", "tuner")
-        systemd_host.run("usermod", "-p", "*", "tuner")  # no password, but not locked: keys only
-    commands = ", ".join(
-        f"{prefix}/bin/{name}" for name in ("systemctl", "systemd-run", "journalctl", "sh", "cat", "rm", "mkdir")
-        for prefix in ("", "/usr")
-    )  # fmt: skip
-    systemd_host.write("/etc/sudoers.d/serve-tuner", f"tuner ALL=(root) NOPASSWD: {commands}\n")
-    systemd_host.run("chmod", "0440", "/etc/sudoers.d/serve-tuner")
-    return "tuner"
+    return sudo_login(systemd_host, "tuner", SystemdDeployer.privileged_commands)
 
 
 @pytest.mark.real_server
@@ -943,22 +860,6 @@ def _meddled(host: SystemdHost, **meddling: Any) -> tuple[SshTransport, SystemdD
 
 def _is_restart(argv: Sequence[str]) -> bool:
     return list(argv[-3:]) == ["restart", "--no-block", "llama-server.service"]
-
-
-@contextlib.contextmanager
-def operator_drop_in(host: SystemdHost, name: str, text: str, files: dict[str, str] | None = None) -> Iterator[None]:
-    """An operator's own drop-in (and the files it names), in place for the test, removed afterwards."""
-    path = f"/etc/systemd/system/{host.unit}.d/{name}"
-    for file, content in (files or {}).items():
-        host.write(file, content)
-    host.write(path, text)
-    host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
-    try:
-        yield
-    finally:
-        host.run("rm", "-f", path, *(files or {}))
-        host.run("sh", "-c", f"systemctl daemon-reload && systemctl restart {host.unit}")
-        host.wait_active()
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["CLI_DEADLINE_S", "run_tuner"]
 
@@ -14,11 +14,15 @@ __all__ = ["CLI_DEADLINE_S", "run_tuner"]
 CLI_DEADLINE_S = 1800
 
 
-def run_tuner(args: Sequence[str], *, timeout: float = CLI_DEADLINE_S) -> subprocess.CompletedProcess[str]:
+def run_tuner(
+    args: Sequence[str], *, timeout: float = CLI_DEADLINE_S, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`tuner ARGS`; past the deadline it is stopped as a user would stop it, with SIGTERM, so that it
     restores the host and stops its server (subprocess.run's SIGKILL left a llama-server running)."""
     command = [sys.executable, "-m", "tuner", *args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=None if env is None else dict(env)
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ from tuner.redact import RedactingFilter, redact
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tuner.config import StudySpec
     from tuner.report import Leaderboard
 
 __all__ = ["main"]
@@ -235,6 +236,12 @@ def _add_run_command(commands: argparse._SubParsersAction[_Parser]) -> None:
         metavar="NAME",
         help="run only this host of the study's [[hosts]] (repeatable); the others' controllers share the study",
     )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: connect, look at the host, unit, files, knobs and budget, and say whether the study "
+        "can run (exit 0) or what to fix (exit 1)",
+    )
     _add_storage_flag(run, "the study's storage instead of [storage] url (a fleet's shared database)")
 
 
@@ -379,6 +386,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             spec = spec.model_copy(update={"storage": StorageSpec.model_validate({**kept, "url": args.storage})})
         assert spec.storage is not None
         remember_url(spec.storage.url)  # its password is a secret from here on: redacted wherever it would show
+    if args.check:
+        return _check(spec, base_dir, args.runs_dir / spec.name, args.hosts, console)
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.live import run_observer
     from tuner.morning_report import REPORT_NAME, ReportWriter
@@ -411,6 +420,21 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         markup=False,
     )
     _raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
+    return 0
+
+
+def _check(spec: StudySpec, base_dir: Path, run_path: Path, hosts: Sequence[str], console: Console) -> int:
+    """`tuner run --check`: one line per finding; 0 if the study can run, 1 if something must be fixed first."""
+    from tuner.check import check_study
+
+    lines = asyncio.run(check_study(spec, base_dir, run_path, hosts=hosts or None))
+    for line in lines:
+        console.print(f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {line.detail}", markup=False, highlight=False)
+    failed = [line for line in lines if not line.ok]
+    if failed:
+        console.print(f"{len(failed)} of {len(lines)} checks failed: fix them before the night, then check again")
+        return 1
+    console.print(f"the study can run ({len(lines)} checks passed; nothing on the host was changed)")
     return 0
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 __all__ = [
     "AnswerSpan",
+    "CheckLine",
     "LaunchSpec",
     "ListenRule",
     "OperatorServer",
@@ -24,6 +25,7 @@ __all__ = [
     "ServerTimings",
     "TaskTimeline",
     "TokenRateSample",
+    "TunedKnob",
 ]
 
 
@@ -119,6 +121,25 @@ def _split_address(address: str, *, default_port: str) -> tuple[str, str]:
         return host + "]", after.removeprefix(":") or default_port
     host, colon, port = rest.rpartition(":")
     return (host, port or default_port) if colon else (rest, default_port)
+
+
+@dataclass(frozen=True)
+class CheckLine:
+    """One finding of `tuner run --check`: what was looked at, whether the study can run with it, and what
+    was found (with the fix, where it fails)."""
+
+    subject: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class TunedKnob:
+    """A knob a study sets, as a deployer sees it: its variable and every flag that would decide it instead."""
+
+    name: str
+    env: str | None
+    flags: tuple[str, ...]
 
 
 class LaunchSpec(_Contract):

@@ -28,11 +28,12 @@ import re
 import shlex
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
 from pydantic import Field
 
 from tuner.config import StrictModel
@@ -47,7 +48,8 @@ from tuner.errors import (
     TransportError,
 )
 from tuner.faults import crash_point
-from tuner.models import LaunchSpec, OperatorServer, ServerCommand
+from tuner.http import tls_context
+from tuner.models import CheckLine, LaunchSpec, OperatorServer, ServerCommand, TunedKnob
 from tuner.redact import redact
 from tuner.transports.base import Transport
 
@@ -276,6 +278,9 @@ class SystemdDeployer:
             return ServerCommand.UNIT
         return ServerCommand.LOCAL if local_host else ServerCommand.REMOTE
 
+    # What it runs as root (through `sudo -n` for a plain login), the transport's file steps included.
+    privileged_commands = ("systemctl", "systemd-run", "journalctl", "mkdir", "rm", "sh", "cat")
+
     @staticmethod
     def check_launch(options: SystemdOptions, launch: LaunchSpec) -> None:
         """A launch no drop-in can carry is refused before the host is touched."""
@@ -489,6 +494,110 @@ class SystemdDeployer:
                 f"{self._unit} sets a port that is not a number; check its ExecStart= and Environment="
             ) from None
         return self._operator
+
+    async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
+        """What `tuner run --check` reads of the unit, changing nothing and taking no lock: the unit, who
+        holds it, what its server runs and where it answers, and whatever would decide a tuned knob
+        instead of the trial's drop-in."""
+        state = await self._state()
+        unit = f"unit {self._unit}"
+        if state["LoadState"] != "loaded":
+            fix = "set deploy.unit to the service that runs the server (`systemctl list-units --type=service`)"
+            return [CheckLine(unit, False, f"the host has no such unit ({state['LoadState'] or 'unknown'}); {fix}")]
+        lines = [await self._check_lock()]
+        try:
+            server = await self.operator_server(launch, state) if launch.listen is not None else None
+        except DeployError as exc:
+            return [*lines, CheckLine(unit, False, str(exc))]
+        runs = f"; runs {server.describe()}" if server else ""
+        lines.append(CheckLine(unit, True, f"{state['ActiveState']}{runs}"))
+        if self._options.exec_start == "keep":
+            lines += await self._check_kept(launch, state, tuned)
+        try:
+            await self._refuse_later_overrides(launch, state)
+        except DeployError as exc:
+            lines.append(CheckLine("operator drop-ins", False, str(exc)))
+        lines.append(await self._check_answers(launch, state))
+        return lines
+
+    async def running_log(self) -> str:
+        """The log of the unit's running invocation (the operator's server, for `--check`), read only."""
+        return await self._journal((await self._state())["InvocationID"])
+
+    async def _check_lock(self) -> CheckLine:
+        raw = await self._read(f"{self._lock_dir}/owner.json")
+        holder = json.loads(raw) if raw else {}
+        if raw is not None and not self._stale(holder):
+            return CheckLine(
+                "lock", False,
+                f"another serve-tuner (pid {holder.get('pid')} on {holder.get('controller')}) is tuning {self._unit}; "
+                "wait for it to finish",
+            )  # fmt: skip
+        if await self._read(self._state_path) is not None:
+            return CheckLine(
+                "lock", True, "an earlier run did not finish its restore: the run puts the unit back first"
+            )
+        return CheckLine("lock", True, "free")
+
+    async def _check_kept(self, launch: LaunchSpec, state: UnitState, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
+        """With `keep`: the unit's command line passes what the launch needs, and nothing of the unit's own
+        (a flag, an EnvironmentFile= line) decides a tuned knob over the drop-in's Environment= line."""
+        lines = []
+        try:
+            check_kept_command(launch, state["ExecStart"])
+        except ConfigError as exc:
+            lines.append(CheckLine("command line", False, str(exc)))
+        argv, environ = await self._running(state)
+        shown = parse_show_environment(state["Environment"])
+        for knob in tuned:
+            given = next((w for w in argv[1:] for f in knob.flags if w == f or w.startswith(f + "=")), None)
+            if given is not None:
+                lines.append(CheckLine(
+                    f"knob {knob.name}", False,
+                    f"{self._unit}'s ExecStart= passes {given.split('=')[0]}, which decides {knob.name} in every "
+                    'trial; remove it from ExecStart= or set deploy.exec_start = "replace"',
+                ))  # fmt: skip
+            elif knob.env and knob.env in environ and knob.env not in shown:
+                lines.append(CheckLine(
+                    f"knob {knob.name}", False,
+                    f"{knob.env} comes from {self._unit}'s EnvironmentFile=, which wins over the trial's "
+                    "Environment= line; move it to an Environment= line or remove it from that file",
+                ))  # fmt: skip
+        if not lines:
+            names = ", ".join(knob.name for knob in tuned) or "none"
+            lines.append(CheckLine("knobs", True, f"nothing in {self._unit} overrides the tuned knobs ({names})"))
+        return lines
+
+    async def _running(self, state: UnitState) -> tuple[list[str], dict[str, str]]:
+        """The unit's running process's argv and environment (empty where it does not run)."""
+        if not state.main_pid:
+            return [], {}
+        cmdline = await self._read(f"/proc/{state.main_pid}/cmdline")
+        return (cmdline or b"").decode(errors="replace").split("\0")[:-1], _environ(
+            await self._read(f"/proc/{state.main_pid}/environ") or b""
+        )
+
+    async def _check_answers(self, launch: LaunchSpec, state: UnitState) -> CheckLine:
+        if state["ActiveState"] != "active":
+            return CheckLine("server", True, f"{self._unit} is {state['ActiveState']}: the study starts it")
+        # The server running now is the operator's, wherever the study's own command line would put a trial's.
+        server = self._operator
+        base_url = await (self._transport.reach(server.reach_host, server.port) if server else self._address(launch))
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=tls_context()) as client:
+                answer = await client.get(base_url + launch.health_path)
+        except httpx.HTTPError as exc:
+            answer = None
+            why = type(exc).__name__
+        where = f"{self._operator.host}:{self._operator.port}" if self._operator else f"{launch.host}:{launch.port}"
+        if answer is not None and answer.status_code == 200:
+            return CheckLine("server", True, f"answers {launch.health_path} on {where}")
+        why = f"HTTP {answer.status_code}" if answer is not None else why
+        return CheckLine(
+            "server", False,
+            f"{self._unit} is active but nothing healthy answers on {where} ({why}); check the unit's address "
+            "and port, or its log (`journalctl -u " + self._unit + "`)",
+        )  # fmt: skip
 
     async def _address(self, launch: LaunchSpec) -> str:
         """Where this controller reaches the server: the unit's own address with `keep`, else the launch's."""

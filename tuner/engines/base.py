@@ -38,6 +38,9 @@ class Knob:
     value_type: Literal["int", "float", "bool", "str"]
     env: str | None = None
     flag: str | None = None
+    # Every other spelling of the flag the server takes (long forms, negations): a unit's command line
+    # that carries any of them decides the knob whatever the environment says.
+    other_flags: tuple[str, ...] = ()
     minimum: int | None = None
     # The servers read integer settings into a C int (llama.cpp's std::stoi, vLLM's and Ollama's limits
     # are no larger in practice): a larger value is a unit mistake (ctx_size = 1e12), refused up front.
@@ -46,6 +49,10 @@ class Knob:
     description: str = ""
     # "server": set at launch (env var or flag); "request": changes what the replay sends, not the server.
     scope: Literal["server", "request"] = "server"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return ((self.flag,) if self.flag else ()) + self.other_flags
 
     def check(self, value: ParamValue) -> None:
         types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
@@ -142,6 +149,11 @@ class KnobbedEngine(Generic[OptionsT]):
 
     def slot_count(self, startup_log: str) -> int | None:
         """How many slots the server runs, from its startup log; None where it does not say."""
+        return None
+
+    def startup_s(self, log: str) -> float | None:
+        """How long the server took from its start to serving, by its own log's clock; None where it
+        does not say."""
         return None
 
     def flush_requests(self, slots: int) -> list[ReplayRequest]:
@@ -270,6 +282,11 @@ class Engine(Protocol):
 
     def slot_count(self, startup_log: str) -> int | None:
         """How many slots (sequences served at once) the server runs, from its startup log; None if unknown."""
+        ...
+
+    def startup_s(self, log: str) -> float | None:
+        """How long the server took from its start to serving (the model loaded), by its own log's clock;
+        None where its log does not say."""
         ...
 
     def flush_requests(self, slots: int) -> list[ReplayRequest]:

@@ -61,6 +61,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_BATCH",
             flag="-b",
+            other_flags=("--batch-size",),
             minimum=1,
             description="Logical batch: most tokens per server loop iteration, all slots together.",
         ),
@@ -69,6 +70,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_UBATCH",
             flag="-ub",
+            other_flags=("--ubatch-size",),
             minimum=1,
             description="Physical micro-batch.",
         ),
@@ -77,6 +79,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_N_PARALLEL",
             flag="-np",
+            other_flags=("--parallel",),
             minimum=1,
             description="Slots: requests served at once.",
         ),
@@ -85,6 +88,11 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="bool",
             env="LLAMA_ARG_KV_UNIFIED",
             flag="--kv-unified",
+            other_flags=(
+                "-kvu",
+                "-no-kvu",
+                "--no-kv-unified",
+            ),
             description="One KV buffer shared by all slots.",
         ),
         Knob(
@@ -92,6 +100,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_CACHE_RAM",
             flag="--cache-ram",
+            other_flags=("-cram",),
             minimum=-1,
             description="Host-RAM prompt cache in MiB (-1 no limit, 0 off).",
         ),
@@ -100,6 +109,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_CTX_SIZE",
             flag="-c",
+            other_flags=("--ctx-size",),
             minimum=0,
             description="Total KV tokens over all slots.",
         ),
@@ -108,6 +118,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="int",
             env="LLAMA_ARG_THREADS",
             flag="-t",
+            other_flags=("--threads",),
             minimum=-1,
             description="Generation threads.",
         ),
@@ -116,6 +127,11 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="bool",
             env="LLAMA_ARG_CONT_BATCHING",
             flag="-cb",
+            other_flags=(
+                "--cont-batching",
+                "-nocb",
+                "--no-cont-batching",
+            ),
             description="Mix prefill into decode iterations.",
         ),
         Knob(
@@ -123,6 +139,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="bool",
             env="LLAMA_ARG_CACHE_PROMPT",
             flag="--cache-prompt",
+            other_flags=("--no-cache-prompt",),
             description="Reuse the common prefix of a slot's previous prompt.",
         ),
         Knob(
@@ -130,6 +147,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="str",
             env="LLAMA_ARG_FLASH_ATTN",
             flag="-fa",
+            other_flags=("--flash-attn",),
             choices=("on", "off", "auto"),
             description="Flash attention.",
         ),
@@ -138,6 +156,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="str",
             env="LLAMA_ARG_CACHE_TYPE_K",
             flag="-ctk",
+            other_flags=("--cache-type-k",),
             choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
             description="KV cache type for K.",
         ),
@@ -146,6 +165,7 @@ LLAMA_SERVER_KNOBS: dict[str, Knob] = {
             value_type="str",
             env="LLAMA_ARG_CACHE_TYPE_V",
             flag="-ctv",
+            other_flags=("--cache-type-v",),
             choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
             description="KV cache type for V.",
         ),
@@ -197,6 +217,8 @@ _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-t
 # 32K or more, so synthesized prompts never contain a control token.
 _PROMPT_TOKEN_RANGE = (100, 30000)
 _N_SLOTS = re.compile(r"load_model: initializing, n_slots = (\d+)")
+# The line the server writes once its model is loaded and it serves, stamped minutes.seconds.ms.us since start.
+_LISTENING = re.compile(r"(?:^|\s)(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) I srv +\w+: listening on ", re.MULTILINE)
 
 
 class LlamaServerOptions(StrictModel):
@@ -450,6 +472,13 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         # rounds' tokens (tuner.study `_Servers.deploy`): the server restores a cached prompt only where at
         # least a quarter of its tokens begin the new one (server_prompt_cache::load).
         return None
+
+    def startup_s(self, log: str) -> float | None:
+        found = _LISTENING.search(log)
+        if found is None:
+            return None
+        minutes, seconds, ms, us = (int(part) for part in found.groups())
+        return minutes * 60 + seconds + ms / 1e3 + us / 1e6
 
     def slot_count(self, startup_log: str) -> int | None:
         found = _N_SLOTS.findall(startup_log)

@@ -1,0 +1,183 @@
+"""`tuner run STUDY --check` against the production-shaped systemd host (tests/systemd_host.py): a good
+study passes and its duration estimate holds against the real run; each study broken in one way is
+reported with its fix and a non-zero exit; and whatever it finds, the host is byte-identical afterwards:
+the units' files, their processes' environment and argv, nothing of serve-tuner's under /run, no timer,
+no lock."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.quick import QUICK_ROUNDS
+from tests.systemd_host import (
+    ENV_UNIT,
+    UNIT,
+    HostBaseline,
+    SystemdHost,
+    controller_env,
+    host_baseline,
+    operator_drop_in,
+    run_tuner_as,
+    study_file,
+    sudo_login,
+)
+from tuner.deployers.systemd import SystemdDeployer
+
+QUICK_STUDY = ["--set", "budget.trials=1", "--set", "confirm.top=0", *QUICK_ROUNDS]
+
+
+@dataclass(frozen=True)
+class WholeHost:
+    """Everything --check must leave alone: both operator units as found, and nothing of serve-tuner's."""
+
+    units: tuple[HostBaseline, ...]
+    ours: str
+    timers: str
+
+
+def whole_host(host: SystemdHost) -> WholeHost:
+    ours = host.run("sh", "-c", "find /run/serve-tuner /run/systemd/system -printf '%p %s\\n' 2>&1; true").stdout
+    timers = host.run("systemctl", "list-units", "--all", "--type=timer", "--no-legend", "--plain", "--no-pager").stdout
+    return WholeHost(units=tuple(host_baseline(host, unit) for unit in (UNIT, ENV_UNIT)), ours=ours, timers=timers)
+
+
+@pytest.fixture
+def untouched(systemd_host: SystemdHost) -> Iterator[WholeHost]:
+    before = whole_host(systemd_host)
+    yield before
+    after = whole_host(systemd_host)
+    assert after.units == before.units, "--check changed a unit's files or what its process runs"
+    assert after.ours == before.ours, "--check left something under /run"
+    assert after.timers == before.timers and "serve-tuner" not in after.timers, "--check armed a timer"
+
+
+def check(study: Path, tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    done = run_tuner_as(
+        "run", str(study), "--runs-dir", str(tmp_path / "runs"), "--check", *args, env=controller_env(tmp_path)
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists(), "--check made a run directory"
+    return done.returncode, done.stdout.splitlines()
+
+
+def failures(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("FAIL")]
+
+
+@pytest.mark.real_server
+def test_a_good_study_passes_and_its_duration_estimate_holds_against_the_real_run(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    study = study_file(systemd_host, tmp_path)
+    before = whole_host(systemd_host)
+    status, lines = check(study, tmp_path, *QUICK_STUDY)
+    assert whole_host(systemd_host) == before
+    assert status == 0, "\n".join(lines)
+    assert not failures(lines)
+    shown = "\n".join(lines)
+    assert (
+        f"runs {systemd_host.binary}, model {systemd_host.model}, listening on 0.0.0.0:{systemd_host.server_port}"
+        in shown
+    )
+    assert "ok    privileges: the login is root" in shown
+    assert "nothing in llama-server.service overrides the tuned knobs" in shown
+    assert "(the running server's own log)" in shown  # the restart measured from the host, not assumed
+    (estimate,) = [line for line in lines if line.startswith("ok    duration:")]
+    minutes, seconds = re.search(r"about (\d+)m(\d+)s", estimate).groups()  # type: ignore[union-attr]
+    estimated = int(minutes) * 60 + int(seconds)
+
+    started = time.monotonic()
+    done = run_tuner_as(
+        "run", str(study), "--runs-dir", str(tmp_path / "real"), *QUICK_STUDY, env=controller_env(tmp_path)
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert abs(estimated - took) <= 0.3 * took, f"estimated {estimated} s, the run took {took:.0f} s"
+
+
+@pytest.mark.real_server
+def test_the_environment_unit_is_read_where_its_own_lines_put_it(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    status, lines = check(study_file(systemd_host, tmp_path, unit=ENV_UNIT), tmp_path, *QUICK_STUDY)
+    assert status == 0, "\n".join(lines)
+    assert f"listening on {systemd_host.env_host}:{systemd_host.env_port}" in "\n".join(lines)
+
+
+@pytest.mark.real_server
+def test_a_login_without_a_sudo_right_the_deployer_needs_is_named(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    without = [name for name in SystemdDeployer.privileged_commands if name != "systemd-run"]
+    user = sudo_login(systemd_host, "tuner-nosudo", without)
+    study = study_file(systemd_host, tmp_path, user=user, sudo=True)
+    status, lines = check(study, tmp_path, *QUICK_STUDY)
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "privileges: `sudo -n` refuses systemd-run; add them to the login's sudoers entry" in line
+
+
+@pytest.mark.real_server
+def test_a_missing_file_on_the_host_is_named_with_its_key(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    study = study_file(systemd_host, tmp_path, deploy='exec_start = "replace"')
+    engine = f'binary = "{systemd_host.binary}"\nmodel = "/srv/models/missing.gguf"\nport = {systemd_host.server_port}'
+    study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
+    status, lines = check(study, tmp_path, *QUICK_STUDY)
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "engine.model: /srv/models/missing.gguf does not exist on the host; fix engine.model" in line
+
+
+@pytest.mark.real_server
+def test_a_flag_in_the_units_command_line_that_overrides_a_tuned_knob_is_named(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    command = f"{systemd_host.binary} -m {systemd_host.model} --host 0.0.0.0 --port {systemd_host.server_port}"
+    with operator_drop_in(systemd_host, "aa-flags.conf", f"[Service]\nExecStart=\nExecStart={command} -b 2048\n"):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        assert whole_host(systemd_host) == before
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "knob n_batch: llama-server.service's ExecStart= passes -b, which decides n_batch" in line
+    assert 'deploy.exec_start = "replace"' in line
+
+
+@pytest.mark.real_server
+def test_an_unpinned_host_key_is_named_with_the_command_that_pins_it(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    other = tmp_path / "other_known_hosts"
+    other.write_text("")
+    status, lines = check(study_file(systemd_host, tmp_path, known_hosts=str(other)), tmp_path, *QUICK_STUDY)
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert line.startswith("FAIL  host:") and "tuner trust-host" in line
+
+
+@pytest.mark.real_server
+def test_a_unit_whose_server_answers_on_no_port_is_named(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """The unit runs, but nothing listens where its command line says (a wrapper that never serves)."""
+    closed = 9  # discard: nothing on this machine serves HTTP there
+    script = {"/usr/local/bin/silent-server": "sleep infinity\n"}
+    silent = f"[Service]\nExecStart=\nExecStart=/bin/sh /usr/local/bin/silent-server --port {closed}\n"
+    with operator_drop_in(systemd_host, "aa-silent.conf", silent, files=script):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        assert whole_host(systemd_host) == before
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "server: llama-server.service is active but nothing healthy answers on" in line

@@ -1,0 +1,225 @@
+"""`tuner run STUDY --check`: whether the study can run, found before the night instead of at its first
+failure hours in (Ansible's `--check` is the model).
+
+It reads the study as `tuner run` does (a bad file is still refused in one line, exit 2), then connects to
+each host and looks, changing nothing and taking no lock: the pinned host key, `sudo -n` for every command
+the deployer runs as root, the unit and what its server runs, the files the study names on the host, the
+server's address, whatever on the host would decide a tuned knob instead of the trial, the memory
+pre-check, the workload, and how long the study will take. Each finding is one `CheckLine`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tuner.config import ParamValue, SearchSpace, StudySpec
+from tuner.deployers.base import DEPLOYERS, check_launch, create_deployer
+from tuner.engines.base import Engine
+from tuner.errors import TunerError
+from tuner.models import CheckLine, TunedKnob
+from tuner.study import PreparedStudy, fleet_hosts, prepare_study
+from tuner.transports.base import Transport, create_transport
+
+__all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
+
+# A server restart when no round was measured on the host yet: a small model loads in seconds, a 14B one on
+# a GPU in tens of seconds; a run's own measured round time replaces this.
+DEFAULT_RESTART_S = 30.0
+# What a round adds beside the replay and the restart: the warm-up request and the correctness probes.
+_ROUND_OVERHEAD_S = 2.0
+# A stream's decode speed where the trace recorded no durations: slower than one stream on a GPU or on
+# SmolLM2 on 2 cores, so that the estimate errs long.
+ASSUMED_DECODE_TOK_S = 20.0
+# The controller's own start and the restore at the end, beside the rounds.
+_STUDY_OVERHEAD_S = 5.0
+_GRID_LIMIT = 10_000
+
+
+async def check_study(
+    spec: StudySpec, base_dir: Path, run_path: Path, *, hosts: Sequence[str] | None = None
+) -> list[CheckLine]:
+    """Every finding for the study's host (a fleet: each host named, all by default). `ConfigError` for a
+    study file `tuner run` would refuse, before any host is reached."""
+    targets: list[tuple[str | None, StudySpec]] = [(None, spec)]
+    if spec.hosts or hosts:
+        targets = [(entry.name, spec.for_host(entry)) for entry in fleet_hosts(spec, hosts)]
+    prepared = {name: prepare_study(host_spec, base_dir) for name, host_spec in targets}
+    lines: list[CheckLine] = []
+    for name, host_spec in targets:
+        host_lines = await _check_host(host_spec, prepared[name], run_path)
+        lines += (
+            [CheckLine(f"{name}: {line.subject}", line.ok, line.detail) for line in host_lines] if name else host_lines
+        )
+    return lines
+
+
+async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> list[CheckLine]:
+    engine = prepared.engine
+    launch = engine.launch_spec({})  # an AssetError (no local build for a local server) says `tuner setup`
+    check_launch(spec.deploy, launch)
+    lines = [_workload_line(prepared), *_memory_lines(prepared)]
+    startup_s = None
+    try:
+        async with create_transport(spec.host) as transport:
+            lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
+            lines += await _privilege_lines(spec, transport)
+            lines += await _file_lines(engine, transport)
+            deployer = create_deployer(spec.deploy, transport=transport)
+            checking, reading = getattr(deployer, "check", None), getattr(deployer, "running_log", None)
+            if callable(checking):
+                lines += await checking(launch, tuned=_tuned_knobs(prepared))
+            if callable(reading):
+                startup_s = engine.startup_s(await reading())
+    except TunerError as exc:
+        lines.append(CheckLine("host", False, str(exc)))
+    return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s)]
+
+
+def _tuned_knobs(prepared: PreparedStudy) -> list[TunedKnob]:
+    engine = prepared.engine
+    names = [*prepared.space.params, *(n for n in engine.base_settings if n not in prepared.space.params)]
+    knobs = [engine.knobs[name] for name in names]
+    return [TunedKnob(knob.name, knob.env, knob.flags) for knob in knobs if knob.scope == "server"]
+
+
+def _workload_line(prepared: PreparedStudy) -> CheckLine:
+    trace, spec = prepared.trace, prepared.spec
+    sessions = len(set(trace.session_codes.tolist()))
+    return CheckLine(
+        "workload",
+        True,
+        f"{spec.workload.path}: {len(trace)} requests in {sessions} sessions, "
+        f"{_replay_s(prepared):.0f} s a round at time_scale {spec.workload.time_scale:g}",
+    )
+
+
+def _replay_s(prepared: PreparedStudy) -> float:
+    """A round's replay: the last arrival (scaled), plus the longest recorded request, or where the trace
+    recorded none, the longest answer decoded at ASSUMED_DECODE_TOK_S."""
+    trace = prepared.trace
+    if not len(trace):
+        return 0.0
+    last_arrival = float(trace.offset_s.max()) * prepared.spec.workload.time_scale
+    recorded = [float(d) for d in trace.duration_s.tolist() if not math.isnan(d)]
+    tail = max(recorded) if recorded else float(trace.output_tokens.max()) / ASSUMED_DECODE_TOK_S
+    return last_arrival + min(tail, prepared.spec.workload.request_timeout_s)
+
+
+def estimate_duration_s(spec: StudySpec, *, round_s: float) -> tuple[int, float]:
+    """The rounds a study will measure and how long they take: the baseline's and each trial's rounds, and
+    the confirmation's pairs of two rounds for each candidate. Extra rounds for noisy trials and pruned
+    trials' saved rounds are left out (they roughly cancel on the studies measured so far)."""
+    rounds = (1 + spec.budget.trials) * spec.rounds + spec.confirm.top * spec.confirm.pairs * 2
+    seconds = rounds * round_s
+    if spec.budget.hours is not None:
+        seconds = min(seconds, spec.budget.hours * 3600 + spec.confirm.top * spec.confirm.pairs * 2 * round_s)
+    return rounds, seconds
+
+
+def _measured_round_s(run_path: Path) -> float | None:
+    """The mean round time (server restart included) a run of this study measured on the host, if any."""
+    try:
+        measured = json.loads((run_path / "progress.json").read_text()).get("round_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(measured) if isinstance(measured, int | float) and measured > 0 else None
+
+
+def _duration_line(spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, startup_s: float | None) -> CheckLine:
+    """The study's length: from the round time its own run measured on the host, else from the replay, the
+    start of the server running there now (its own log's clock) or a default, and the warm-up."""
+    measured = _measured_round_s(run_path)
+    if measured is not None:
+        round_s, source = measured, f"{measured:.0f} s a round, as measured by this study's run so far"
+    else:
+        restart_s = DEFAULT_RESTART_S if startup_s is None else startup_s
+        round_s = _replay_s(prepared) + restart_s + _ROUND_OVERHEAD_S
+        restart = (
+            f"a server start of {startup_s:.1f} s (the running server's own log)"
+            if startup_s is not None
+            else f"a server start taken as {DEFAULT_RESTART_S:g} s (the host's server log does not say)"
+        )
+        source = f"{round_s:.0f} s a round: the replay, {restart} and the warm-up"
+    rounds, seconds = estimate_duration_s(spec, round_s=round_s)
+    seconds += _STUDY_OVERHEAD_S + (startup_s or 0.0)
+    hours, rest = divmod(round(seconds), 3600)
+    took = f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+    return CheckLine("duration", True, f"about {took}: {rounds} rounds (each a server restart) at {source}")
+
+
+def _grid(space: SearchSpace) -> list[dict[str, ParamValue]] | None:
+    """Every configuration of a space whose knobs take listed or stepped integer values; None if larger."""
+    axes: list[list[ParamValue]] = []
+    for param in space.params.values():
+        if param.choices is not None:
+            axes.append(list(param.choices))
+        elif isinstance(param.low, int) and isinstance(param.high, int) and not param.log:
+            step = int(param.step or 1)
+            axes.append(list(range(param.low, param.high + 1, step)))
+        else:
+            return None
+    if math.prod(len(axis) for axis in axes) > _GRID_LIMIT:
+        return None
+    names = list(space.params)
+    configs = [dict(zip(names, values, strict=True)) for values in itertools.product(*axes)]
+    return [c for c in configs if all(constraint.holds(c) for constraint in space.constraints)]
+
+
+def _memory_lines(prepared: PreparedStudy) -> list[CheckLine]:
+    engine, baseline = prepared.engine, prepared.baseline_settings
+    over = engine.memory_check(baseline)
+    if over is not None:
+        return [
+            CheckLine(
+                "memory", False, f"the baseline's configuration {over}; raise the budget or lower the engine settings"
+            )
+        ]
+    if engine.memory_need(baseline) is None:
+        return [CheckLine("memory", True, "not checked from here (no budget set, or the model is on the host)")]
+    grid = _grid(prepared.space)
+    if grid is None:
+        return [CheckLine("memory", True, "the baseline fits; each proposal is checked before its restart")]
+    skipped = sum(1 for config in grid if engine.memory_check(config) is not None)
+    return [
+        CheckLine(
+            "memory", True, f"the baseline fits; {skipped} of {len(grid)} configurations would not and are skipped"
+        )
+    ]
+
+
+async def _privilege_lines(spec: StudySpec, transport: Transport) -> list[CheckLine]:
+    """The deployer's root commands: through `sudo -n` (each allowed without a password), or as root."""
+    commands: Sequence[str] = getattr(DEPLOYERS.get(spec.deploy.kind), "privileged_commands", ())
+    if not commands or spec.host.kind != "ssh":
+        return []
+    options: Mapping[str, object] = spec.host.options()
+    if not options.get("sudo"):
+        user = (await transport.run(["id", "-u"], timeout_s=30, check=False)).stdout.strip()
+        if user == "0":
+            return [CheckLine("privileges", True, "the login is root")]
+        fix = f"set host.sudo = true and allow it {', '.join(commands)} without a password (docs/production-host.md)"
+        return [CheckLine("privileges", False, f"the login is not root and host.sudo is false; {fix}")]
+    refused = []
+    for command in commands:
+        allowed = await transport.run(["sudo", "-n", "-l", "--", command], timeout_s=30, check=False)
+        if allowed.exit_status != 0:
+            refused.append(command)
+    if refused:
+        fix = "add them to the login's sudoers entry with NOPASSWD (docs/production-host.md)"
+        return [CheckLine("privileges", False, f"`sudo -n` refuses {', '.join(refused)}; {fix}")]
+    return [CheckLine("privileges", True, f"`sudo -n` allows {', '.join(commands)}")]
+
+
+async def _file_lines(engine: Engine, transport: Transport) -> list[CheckLine]:
+    lines = []
+    for key, path in engine.host_files().items():
+        found = await transport.run(["test", "-f", path], timeout_s=30, check=False)
+        if found.exit_status == 0:
+            lines.append(CheckLine(key, True, f"{path} is on the host"))
+        else:
+            lines.append(CheckLine(key, False, f"{path} does not exist on the host; fix {key} in the study file"))
+    return lines
