@@ -299,14 +299,28 @@ def _add_diagnose_command(commands: argparse._SubParsersAction[_Parser]) -> None
         metavar="OUT.toml",
         help="also write a study of the knobs the findings name (with OUT.workload.jsonl and OUT.space.toml)",
     )
+    diagnose.add_argument(
+        "--like",
+        type=Path,
+        metavar="STUDY.toml",
+        help="a study of the server that wrote the log: --study takes its [host], [deploy] and [engine] "
+        "(without it, the study starts its own server on this machine)",
+    )
     diagnose.add_argument("--force", action="store_true", help="let --study replace files that exist")
 
 
 def _diagnose(args: argparse.Namespace, console: Console) -> int:
     from tuner.console import make_console
     from tuner.diagnose import diagnose_log
+    from tuner.diagnose.study import read_like_study, write_study
     from tuner.diagnose_console import render_diagnosis
 
+    if args.like is not None and args.study is None:
+        raise ConfigError(
+            "--like names the study whose [host], [deploy] and [engine] a written study takes; add --study OUT.toml"
+        )
+    # Before the log is read, which may take a while: a wrong --like is refused at once.
+    like = read_like_study(args.like) if args.like is not None else None
     diagnosis = diagnose_log(
         args.log,
         long_prompt_tokens=args.long_prompt_tokens,
@@ -315,17 +329,19 @@ def _diagnose(args: argparse.Namespace, console: Console) -> int:
         until_s=args.until,
         metrics_scrape=args.metrics,
     )
-    written = []
+    written = None
     if args.study is not None:
-        from tuner.diagnose.study import write_study
-
-        written = write_study(diagnosis, args.log, args.study, force=args.force)
+        written = write_study(diagnosis, args.log, args.study, like=like, force=args.force)
     if args.json:
         sys.stdout.write(diagnosis.model_dump_json(indent=1) + "\n")
     else:
         render_diagnosis(diagnosis, console)
-    for path in written:
-        (make_console(stderr=True) if args.json else console).print(f"wrote {path}", markup=False, highlight=False)
+    if written is not None:
+        said = make_console(stderr=True) if args.json else console
+        for path in written.paths:
+            said.print(f"wrote {path}", markup=False, highlight=False)
+        for note in written.notes:
+            said.print(note, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -30,7 +30,10 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
         facts.append(counted(server.n_slots, "slot"))
     if server.n_batch:
         facts.append(f"n_batch {server.n_batch} (from its prefill chunks)")
-    console.print(f"[bold]{escape(diagnosis.source)}[/bold]: {diagnosis.log_kind} log, " + ", ".join(facts))
+    if len(server.models) == 1:
+        facts.append(f"model {server.models[0]}")
+    kind = "Ollama (its runner's llama-server lines)" if server.engine == "ollama" else diagnosis.log_kind
+    console.print(f"[bold]{escape(diagnosis.source)}[/bold]: {kind} log, " + escape(", ".join(facts)))
     if not diagnosis.findings:
         console.print(
             "no finding: nothing in this log cost the users time that a setting could give back"

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tuner.diagnose.analyses import ANALYSES, LoraSwitch, Stalls, Waits, new_analyses
+from tuner.diagnose.identity import ServerIdentity
 from tuner.diagnose.reader import LogFacts, ReadContext, read_llama_server_log
 from tuner.diagnose.report import (
     DIAGNOSIS_VERSION,
@@ -153,7 +154,8 @@ def diagnose_log(
     )
     analyses = new_analyses()
     vllm = VllmReader()
-    reading = _Counter(numbered, vllm)
+    identity = ServerIdentity()
+    reading = _Counter(numbered, vllm, identity)
     read_llama_server_log(reading, analyses, context)
     facts = context.facts
     if facts.matched_lines == 0 and vllm.stats == 0:
@@ -169,6 +171,7 @@ def diagnose_log(
             shown,
             lines=reading.count,
             vllm=vllm,
+            models=identity.models,
             scrape=scrape,
             long_prompt_tokens=long_prompt_tokens,
             since_s=since_s,
@@ -204,6 +207,8 @@ def diagnose_log(
             n_batch=stalls.n_batch(),
             verbose_log=facts.verbose,
             restarts=facts.restarts,
+            engine="ollama" if identity.ollama else "llama-server",
+            models=identity.models,
         ),
         findings=findings,
         profile=profile,
@@ -212,14 +217,16 @@ def diagnose_log(
 
 
 class _Counter:
-    """Passes the lines on, counting them and offering each to the vLLM reader (one pass for both)."""
+    """Passes the lines on, counting them and offering each to the vLLM reader and to the server's identity
+    (one pass for all)."""
 
-    def __init__(self, lines: Iterator[tuple[int, str]], vllm: VllmReader) -> None:
-        self.lines, self.vllm, self.count = lines, vllm, 0
+    def __init__(self, lines: Iterator[tuple[int, str]], vllm: VllmReader, identity: ServerIdentity) -> None:
+        self.lines, self.vllm, self.identity, self.count = lines, vllm, identity, 0
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         for number, line in self.lines:
             self.count = number
+            self.identity.feed(line)
             if "Avg prompt throughput" in line:
                 self.vllm.feed(number, line)
                 continue
@@ -268,6 +275,7 @@ def _vllm_diagnosis(
     *,
     lines: int,
     vllm: VllmReader,
+    models: list[str],
     scrape: dict[str, float],
     long_prompt_tokens: int,
     since_s: float | None,
@@ -286,6 +294,7 @@ def _vllm_diagnosis(
         since_s=since_s,
         until_s=until_s,
         long_prompt_tokens=long_prompt_tokens,
+        server=ServerFacts(engine="vllm", models=models),
         findings=findings,
         notes=notes,
     )

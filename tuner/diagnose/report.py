@@ -103,6 +103,16 @@ class ServerFacts(_Strict):
     n_batch: int | None = Field(default=None, description="Inferred from the largest prefill chunk, if seen.")
     verbose_log: bool = Field(default=False, description="Trace-level lines (-lv 4) were present.")
     restarts: int = 0
+    engine: Literal["llama-server", "ollama", "vllm"] = Field(
+        default="llama-server",
+        description="The server that wrote the log: ollama where its own lines or its journal unit appear beside "
+        "its runner's llama-server lines.",
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="Models the log names, first seen first: Ollama's runner.name (debug lines), vLLM's start-up "
+        "config.",
+    )
 
 
 class Diagnosis(_Strict):
