@@ -36,7 +36,7 @@ STUDY_TESTS = (
     "tests/test_lora.py::test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change",
     "tests/test_secrets.py::test_the_api_key_is_used_but_never_printed_or_written",
     "tests/test_ssh.py::test_a_study_runs_its_server_on_a_host_reached_over_ssh",
-    "tests/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_leaves_it_on_its_baseline",
+    "tests/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port",
 )
 
 

@@ -6,6 +6,7 @@ no lock."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -181,3 +182,36 @@ def test_a_unit_whose_server_answers_on_no_port_is_named(systemd_host: SystemdHo
     assert len(failures(lines)) == 1, "\n".join(lines)
     (line,) = failures(lines)
     assert "server: llama-server.service is active but nothing healthy answers on" in line
+
+
+@pytest.mark.real_server
+def test_a_tuned_knob_set_by_the_units_environment_file_is_named(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """systemd lets an EnvironmentFile= win over every Environment= line, the trial's drop-in included."""
+    files = {"/etc/llama/batch.env": "LLAMA_ARG_BATCH=2048\n"}
+    with operator_drop_in(systemd_host, "aa-batch.conf", "[Service]\nEnvironmentFile=/etc/llama/batch.env\n", files):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        assert whole_host(systemd_host) == before
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "knob n_batch: LLAMA_ARG_BATCH comes from llama-server.service's EnvironmentFile=" in line
+
+
+@pytest.mark.real_server
+def test_a_unit_another_controller_is_tuning_is_named(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    lock = "/run/serve-tuner/llama-server.service.lock"
+    owner = json.dumps({"controller": "elsewhere", "pid": 4242, "beat": time.time()})
+    made = systemd_host.run("test", "-d", "/run/serve-tuner", check=False).returncode != 0
+    systemd_host.run("mkdir", "-p", lock)
+    systemd_host.write(f"{lock}/owner.json", owner)
+    try:
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+    finally:
+        systemd_host.run("rm", "-rf", lock, *(["/run/serve-tuner"] if made else []))
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert "lock: another serve-tuner (pid 4242 on elsewhere) is tuning llama-server.service" in line

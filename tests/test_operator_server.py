@@ -6,9 +6,11 @@ may use this machine's build. No real part: the engines' launches and the rules 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
+from tests.tuner_process import run_tuner
 from tuner.config import PluginSpec
 from tuner.deployers.base import check_launch, server_command
 from tuner.engines import create_engine
@@ -17,6 +19,9 @@ from tuner.engines.ollama import OLLAMA_LISTEN
 from tuner.engines.vllm import VLLM_LISTEN
 from tuner.errors import ConfigError
 from tuner.models import OperatorServer, ServerCommand
+
+DATA = Path(__file__).resolve().parent / "data"
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
 
 def spec(table: Mapping[str, object]) -> PluginSpec:
@@ -147,3 +152,22 @@ def test_a_vllm_command_that_systemd_cannot_run_is_refused_naming_engine_command
         command=ServerCommand.REMOTE,
     )
     check_launch(deploy, absolute.launch_spec({}))
+
+
+def test_a_launch_systemd_cannot_run_is_refused_before_the_host_is_reached(tmp_path: Path) -> None:
+    """vLLM's default command is `vllm serve`, which ExecStart= cannot run without a path: `tuner run`
+    says so in one line, exit 2, with no run directory, and never reaches the host (a closed port)."""
+    (tmp_path / "w.jsonl").write_text((DATA / "quick.jsonl").read_text())
+    (tmp_path / "vllm.toml").write_text(
+        'name = "v"\n[engine]\nkind = "vllm"\nmodel = "Qwen/Qwen3-8B"\n[engine.settings]\nmax_num_seqs = 16\n'
+        "max_num_batched_tokens = 2048\n"
+        f'[workload]\npath = "w.jsonl"\n[search]\nspace = "{SPACES / "vllm.toml"}"\nparams = ["max_num_seqs"]\n'
+        '[[objectives]]\nmetric = "ttft_p95_s"\ndirection = "minimize"\n'
+        '[host]\nkind = "ssh"\nhost = "127.0.0.1"\nport = 1\n'
+        '[deploy]\nkind = "systemd"\nunit = "vllm.service"\nexec_start = "replace"\n'
+    )
+    done = run_tuner(["run", str(tmp_path / "vllm.toml"), "--runs-dir", str(tmp_path / "runs")])
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "absolute path on the host" in line and "engine.command" in line
+    assert not (tmp_path / "runs").exists()

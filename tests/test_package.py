@@ -35,7 +35,7 @@ LAYERS = [
     {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner"},
     {"sampling"},
-    {"study", "report", "apply", "sim", "morning_report"},
+    {"study", "report", "apply", "check", "sim", "morning_report"},
     {"console", "live", "diagnose_console"},
     {"cli", "__main__", "__init__"},
 ]
