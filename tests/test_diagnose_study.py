@@ -49,7 +49,7 @@ sudo = true
 [deploy]
 kind = "systemd"
 unit = "llama-server.service"
-exec_start = "keep"
+exec_start = "replace"             # the study's own command line, with the host's paths below
 dead_man_s = 1800
 
 [engine]
@@ -190,6 +190,11 @@ def test_without_like_the_study_says_first_that_it_is_local_and_how_to_point_it_
     assert not is_local_diagnose_study(text.replace(LOCAL_STUDY_MARKER, "# a study"))
     assert not is_local_diagnose_study(f'name = "x"\n{LOCAL_STUDY_MARKER}\n')  # only the leading comments count
     assert passes_run_checks(out) == {"n_batch": 2048, "n_ubatch": 512}
+    # `tuner run --check` says so before the night, with the fix.
+    checked = tuner("run", str(out), "--check", "--runs-dir", str(tmp_path / "runs"))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "FAIL  study: tuner diagnose wrote this as a local study" in checked.stdout
+    assert "--like PRODUCTION.toml" in checked.stdout and not (tmp_path / "runs").exists()
     # Rewritten as the first lines say, it is the server's own study.
     like = prod_study(tmp_path / "prod")
     again = tuner("diagnose", str(log), "--study", str(out), "--like", str(like), "--force")

@@ -18,14 +18,20 @@ from pathlib import Path
 
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import DEPLOYERS, check_launch, create_deployer
+from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
-from tuner.errors import TunerError
+from tuner.errors import AssetError, TunerError
 from tuner.models import CheckLine, TunedKnob
 from tuner.study import PreparedStudy, fleet_hosts, prepare_study
 from tuner.transports.base import Transport, create_transport
 
 __all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
 
+LOCAL_STUDY_FIX = (
+    "tuner diagnose wrote this as a local study: it tunes a server it starts on this machine, not the one whose "
+    "log it read; write it again with `tuner diagnose LOG --study OUT.toml --like PRODUCTION.toml`, or add the "
+    "production host's [host] and [deploy] tables"
+)
 # A server restart when no round was measured on the host yet: a small model loads in seconds, a 14B one on
 # a GPU in tens of seconds; a run's own measured round time replaces this.
 DEFAULT_RESTART_S = 30.0
@@ -40,15 +46,23 @@ _GRID_LIMIT = 10_000
 
 
 async def check_study(
-    spec: StudySpec, base_dir: Path, run_path: Path, *, hosts: Sequence[str] | None = None
+    spec: StudySpec,
+    base_dir: Path,
+    run_path: Path,
+    *,
+    hosts: Sequence[str] | None = None,
+    study_text: str | None = None,
 ) -> list[CheckLine]:
     """Every finding for the study's host (a fleet: each host named, all by default). `ConfigError` for a
-    study file `tuner run` would refuse, before any host is reached."""
+    study file `tuner run` would refuse, before any host is reached. `study_text`, the file as written,
+    tells a local study `tuner diagnose` wrote from a production log."""
     targets: list[tuple[str | None, StudySpec]] = [(None, spec)]
     if spec.hosts or hosts:
         targets = [(entry.name, spec.for_host(entry)) for entry in fleet_hosts(spec, hosts)]
     prepared = {name: prepare_study(host_spec, base_dir) for name, host_spec in targets}
     lines: list[CheckLine] = []
+    if study_text is not None and is_local_diagnose_study(study_text):
+        lines.append(CheckLine("study", False, LOCAL_STUDY_FIX))
     for name, host_spec in targets:
         host_lines = await _check_host(host_spec, prepared[name], run_path)
         lines += (
@@ -59,7 +73,10 @@ async def check_study(
 
 async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> list[CheckLine]:
     engine = prepared.engine
-    launch = engine.launch_spec({})  # an AssetError (no local build for a local server) says `tuner setup`
+    try:
+        launch = engine.launch_spec({})
+    except AssetError as exc:  # a server started here, and no build of it here yet
+        return [_workload_line(prepared), CheckLine("build", False, str(exc))]
     check_launch(spec.deploy, launch)
     lines = [_workload_line(prepared), *_memory_lines(prepared)]
     startup_s = None

@@ -403,7 +403,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         assert spec.storage is not None
         remember_url(spec.storage.url)  # its password is a secret from here on: redacted wherever it would show
     if args.check:
-        return _check(spec, base_dir, args.runs_dir / spec.name, args.hosts, console)
+        return _check(args, spec, base_dir, console)
     # The study's own modules once its file is read: a wrong path or value is refused without them.
     from tuner.live import run_observer
     from tuner.morning_report import REPORT_NAME, ReportWriter
@@ -439,11 +439,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _check(spec: StudySpec, base_dir: Path, run_path: Path, hosts: Sequence[str], console: Console) -> int:
+def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: Console) -> int:
     """`tuner run --check`: one line per finding; 0 if the study can run, 1 if something must be fixed first."""
     from tuner.check import check_study
 
-    lines = asyncio.run(check_study(spec, base_dir, run_path, hosts=hosts or None))
+    run_path = args.runs_dir / spec.name
+    text = args.study.read_text(errors="replace")  # load_study read it a moment ago
+    lines = asyncio.run(check_study(spec, base_dir, run_path, hosts=args.hosts or None, study_text=text))
     for line in lines:
         console.print(f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {line.detail}", markup=False, highlight=False)
     failed = [line for line in lines if not line.ok]
