@@ -215,3 +215,20 @@ def test_a_unit_another_controller_is_tuning_is_named(
     assert len(failures(lines)) == 1, "\n".join(lines)
     (line,) = failures(lines)
     assert "lock: another serve-tuner (pid 4242 on elsewhere) is tuning llama-server.service" in line
+
+
+@pytest.mark.real_server
+def test_a_baseline_over_the_memory_budget_is_named_from_the_models_header_on_the_host(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    """The model is the unit's, on the host: its GGUF header is read from there (never its weights), so
+    the memory pre-check runs before the night as for a local model."""
+    study = study_file(systemd_host, tmp_path)
+    status, lines = check(study, tmp_path, *QUICK_STUDY, "--set", "engine.memory_budget_gib=8")
+    assert status == 0, "\n".join(lines)
+    assert any(line.startswith("ok    memory: the baseline fits;") for line in lines), "\n".join(lines)
+    status, lines = check(study, tmp_path, *QUICK_STUDY, "--set", "engine.memory_budget_gib=0.05")
+    assert status == 1
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    (line,) = failures(lines)
+    assert re.search(r"memory: the baseline's configuration needs 0\.\d\d GiB .*over the 0\.05 GiB budget", line)

@@ -10,9 +10,11 @@ pre-check, the workload, and how long the study will take. Each finding is one `
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import DEPLOYERS, check_launch, create_deployer
 from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
-from tuner.errors import AssetError, TunerError
+from tuner.errors import AssetError, ConfigError, TunerError
 from tuner.models import CheckLine, TunedKnob
 from tuner.study import PreparedStudy, fleet_hosts, prepare_study
 from tuner.transports.base import Transport, create_transport
@@ -43,6 +45,9 @@ ASSUMED_DECODE_TOK_S = 20.0
 # The controller's own start and the restore at the end, beside the rounds.
 _STUDY_OVERHEAD_S = 5.0
 _GRID_LIMIT = 10_000
+# Of a model on the host, the start read for its GGUF header: metadata and the tokenizer's vocabulary of
+# models up to 256K tokens fit (the tensors' data, the rest of the file, is never read).
+_HEADER_BYTES = 16 * 2**20
 
 
 async def check_study(
@@ -78,22 +83,51 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) 
     except AssetError as exc:  # a server started here, and no build of it here yet
         return [_workload_line(prepared), CheckLine("build", False, str(exc))]
     check_launch(spec.deploy, launch)
-    lines = [_workload_line(prepared), *_memory_lines(prepared)]
+    lines = [_workload_line(prepared)]
     startup_s = None
-    try:
-        async with create_transport(spec.host) as transport:
-            lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
-            lines += await _privilege_lines(spec, transport)
-            lines += await _file_lines(engine, transport)
-            deployer = create_deployer(spec.deploy, transport=transport)
-            checking, reading = getattr(deployer, "check", None), getattr(deployer, "running_log", None)
-            if callable(checking):
-                lines += await checking(launch, tuned=_tuned_knobs(prepared))
-            if callable(reading):
-                startup_s = engine.startup_s(await reading())
-    except TunerError as exc:
-        lines.append(CheckLine("host", False, str(exc)))
+    with tempfile.TemporaryDirectory(prefix="serve-tuner-check-") as scratch:
+        measured = engine
+        try:
+            async with create_transport(spec.host) as transport:
+                lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
+                lines += await _privilege_lines(spec, transport)
+                lines += await _file_lines(engine, transport)
+                deployer = create_deployer(spec.deploy, transport=transport)
+                checking, reading = getattr(deployer, "check", None), getattr(deployer, "running_log", None)
+                if callable(checking):
+                    lines += await checking(launch, tuned=_tuned_knobs(prepared))
+                if callable(reading):
+                    startup_s = engine.startup_s(await reading())
+                measured = await _with_model_from_host(engine, deployer, transport, Path(scratch))
+        except TunerError as exc:
+            lines.append(CheckLine("host", False, str(exc)))
+        lines += _memory_lines(prepared, measured)
     return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s)]
+
+
+async def _with_model_from_host(engine: Engine, deployer: object, transport: Transport, scratch: Path) -> Engine:
+    """The engine with its model's GGUF header read from the host into `scratch`, where a memory budget is
+    set and the model is on the host, not here (the unit's own, or a path the study names): the memory
+    pre-check then runs as for a local model."""
+    bring = getattr(engine, "with_model_from_host", None)
+    if not callable(bring) or getattr(engine, "memory_budget_gib", None) is None or engine.memory_need({}) is not None:
+        return engine
+    served = getattr(deployer, "operator", None)
+    path = getattr(engine, "model_path_on_host", lambda: None)() or (served.model if served is not None else None)
+    if not path:
+        return engine
+    script = 'stat -L -c %s -- "$1" && head -c "$2" -- "$1" | base64 -w 0'
+    done = await transport.run(
+        ["sh", "-c", script, "check", path, str(_HEADER_BYTES)], timeout_s=300, check=False, privileged=True
+    )
+    size, _, encoded = done.stdout.partition("\n")
+    if done.exit_status != 0 or not size.strip().isdigit():
+        return engine
+    header = scratch / "model-header.gguf"
+    header.write_bytes(base64.b64decode(encoded))
+    twin = bring(header, int(size))
+    assert isinstance(twin, type(engine))
+    return twin
 
 
 def _tuned_knobs(prepared: PreparedStudy) -> list[TunedKnob]:
@@ -186,9 +220,12 @@ def _grid(space: SearchSpace) -> list[dict[str, ParamValue]] | None:
     return [c for c in configs if all(constraint.holds(c) for constraint in space.constraints)]
 
 
-def _memory_lines(prepared: PreparedStudy) -> list[CheckLine]:
-    engine, baseline = prepared.engine, prepared.baseline_settings
-    over = engine.memory_check(baseline)
+def _memory_lines(prepared: PreparedStudy, engine: Engine) -> list[CheckLine]:
+    baseline = prepared.baseline_settings
+    try:
+        over = engine.memory_check(baseline)
+    except ConfigError as exc:  # a header longer than what was read from the host, or no GGUF at all
+        return [CheckLine("memory", True, f"not checked: {exc}")]
     if over is not None:
         return [
             CheckLine(

@@ -520,6 +520,11 @@ class SystemdDeployer:
         lines.append(await self._check_answers(launch, state))
         return lines
 
+    @property
+    def operator(self) -> OperatorServer | None:
+        """The unit's own server, once read (`operator_server`)."""
+        return self._operator
+
     async def running_log(self) -> str:
         """The log of the unit's running invocation (the operator's server, for `--check`), read only."""
         return await self._journal((await self._state())["InvocationID"])

@@ -6,6 +6,7 @@ without a tokenizer round trip, and `ignore_eos` makes every answer exactly as l
 
 from __future__ import annotations
 
+import copy
 import json
 import json.scanner
 import os
@@ -308,6 +309,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
 
     def __init__(self, options: LlamaServerOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
         super().__init__(options, command=command)
+        self._model_on_host: tuple[Path, int] | None = None
         if options.binary != SIMULATED:
             adapters = {f"engine.lora_adapters.{name}": path for name, path in options.lora_adapters.items()}
             if command is ServerCommand.UNIT:
@@ -401,19 +403,38 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """llama-server allocates ctx_size KV tokens (all slots together) beside the weights at start."""
-        if self._command is ServerCommand.UNIT:
-            return None  # the unit's model is on the host: its header cannot be read from here
-        try:
-            model = Path(self.resolve_model())
-        except AssetError:
-            return None
-        if not model.is_file():
-            return None  # a model on a remote host: its header cannot be read from here
+        if self._model_on_host is not None:
+            header, size = self._model_on_host
+        elif self._command is ServerCommand.UNIT:
+            return None  # the unit's model is on the host: `with_model_from_host` brings its header here
+        else:
+            try:
+                model = Path(self.resolve_model())
+            except AssetError:
+                return None
+            if not model.is_file():
+                return None  # a model on a remote host: its header cannot be read from here
+            header, size = model, model.stat().st_size
         merged = self.effective_settings(settings)
         tokens = int(merged.get("ctx_size") or 4096)
         k_type = str(merged.get("cache_type_k", "f16"))
         v_type = str(merged.get("cache_type_v", k_type))
-        return model.stat().st_size + tokens * kv_bytes_per_token(gguf_kv_shape(model), k_type=k_type, v_type=v_type)
+        return size + tokens * kv_bytes_per_token(gguf_kv_shape(header), k_type=k_type, v_type=v_type)
+
+    @property
+    def memory_budget_gib(self) -> float | None:
+        return self._options.memory_budget_gib
+
+    def model_path_on_host(self) -> str | None:
+        """The model the study names on the host (None: the unit's own, or this machine's build)."""
+        return None if self._unit_command or self._options.model == "auto" or self.simulated else self._options.model
+
+    def with_model_from_host(self, header: Path, size: int) -> LlamaServerEngine:
+        """This engine with the start of a model file read from the host (`header`, its GGUF header) and the
+        file's size standing in for the file: the memory pre-check of a model that is not on this machine."""
+        twin = copy.copy(self)
+        twin._model_on_host = (header, size)
+        return twin
 
     def memory_check(self, settings: Mapping[str, ParamValue]) -> str | None:
         budget = self._options.memory_budget_gib
