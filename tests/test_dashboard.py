@@ -1,4 +1,4 @@
-"""optuna-dashboard opens a run's journal (the README's command) and shows the study Optuna reads from it,
+"""optuna-dashboard opens a run's journal (docs/report.md's command) and shows the study Optuna reads from it,
 while it reads the journal only: a run resumed meanwhile goes on, and the dashboard sees its new trials."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_the_dashboard_shows_a_run_s_study_and_only_reads_its_journal(tmp_path: 
 
 def test_the_dashboard_s_best_trial_ignores_the_study_s_constraints(tmp_path: Path) -> None:
     """Its best trial is Optuna's storage's highest score, feasible or not; Optuna's `best_trial` (and the
-    leaderboard) take only feasible trials. The README warns of it: the recommendation is the leaderboard's."""
+    leaderboard) take only feasible trials. docs/report.md warns of it: the recommendation is the leaderboard's."""
     constrained = prepare_simulated(['constraints=[{metric="prefill_tok_s", min_vs_baseline=1.0}]'])
     run = tmp_path / "runs" / "stall-demo"
     study = run_simulated(constrained, run, seed=0, in_memory=False).study

@@ -282,10 +282,10 @@ def test_a_study_that_replaces_the_units_command_line_names_every_program_and_fi
     assert f'\nExecStart="{launch.executable}" ' in drop_in
 
 
-def test_the_readmes_study_line_by_line_is_the_demo_study() -> None:
-    (line_by_line,) = [s for s in SNIPPETS if s.source.startswith("README.md") and '"stall-demo"' in s.text]
+def test_the_study_file_guides_line_by_line_is_the_demo_study() -> None:
+    (line_by_line,) = [s for s in SNIPPETS if s.source.startswith("docs/study-file.md") and '"stall-demo"' in s.text]
     shown, demo = parsed(line_by_line.text), parsed((STUDIES / "stall-demo.toml").read_text(encoding="utf-8"))
-    assert {**shown, "description": None} == {**demo, "description": None}  # "..." in the README
+    assert {**shown, "description": None} == {**demo, "description": None}  # "..." in the guide
 
 
 def test_the_reader_takes_toml_fences_only_with_the_invalid_mark_on_the_line_before() -> None:
