@@ -24,7 +24,7 @@ from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
 from tuner.models import CheckLine, TunedKnob
-from tuner.study import PreparedStudy, fleet_hosts, prepare_study
+from tuner.study import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.transports.base import Transport, create_transport
 
 __all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
@@ -271,8 +271,7 @@ async def _privilege_lines(spec: StudySpec, transport: Transport) -> list[CheckL
 async def _file_lines(engine: Engine, transport: Transport) -> list[CheckLine]:
     lines = []
     for key, path in engine.host_files().items():
-        found = await transport.run(["test", "-f", path], timeout_s=30, check=False)
-        if found.exit_status == 0:
+        if await host_has_file(transport, path):
             lines.append(CheckLine(key, True, f"{path} is on the host"))
         else:
             lines.append(CheckLine(key, False, f"{path} does not exist on the host; fix {key} in the study file"))

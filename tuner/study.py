@@ -72,7 +72,7 @@ from tuner.study_record import (
     update_study_record,
     update_trial_record,
 )
-from tuner.transports.base import TRANSPORTS, create_transport
+from tuner.transports.base import TRANSPORTS, Transport, create_transport
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
 from tuner.workloads import load_trace, thin_sessions
 
@@ -1173,6 +1173,18 @@ def _check_simulated_server(spec: StudySpec, launch: LaunchSpec) -> None:
         raise ConfigError(f"engine.extra_args: {exc}; tuner-sim-llama-server --help lists its options") from None
 
 
+async def host_has_file(transport: Transport, path: str) -> bool:
+    """Whether `path` is a file on the host: as the login, else as root (sudo's `sh`), since the server's
+    user may read what the login cannot (a model under /srv)."""
+    for privileged in (False, True):
+        found = await transport.run(
+            ["sh", "-c", 'test -f "$1"', "test", path], timeout_s=30, check=False, privileged=privileged
+        )
+        if found.exit_status == 0:
+            return True
+    return False
+
+
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:
     """The files the engine's options name exist on the host, looked at before anything is changed."""
     files = engine.host_files()
@@ -1180,8 +1192,7 @@ async def check_host_files(spec: StudySpec, engine: Engine) -> None:
         return
     async with create_transport(spec.host) as transport:
         for key, path in files.items():
-            found = await transport.run(["test", "-f", path], timeout_s=30, check=False)
-            if found.exit_status != 0:
+            if not await host_has_file(transport, path):
                 raise ConfigError(f"{path} does not exist on the host; fix {key} in the study file")
 
 
