@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.quick import QUICK_ROUNDS
+from tests.real_parts import need_real_part
 from tests.systemd_host import (
     ENV_UNIT,
     UNIT,
@@ -232,3 +233,38 @@ def test_a_baseline_over_the_memory_budget_is_named_from_the_models_header_on_th
     assert len(failures(lines)) == 1, "\n".join(lines)
     (line,) = failures(lines)
     assert re.search(r"memory: the baseline's configuration needs 0\.\d\d GiB .*over the 0\.05 GiB budget", line)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "studies"
+
+
+@pytest.mark.real_server
+@pytest.mark.parametrize("example", ["llama-server-ssh-systemd.toml", "llama-server-ssh-systemd-lora.toml"])
+def test_the_example_ssh_systemd_studies_pass_the_check_on_a_production_shaped_host(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path, example: str
+) -> None:
+    """The studies/ examples as an operator fills them in (the lines marked EDIT: the address, a plain
+    login with sudo, the paths on the host), checked against a host laid out as production."""
+    user = sudo_login(systemd_host, "tuner", SystemdDeployer.privileged_commands)
+    ssh = systemd_host.ssh_options(user=user)
+    edits = {
+        "host.host": json.dumps(ssh["host"]),
+        "host.port": str(ssh["port"]),
+        "host.user": json.dumps(user),
+        "host.known_hosts": json.dumps(ssh["known_hosts"]),
+        "host.client_keys": json.dumps(ssh["client_keys"]),
+    }
+    if example.endswith("-lora.toml"):
+        if systemd_host.run("test", "-f", systemd_host.adapter, check=False).returncode != 0:
+            need_real_part("llama-server", "the test LoRA adapter is missing: run `tuner setup`")
+        edits |= {
+            "engine.binary": json.dumps(systemd_host.binary),
+            "engine.model": json.dumps(systemd_host.model),
+            "engine.lora_adapters.style": json.dumps(systemd_host.adapter),
+            "engine.port": str(systemd_host.server_port),
+            "engine.extra_args": "[]",
+        }
+    overrides = [arg for key, value in edits.items() for arg in ("--set", f"{key}={value}")]
+    status, lines = check(EXAMPLES / example, tmp_path, *overrides)
+    assert status == 0, "\n".join(lines)
+    assert "ok    privileges: `sudo -n` allows systemctl" in "\n".join(lines)

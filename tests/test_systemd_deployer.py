@@ -689,7 +689,7 @@ def test_lora_adapters_reach_the_unit_through_an_execstart_override(
     """Issue 6 on systemd: `--lora-scaled` has no environment variable, so the drop-in carries the whole
     command line; the real server then lists the adapter, loaded at scale 0."""
     adapter = systemd_host.adapter  # the host's own copy: this machine's is hidden there
-    if systemd_host.read(adapter) is None:
+    if systemd_host.run("test", "-f", adapter, check=False).returncode != 0:
         need_real_part("llama-server", "the test LoRA adapter is missing: run `tuner setup`")
     launch = _replacing_launch(systemd_host, "--lora-scaled", f"{adapter}:0", LLAMA_ARG_BATCH="64")
 
