@@ -72,6 +72,13 @@ def failures(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("FAIL")]
 
 
+def the_one_failure(status: int, lines: list[str]) -> str:
+    """A study broken one way: --check exits 1 and names exactly that one thing."""
+    assert status == 1, "\n".join(lines)
+    assert len(failures(lines)) == 1, "\n".join(lines)
+    return failures(lines)[0]
+
+
 @pytest.mark.real_server
 def test_a_good_study_passes_and_its_duration_estimate_holds_against_the_real_run(
     systemd_host: SystemdHost, tmp_path: Path
@@ -120,9 +127,7 @@ def test_a_login_without_a_sudo_right_the_deployer_needs_is_named(
     user = sudo_login(systemd_host, "tuner-nosudo", without)
     study = study_file(systemd_host, tmp_path, user=user, sudo=True)
     status, lines = check(study, tmp_path, *QUICK_STUDY)
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "privileges: `sudo -n` refuses systemd-run; add them to the login's sudoers entry" in line
 
 
@@ -134,9 +139,7 @@ def test_a_missing_file_on_the_host_is_named_with_its_key(
     engine = f'binary = "{systemd_host.binary}"\nmodel = "/srv/models/missing.gguf"\nport = {systemd_host.server_port}'
     study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
     status, lines = check(study, tmp_path, *QUICK_STUDY)
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "engine.model: /srv/models/missing.gguf does not exist on the host; fix engine.model" in line
 
 
@@ -149,9 +152,7 @@ def test_a_flag_in_the_units_command_line_that_overrides_a_tuned_knob_is_named(
         before = whole_host(systemd_host)
         status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
         assert whole_host(systemd_host) == before
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "knob n_batch: llama-server.service's ExecStart= passes -b, which decides n_batch" in line
     assert 'deploy.exec_start = "replace"' in line
 
@@ -163,9 +164,7 @@ def test_an_unpinned_host_key_is_named_with_the_command_that_pins_it(
     other = tmp_path / "other_known_hosts"
     other.write_text("")
     status, lines = check(study_file(systemd_host, tmp_path, known_hosts=str(other)), tmp_path, *QUICK_STUDY)
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert line.startswith("FAIL  host:") and "tuner trust-host" in line
 
 
@@ -179,9 +178,7 @@ def test_a_unit_whose_server_answers_on_no_port_is_named(systemd_host: SystemdHo
         before = whole_host(systemd_host)
         status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
         assert whole_host(systemd_host) == before
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "server: llama-server.service is active but nothing healthy answers on" in line
 
 
@@ -193,9 +190,7 @@ def test_a_tuned_knob_set_by_the_units_environment_file_is_named(systemd_host: S
         before = whole_host(systemd_host)
         status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
         assert whole_host(systemd_host) == before
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "knob n_batch: LLAMA_ARG_BATCH comes from llama-server.service's EnvironmentFile=" in line
 
 
@@ -212,9 +207,7 @@ def test_a_unit_another_controller_is_tuning_is_named(
         status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
     finally:
         systemd_host.run("rm", "-rf", lock, *(["/run/serve-tuner"] if made else []))
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert "lock: another serve-tuner (pid 4242 on elsewhere) is tuning llama-server.service" in line
 
 
@@ -229,9 +222,7 @@ def test_a_baseline_over_the_memory_budget_is_named_from_the_models_header_on_th
     assert status == 0, "\n".join(lines)
     assert any(line.startswith("ok    memory: the baseline fits;") for line in lines), "\n".join(lines)
     status, lines = check(study, tmp_path, *QUICK_STUDY, "--set", "engine.memory_budget_gib=0.05")
-    assert status == 1
-    assert len(failures(lines)) == 1, "\n".join(lines)
-    (line,) = failures(lines)
+    line = the_one_failure(status, lines)
     assert re.search(r"memory: the baseline's configuration needs 0\.\d\d GiB .*over the 0\.05 GiB budget", line)
 
 
