@@ -40,6 +40,7 @@ __all__ = [
     "run_tuner_as",
     "running_argv",
     "operator_drop_in",
+    "stand_in_unit",
     "study_file",
     "sudo_login",
     "HOST_ADAPTER",
@@ -478,3 +479,23 @@ def sudo_login(host: SystemdHost, user: str, commands: Sequence[str]) -> str:
     host.write(f"/etc/sudoers.d/serve-tuner-{user}", f"{user} ALL=(root) NOPASSWD: {allowed}\n")
     host.run("chmod", "0440", f"/etc/sudoers.d/serve-tuner-{user}")
     return user
+
+
+_STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
+
+
+@contextlib.contextmanager
+def stand_in_unit(host: SystemdHost, unit: str, service: str) -> Iterator[dict[str, str]]:
+    """`unit` running the transcript stand-in (Ollama and vLLM cannot run here), as an operator would
+    have installed the real server; yields its files' hashes and removes it afterwards."""
+    host.run("mkdir", "-p", "/etc/serve-tuner-test/transcripts")
+    host.write("/etc/serve-tuner-test/fake_engine_server.py", _STAND_IN.read_text())
+    for transcript in (_STAND_IN.parent / "transcripts").iterdir():
+        host.write(f"/etc/serve-tuner-test/transcripts/{transcript.name}", transcript.read_text())
+    host.write(f"/etc/systemd/system/{unit}", f"[Unit]\nDescription=stand-in\n[Service]\n{service}")
+    host.run("sh", "-c", f"systemctl daemon-reload && systemctl start {unit}")
+    files = {f"/etc/systemd/system/{unit}": hashlib.sha256(host.read(f"/etc/systemd/system/{unit}") or b"").hexdigest()}
+    try:
+        yield files
+    finally:
+        host.run("sh", "-c", f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}; systemctl daemon-reload")

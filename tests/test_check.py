@@ -7,7 +7,9 @@ no lock."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import pytest
 
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
+from tests.stand_in import free_port
 from tests.systemd_host import (
     ENV_UNIT,
     UNIT,
@@ -26,6 +29,7 @@ from tests.systemd_host import (
     host_baseline,
     operator_drop_in,
     run_tuner_as,
+    stand_in_unit,
     study_file,
     sudo_login,
 )
@@ -229,6 +233,22 @@ def test_a_baseline_over_the_memory_budget_is_named_from_the_models_header_on_th
 EXAMPLES = Path(__file__).resolve().parents[1] / "studies"
 
 
+def example_edits(systemd_host: SystemdHost, user: str) -> dict[str, str]:
+    """The [host] lines of an example study marked EDIT, filled in for the test host and a plain login."""
+    ssh = systemd_host.ssh_options(user=user)
+    return {
+        "host.host": json.dumps(ssh["host"]),
+        "host.port": str(ssh["port"]),
+        "host.user": json.dumps(user),
+        "host.known_hosts": json.dumps(ssh["known_hosts"]),
+        "host.client_keys": json.dumps(ssh["client_keys"]),
+    }
+
+
+def as_overrides(edits: dict[str, str]) -> list[str]:
+    return [arg for key, value in edits.items() for arg in ("--set", f"{key}={value}")]
+
+
 @pytest.mark.real_server
 @pytest.mark.parametrize("example", ["llama-server-ssh-systemd.toml", "llama-server-ssh-systemd-lora.toml"])
 def test_the_example_ssh_systemd_studies_pass_the_check_on_a_production_shaped_host(
@@ -237,14 +257,7 @@ def test_the_example_ssh_systemd_studies_pass_the_check_on_a_production_shaped_h
     """The studies/ examples as an operator fills them in (the lines marked EDIT: the address, a plain
     login with sudo, the paths on the host), checked against a host laid out as production."""
     user = sudo_login(systemd_host, "tuner", SystemdDeployer.privileged_commands)
-    ssh = systemd_host.ssh_options(user=user)
-    edits = {
-        "host.host": json.dumps(ssh["host"]),
-        "host.port": str(ssh["port"]),
-        "host.user": json.dumps(user),
-        "host.known_hosts": json.dumps(ssh["known_hosts"]),
-        "host.client_keys": json.dumps(ssh["client_keys"]),
-    }
+    edits = example_edits(systemd_host, user)
     if example.endswith("-lora.toml"):
         if systemd_host.run("test", "-f", systemd_host.adapter, check=False).returncode != 0:
             need_real_part("llama-server", "the test LoRA adapter is missing: run `tuner setup`")
@@ -255,7 +268,36 @@ def test_the_example_ssh_systemd_studies_pass_the_check_on_a_production_shaped_h
             "engine.port": str(systemd_host.server_port),
             "engine.extra_args": "[]",
         }
-    overrides = [arg for key, value in edits.items() for arg in ("--set", f"{key}={value}")]
-    status, lines = check(EXAMPLES / example, tmp_path, *overrides)
+    status, lines = check(EXAMPLES / example, tmp_path, *as_overrides(edits))
     assert status == 0, "\n".join(lines)
     assert "ok    privileges: `sudo -n` allows systemctl" in "\n".join(lines)
+
+
+@pytest.mark.real_server
+def test_the_ollama_and_vllm_systemd_examples_pass_the_check_on_their_units(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    """studies/ollama-ssh-systemd.toml (keep) and studies/vllm-ssh-systemd.toml (replace) against units
+    that run the transcript stand-in (neither server can run here), as an operator's units would: the
+    address each check reaches is the one the unit's own OLLAMA_HOST or `--port` gives. TRANSCRIPT-BASED."""
+    user = sudo_login(systemd_host, "tuner", SystemdDeployer.privileged_commands)
+    python, script = os.path.realpath(sys.executable), "/etc/serve-tuner-test/fake_engine_server.py"
+    ollama_port, vllm_port = free_port(), free_port()
+    ollama = f'Environment="OLLAMA_HOST=127.0.0.1:{ollama_port}"\nExecStart={python} {script} serve\n'
+    with stand_in_unit(systemd_host, "ollama.service", ollama):
+        status, lines = check(
+            EXAMPLES / "ollama-ssh-systemd.toml", tmp_path, *as_overrides(example_edits(systemd_host, user))
+        )
+    assert status == 0, "\n".join(lines)
+    assert f"listening on 127.0.0.1:{ollama_port}" in "\n".join(lines)
+    model = "/srv/models/Qwen2.5-7B-Instruct"
+    vllm = f"ExecStart={python} {script} serve {model} --port {vllm_port} --max-num-seqs 256\n"
+    edits = example_edits(systemd_host, user) | {
+        "engine.command": json.dumps([python, script, "serve"]),
+        "engine.port": str(vllm_port),
+        "engine.extra_args": "[]",
+    }
+    with stand_in_unit(systemd_host, "vllm.service", vllm):
+        status, lines = check(EXAMPLES / "vllm-ssh-systemd.toml", tmp_path, *as_overrides(edits))
+    assert status == 0, "\n".join(lines)
+    assert f"model {model}, listening on 0.0.0.0:{vllm_port}" in "\n".join(lines)

@@ -40,6 +40,7 @@ from tests.systemd_host import (
     operator_drop_in,
     run_tuner_as,
     running_argv,
+    stand_in_unit,
     study_file,
     sudo_login,
 )
@@ -576,25 +577,6 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
 
 
 # ---- the other engines' launches on real units (servers: TRANSCRIPT-BASED stand-ins) ---------
-
-_STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
-
-
-@contextlib.contextmanager
-def stand_in_unit(host: SystemdHost, unit: str, service: str) -> Iterator[dict[str, str]]:
-    """`unit` running the transcript stand-in (Ollama and vLLM cannot run here), as an operator would
-    have installed the real server; yields its files' hashes and removes it afterwards."""
-    host.run("mkdir", "-p", "/etc/serve-tuner-test/transcripts")
-    host.write("/etc/serve-tuner-test/fake_engine_server.py", _STAND_IN.read_text())
-    for transcript in (_STAND_IN.parent / "transcripts").iterdir():
-        host.write(f"/etc/serve-tuner-test/transcripts/{transcript.name}", transcript.read_text())
-    host.write(f"/etc/systemd/system/{unit}", f"[Unit]\nDescription=stand-in\n[Service]\n{service}")
-    host.run("sh", "-c", f"systemctl daemon-reload && systemctl start {unit}")
-    files = {f"/etc/systemd/system/{unit}": hashlib.sha256(host.read(f"/etc/systemd/system/{unit}") or b"").hexdigest()}
-    try:
-        yield files
-    finally:
-        host.run("sh", "-c", f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}; systemctl daemon-reload")
 
 
 async def _replay_one(engine: Engine, base_url: str) -> list[RequestRecord]:
