@@ -5,6 +5,7 @@ may use this machine's build. No real part: the engines' launches and the rules 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tuner.engines.ollama import OLLAMA_LISTEN
 from tuner.engines.vllm import VLLM_LISTEN
 from tuner.errors import ConfigError
 from tuner.models import OperatorServer, ServerCommand
+from tuner.transports.local import LocalTransport
 
 DATA = Path(__file__).resolve().parent / "data"
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -51,14 +53,28 @@ def test_llama_server_flags_win_over_its_variables_and_the_defaults_fill_the_res
         (None, "127.0.0.1", 11434),
         ("0.0.0.0", "0.0.0.0", 11434),
         ("0.0.0.0:8000", "0.0.0.0", 8000),
+        (" 0.0.0.0:1234 ", "0.0.0.0", 1234),  # Ollama trims spaces
         ("http://10.1.2.3:9000", "10.1.2.3", 9000),
-        ("[::1]:9000", "[::1]", 9000),
+        ("http://0.0.0.0", "0.0.0.0", 80),  # a scheme without a port: its own port, as Ollama does
+        ("https://gpu1.example/", "gpu1.example", 443),
+        ("[::1]:9000", "::1", 9000),
+        ("::1", "::1", 11434),  # a bare IPv6 address is the host, whole
+        ("http://[::1]:x", "::1", 80),  # a port that is no number: the default, as Ollama does
+        (":9000", "127.0.0.1", 9000),
     ],
 )
-def test_ollama_reads_its_address_from_ollama_host(ollama_host: str | None, host: str, port: int) -> None:
+def test_ollama_reads_its_address_from_ollama_host_as_ollama_does(
+    ollama_host: str | None, host: str, port: int
+) -> None:
     environ = {} if ollama_host is None else {"OLLAMA_HOST": ollama_host}
     server = OLLAMA_LISTEN.read(["/usr/local/bin/ollama", "serve"], environ)
     assert (server.host, server.port) == (host, port)
+
+
+def test_an_ipv6_address_is_written_and_reached_in_brackets() -> None:
+    server = LLAMA_SERVER_LISTEN.read(["llama-server", "--host", "::1", "--port", "9000"], {})
+    assert server.address == "[::1]:9000" and server.reach_host == "::1"
+    assert asyncio.run(LocalTransport().reach("::1", 9000)) == "http://[::1]:9000"
 
 
 def test_vllm_takes_the_model_after_serve_and_listens_everywhere_by_default() -> None:
@@ -71,9 +87,14 @@ def test_vllm_takes_the_model_after_serve_and_listens_everywhere_by_default() ->
     )
 
 
-def test_a_port_that_is_no_number_is_refused() -> None:
+@pytest.mark.parametrize("port", ["http", "99999", "0", "-1"])
+def test_a_port_that_is_no_port_number_is_refused(port: str) -> None:
     with pytest.raises(ValueError):
-        LLAMA_SERVER_LISTEN.read(["llama-server", "--port", "http"], {})
+        LLAMA_SERVER_LISTEN.read(["llama-server", "--port", port], {})
+
+
+def test_a_flag_given_last_without_its_value_leaves_the_default() -> None:
+    assert LLAMA_SERVER_LISTEN.read(["llama-server", "--port"], {}).port == 8080
 
 
 # ---- whose command: decided by the deploy kind and where the host is ---------------------------------

@@ -52,16 +52,22 @@ class OperatorServer(_Contract):
     program: str
     model: str | None
     host: str
-    port: int
+    port: int = Field(ge=1, le=65535)
 
     @property
     def reach_host(self) -> str:
         """Where the controller connects, from the host's side: a server on every interface is on loopback."""
         return "127.0.0.1" if self.host in _EVERY_INTERFACE else self.host.strip("[]")
 
+    @property
+    def address(self) -> str:
+        """HOST:PORT as a URL writes it (an IPv6 host in brackets)."""
+        host = self.host or "*"
+        return f"[{host.strip('[]')}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
     def describe(self) -> str:
         model = f", model {self.model}" if self.model else ""
-        return f"{self.program}{model}, listening on {self.host or '*'}:{self.port}"
+        return f"{self.program}{model}, listening on {self.address}"
 
 
 class ListenRule(_Contract):
@@ -75,7 +81,9 @@ class ListenRule(_Contract):
     host_env: str | None = None
     port_env: str | None = None
     model_env: str | None = None
-    address_env: str | None = Field(default=None, description="One variable with HOST[:PORT] (OLLAMA_HOST).")
+    address_env: str | None = Field(
+        default=None, description="One variable with [SCHEME://]HOST[:PORT], read as Ollama reads OLLAMA_HOST."
+    )
     model_after: str | None = Field(default=None, description="A word the model follows as its first argument.")
     default_host: str
     default_port: int
@@ -84,8 +92,8 @@ class ListenRule(_Contract):
         """The server `argv` starts with `environ`: a flag wins over its environment variable, as in the
         engines themselves. `ValueError` for a port that is no number."""
         host, port, model = self.default_host, str(self.default_port), None
-        if self.address_env and environ.get(self.address_env):
-            host, port = _split_address(environ[self.address_env], default_port=port)
+        if self.address_env and environ.get(self.address_env, "").strip():
+            host, port = _ollama_address(environ[self.address_env], default_host=host, default_port=port)
         host = environ.get(self.host_env, host) if self.host_env else host
         port = environ.get(self.port_env, port) if self.port_env else port
         model = environ.get(self.model_env) if self.model_env else None
@@ -113,14 +121,29 @@ def _flag_value(words: Sequence[str], flags: Sequence[str]) -> str | None:
     return found
 
 
-def _split_address(address: str, *, default_port: str) -> tuple[str, str]:
-    """`HOST[:PORT]`, maybe with a scheme (`http://0.0.0.0:11434`) or an IPv6 host in brackets."""
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
+def _ollama_address(value: str, *, default_host: str, default_port: str) -> tuple[str, str]:
+    """[SCHEME://]HOST[:PORT][/PATH] as Ollama's envconfig.Host reads it: spaces trimmed, the port 80 or 443
+    for an http or https scheme without one, a bare IPv6 address taken whole, and a port that is no number
+    in 0-65535 replaced by the default."""
+    text = value.strip()
+    scheme, found, rest = text.partition("://")
+    if not found:
+        rest = text
+    elif scheme == "http":
+        default_port = "80"
+    elif scheme == "https":
+        default_port = "443"
+    rest = rest.split("/", 1)[0]
     if rest.startswith("["):
-        host, _, after = rest.partition("]")
-        return host + "]", after.removeprefix(":") or default_port
-    host, colon, port = rest.rpartition(":")
-    return (host, port or default_port) if colon else (rest, default_port)
+        host, _, after = rest[1:].partition("]")
+        port = after.removeprefix(":") if after.startswith(":") else ""
+    elif rest.count(":") == 1:
+        host, _, port = rest.partition(":")
+    else:  # no port, or a bare IPv6 address
+        host, port = rest, ""
+    if not port.isdigit() or int(port) > 65535:
+        port = default_port
+    return host or default_host, port
 
 
 @dataclass(frozen=True)

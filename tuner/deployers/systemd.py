@@ -172,11 +172,26 @@ def render_drop_in(
     return "\n".join(lines) + "\n"
 
 
+def shown_argv(exec_start_shown: str) -> list[str]:
+    """The command line in `systemctl show -p ExecStart`: systemd joins its words with spaces, unquoted,
+    so a word that holds a space cannot be told apart (a running unit's /proc/PID/cmdline can)."""
+    match = re.search(r"argv\[\]=(.*?) ;", exec_start_shown)
+    return match.group(1).split() if match else []
+
+
+def read_holder(raw: bytes | None) -> dict[str, object]:
+    """A lock's holder as `owner.json` says; anything unreadable counts as no holder (a stale lock)."""
+    try:
+        holder = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
 def check_kept_command(launch: LaunchSpec, exec_start_shown: str) -> None:
     """With `exec_start = "keep"`, the unit's own command line must already pass the launch's arguments
     (`serve` for Ollama; LoRA adapters would need to be there for llama-server), in order."""
-    match = re.search(r"argv\[\]=(.*?) ;", exec_start_shown)
-    unit_args = match.group(1).split()[1:] if match else []
+    unit_args = shown_argv(exec_start_shown)[1:]
     position = 0
     for arg in launch.args:
         try:
@@ -382,8 +397,7 @@ class SystemdDeployer:
         )
         made = await self._transport.run(["mkdir", "--", self._lock_dir], timeout_s=30, check=False, privileged=True)
         if made.exit_status != 0:
-            raw = await self._read(owner_path)
-            holder = json.loads(raw) if raw else {}
+            holder = read_holder(await self._read(owner_path))
             if not self._stale(holder):
                 raise StudyError(
                     f"another serve-tuner (pid {holder.get('pid')} on {holder.get('controller')}) is tuning "
@@ -472,17 +486,7 @@ class SystemdDeployer:
         if launch.listen is None:
             raise DeployError(f"{self._unit}: this engine cannot say where the unit's server listens")
         state = state or await self._state()
-        argv: list[str] = []
-        environ: dict[str, str] = {}
-        if state["ActiveState"] == "active" and state.main_pid:
-            cmdline = await self._read(f"/proc/{state.main_pid}/cmdline")
-            raw = await self._read(f"/proc/{state.main_pid}/environ")
-            argv = (cmdline or b"").decode(errors="replace").split("\0")[:-1]
-            environ = _environ(raw or b"")
-        if not argv:
-            match = re.search(r"argv\[\]=(.*?) ;", state["ExecStart"])
-            argv = shlex.split(match.group(1)) if match else []
-            environ = parse_show_environment(state["Environment"])
+        argv, environ = await self._command_line(state)
         if not argv:
             raise DeployError(
                 f"cannot read {self._unit}'s command line (ExecStart=); check `systemctl cat {self._unit}`"
@@ -491,9 +495,19 @@ class SystemdDeployer:
             self._operator = launch.listen.read(argv, environ)
         except ValueError:
             raise DeployError(
-                f"{self._unit} sets a port that is not a number; check its ExecStart= and Environment="
+                f"{self._unit} sets a port that is not a port number (1-65535); check its ExecStart= and Environment="
             ) from None
         return self._operator
+
+    async def _command_line(self, state: UnitState) -> tuple[list[str], dict[str, str]]:
+        """The unit's argv and environment: its running process's own, or where it does not run, its
+        ExecStart= and Environment= as systemd shows them (an EnvironmentFile= is then not read)."""
+        if state["ActiveState"] == "active" and state.main_pid:
+            cmdline = await self._read(f"/proc/{state.main_pid}/cmdline")
+            argv = (cmdline or b"").decode(errors="replace").split("\0")[:-1]
+            if argv:
+                return argv, _environ(await self._read(f"/proc/{state.main_pid}/environ") or b"")
+        return shown_argv(state["ExecStart"]), parse_show_environment(state["Environment"])
 
     async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
         """What `tuner run --check` reads of the unit, changing nothing and taking no lock: the unit, who
@@ -510,6 +524,9 @@ class SystemdDeployer:
         except DeployError as exc:
             return [*lines, CheckLine(unit, False, str(exc))]
         runs = f"; runs {server.describe()}" if server else ""
+        if state["ActiveState"] == "failed":
+            fix = f"the baseline could not start either; see `systemctl status {self._unit}` and fix the unit first"
+            return [*lines, CheckLine(unit, False, f"failed (result {state['Result']}){runs}; {fix}")]
         lines.append(CheckLine(unit, True, f"{state['ActiveState']}{runs}"))
         if self._options.exec_start == "keep":
             lines += await self._check_kept(launch, state, tuned)
@@ -526,12 +543,18 @@ class SystemdDeployer:
         return self._operator
 
     async def running_log(self) -> str:
-        """The log of the unit's running invocation (the operator's server, for `--check`), read only."""
-        return await self._journal((await self._state())["InvocationID"])
+        """The start of the log of the unit's running invocation (the operator's server, for `--check`):
+        its first lines, where the server says how long it took to start, not weeks of requests."""
+        invocation = (await self._state())["InvocationID"]
+        if not invocation:
+            return ""
+        head = f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(invocation)} -o cat --no-pager | head -n 400"
+        result = await self._transport.run(["sh", "-c", head], timeout_s=120, check=False, privileged=True)
+        return result.stdout
 
     async def _check_lock(self) -> CheckLine:
         raw = await self._read(f"{self._lock_dir}/owner.json")
-        holder = json.loads(raw) if raw else {}
+        holder = read_holder(raw)
         if raw is not None and not self._stale(holder):
             return CheckLine(
                 "lock", False,
@@ -552,7 +575,7 @@ class SystemdDeployer:
             check_kept_command(launch, state["ExecStart"])
         except ConfigError as exc:
             lines.append(CheckLine("command line", False, str(exc)))
-        argv, environ = await self._running(state)
+        argv, environ = await self._command_line(state)
         shown = parse_show_environment(state["Environment"])
         for knob in tuned:
             given = next((w for w in argv[1:] for f in knob.flags if w == f or w.startswith(f + "=")), None)
@@ -573,15 +596,6 @@ class SystemdDeployer:
             lines.append(CheckLine("knobs", True, f"nothing in {self._unit} overrides the tuned knobs ({names})"))
         return lines
 
-    async def _running(self, state: UnitState) -> tuple[list[str], dict[str, str]]:
-        """The unit's running process's argv and environment (empty where it does not run)."""
-        if not state.main_pid:
-            return [], {}
-        cmdline = await self._read(f"/proc/{state.main_pid}/cmdline")
-        return (cmdline or b"").decode(errors="replace").split("\0")[:-1], _environ(
-            await self._read(f"/proc/{state.main_pid}/environ") or b""
-        )
-
     async def _check_answers(self, launch: LaunchSpec, state: UnitState) -> CheckLine:
         if state["ActiveState"] != "active":
             return CheckLine("server", True, f"{self._unit} is {state['ActiveState']}: the study starts it")
@@ -591,10 +605,10 @@ class SystemdDeployer:
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=tls_context()) as client:
                 answer = await client.get(base_url + launch.health_path)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             answer = None
             why = type(exc).__name__
-        where = f"{self._operator.host}:{self._operator.port}" if self._operator else f"{launch.host}:{launch.port}"
+        where = self._operator.address if self._operator else f"{launch.host}:{launch.port}"
         if answer is not None and answer.status_code == 200:
             return CheckLine("server", True, f"answers {launch.health_path} on {where}")
         why = f"HTTP {answer.status_code}" if answer is not None else why

@@ -125,7 +125,8 @@ class LocalTransport:
             Path(path).unlink()
 
     async def reach(self, host: str, port: int) -> str:
-        return f"http://{host}:{port}"
+        bare = host.strip("[]")
+        return f"http://[{bare}]:{port}" if ":" in bare else f"http://{host}:{port}"
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: str) -> LocalProcess:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
