@@ -43,7 +43,8 @@ interleave = 1
 kind = "ssh"
 host = "gpu1.example"
 user = "tuner"
-client_keys = ["keys/id_ed25519"]   # relative: to where `tuner run` starts, as any path here
+client_keys = ["keys/id_ed25519"]   # relative: to where `tuner run` starts, as any path of this machine
+known_hosts = "ODD_STRING"
 sudo = true
 
 [deploy]
@@ -55,9 +56,9 @@ dead_man_s = 1800
 [engine]
 kind = "llama-server"
 binary = "/opt/llama/llama-server"
-model = "models/qwen-7b.gguf"
+model = "/srv/models/qwen-7b.gguf"
 port = 8080
-extra_args = ["--jinja", "ODD_STRING"]
+extra_args = ["--jinja"]
 [engine.lora_adapters]
 "style.v2" = "/srv/lora/style.gguf"
 [engine.settings]
@@ -77,7 +78,7 @@ direction = "minimize"
 
 VLLM_LIKE = (
     PROD_STUDY.split("[engine]", maxsplit=1)[0]
-    + '[engine]\nkind = "vllm"\nmodel = "m"\n\n[workload]'
+    + '[engine]\nkind = "vllm"\nmodel = "m"\ncommand = ["/opt/vllm/bin/vllm", "serve"]\n\n[workload]'
     + PROD_STUDY.split("[workload]")[1]
 )
 
@@ -119,8 +120,8 @@ def test_like_takes_the_servers_host_deploy_and_engine_as_written_and_passes_the
     wrote = tomllib.loads(like.read_text(encoding="utf-8"))
     assert written["host"] == wrote["host"] and written["deploy"] == wrote["deploy"]
     assert written["engine"] == wrote["engine"]  # paths, port, odd strings and all, the settings too
-    assert written["engine"]["model"] == "models/qwen-7b.gguf"  # relative to where tuner run starts, as there
-    assert written["engine"]["extra_args"][1] == ODD
+    assert written["host"]["client_keys"] == ["keys/id_ed25519"]  # relative to where tuner run starts, as there
+    assert written["host"]["known_hosts"] == ODD
     # Only the workload, the knobs, the objectives and the constraints come from the log.
     assert written["workload"]["path"] == "fix.workload.jsonl" and written["search"]["space"] == "fix.space.toml"
     assert {o["metric"] for o in written["objectives"]} == {"stall_tok_s", "prefill_tok_s", "ttft_p95_s"}
@@ -162,6 +163,16 @@ def test_a_like_that_is_no_valid_study_or_of_another_engine_is_refused_in_one_li
         "no study": (prod_study(tmp_path / "a", PROD_STUDY.split("[[objectives]]", maxsplit=1)[0]), "'objectives'"),
         "bad deploy": (prod_study(tmp_path / "b", PROD_STUDY.replace('unit = "llama-server.service"', "")), "unit"),
         "vllm": (prod_study(tmp_path / "c", VLLM_LIKE), "engine.kind = 'llama-server'"),
+        # What `tuner run` refuses for whose command line starts the server: a model of the study's where
+        # the unit keeps its own, and this machine's build on another host.
+        "keep and a model": (
+            prod_study(tmp_path / "e", PROD_STUDY.replace('exec_start = "replace"', 'exec_start = "keep"')),
+            "engine.binary is the operator's own",
+        ),
+        "auto on the host": (
+            prod_study(tmp_path / "f", PROD_STUDY.replace('binary = "/opt/llama/llama-server"', 'binary = "auto"')),
+            'engine.binary = "auto"',
+        ),
     }
     out_dir = tmp_path / "out"
     for case, (like, words) in cases.items():
@@ -183,7 +194,7 @@ def test_without_like_the_study_says_first_that_it_is_local_and_how_to_point_it_
     text = out.read_text()
     assert text.splitlines()[0] == LOCAL_STUDY_MARKER
     assert f"tuner diagnose {log} --study {out} --like PROD.toml --force" in text
-    assert "README: A production host" in text
+    assert "docs/production-host.md" in text
     assert any("local study" in note for note in written.notes)
     assert is_local_diagnose_study(text)
     assert not is_local_diagnose_study(text + '\n[host]\nkind = "ssh"\nhost = "gpu1.example"\n')

@@ -158,6 +158,11 @@ def test_auto_is_refused_for_a_command_run_on_another_host(key: str) -> None:
     table = {"kind": "llama-server", "binary": "/opt/llama/bin/llama-server", "model": "/srv/m.gguf", key: "auto"}
     with pytest.raises(ConfigError, match=rf'engine\.{key} = "auto" means a file of this machine\'s'):
         create_engine(spec(table), command=ServerCommand.REMOTE)
+    relative = table | {key: "models/m.gguf"}
+    with pytest.raises(
+        ConfigError, match=rf"engine\.{key} = 'models/m\.gguf' is relative: .*absolute path on the host"
+    ):
+        create_engine(spec(relative), command=ServerCommand.REMOTE)
     adapters = {"kind": "llama-server", "lora_adapters": {"style": "auto"}}
     with pytest.raises(ConfigError, match=r'engine\.lora_adapters\.style = "auto"'):
         create_engine(spec(adapters), command=ServerCommand.UNIT)

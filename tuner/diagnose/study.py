@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from tuner.config import ParamValue, StudySpec, load_study, validate_options
 from tuner.diagnose.report import Diagnosis, Fix, ServerFacts, StudyConstraint, StudyObjective
-from tuner.errors import ConfigError
+from tuner.errors import AssetError, ConfigError
 from tuner.files import check_output, write_atomic
 from tuner.importers import import_trace
 from tuner.workloads import trace_lines
@@ -161,8 +161,12 @@ def read_like_study(path: Path) -> LikeStudy:
 
 
 def _check_plugin_tables(spec: StudySpec) -> None:
+    """The tables `--like` copies, checked as `tuner run` checks them before it reaches a host: each by its
+    plugin's own model, the engine made for whose command line starts the server, and its launch against
+    the deploy (a fleet: each host's)."""
     from tuner.deployers import DEPLOYERS
-    from tuner.engines import ENGINES
+    from tuner.deployers.base import check_launch, server_command
+    from tuner.engines import create_engine
     from tuner.transports import TRANSPORTS
 
     each_host = [("", spec), *((f"hosts.{entry.name}.", spec.for_host(entry)) for entry in spec.hosts)]
@@ -171,8 +175,13 @@ def _check_plugin_tables(spec: StudySpec) -> None:
         validate_options(transport.options_model, host_spec.host.options(), where=f"{prefix}host")
         deployer = DEPLOYERS.get(host_spec.deploy.kind)
         validate_options(deployer.options_model, host_spec.deploy.options(), where=f"{prefix}deploy")
-        engine = ENGINES.get(host_spec.engine.kind)
-        validate_options(engine.options_model, host_spec.engine.options(), where=f"{prefix}engine")
+        command = server_command(host_spec.deploy, local_host=host_spec.host.kind == "local")
+        engine = create_engine(host_spec.engine, command=command)
+        try:
+            launch = engine.launch_spec({})
+        except AssetError:  # a server started here without a build yet: `tuner run` says `tuner setup`
+            continue
+        check_launch(host_spec.deploy, launch)
 
 
 def _engine_knobs(engine: str, fix: Fix) -> list[str]:
@@ -442,7 +451,7 @@ def _header(
             "# It tunes that new server, not the one whose log it read. To tune that one, write this study again",
             "# from a study of that server, whose [host], [deploy] and [engine] it then takes:",
             f"#   tuner diagnose {shlex.quote(str(log))} --study {shlex.quote(str(out))} --like PROD.toml --force",
-            '# or add those tables here (README: A production host): [host] kind = "ssh" with its address,',
+            '# or add those tables here (docs/production-host.md): [host] kind = "ssh" with its address,',
             '# [deploy] kind = "systemd" with its unit, and [engine] as the server runs (its model, paths, port).',
         ]
     else:

@@ -182,6 +182,11 @@ def check_paths_for(
                     f'{key} = "auto" means a file of this machine\'s (`tuner setup`), which the host does not have; '
                     f"set {key} to its path on the host"
                 )
+            if command is ServerCommand.REMOTE and not value.startswith("/"):
+                raise ConfigError(
+                    f"{key} = {value!r} is relative: the server on the host would resolve it from its own working "
+                    f"directory, not yours; set {key} to its absolute path on the host"
+                )
     if command is ServerCommand.UNIT:
         given = sorted(name for name in placement if name in options.model_fields_set)
         if given:
