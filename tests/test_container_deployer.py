@@ -32,7 +32,7 @@ from tuner.deployers import ContainerDeployer
 from tuner.deployers.container import ContainerOptions
 from tuner.engines import create_engine
 from tuner.errors import ConfigError, DeployError, ServerNotReady
-from tuner.models import LaunchSpec
+from tuner.models import CheckLine, LaunchSpec
 from tuner.transports import LocalTransport
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -402,3 +402,22 @@ direction = "minimize"
     ]
     assert not any(c[0] in ("stop", "rename", "run") for c in calls(state))
     assert_the_original_is_back(state)
+
+
+def test_the_check_names_a_missing_container_and_changes_nothing(docker: tuple[Path, int]) -> None:
+    """`tuner run --check` with deploy.kind = "container": it only inspects (TRANSCRIPT-BASED CLI)."""
+    state, port = docker
+
+    async def check(name: str) -> list[CheckLine]:
+        async with LocalTransport() as transport:
+            deployer = ContainerDeployer(ContainerOptions(container=name), transport=transport)
+            assert deployer.privileged_commands == ("docker", "sh", "rm")
+            return await deployer.check(vllm_launch(port), tuned=[])
+
+    before = containers(state)
+    (found,) = asyncio.run(check("llm"))
+    assert found.ok and found.detail == "running"
+    (missing,) = asyncio.run(check("other"))
+    assert not missing.ok and "set deploy.container to the container that runs the server" in missing.detail
+    assert containers(state) == before
+    assert {call[0] for call in calls(state)} == {"inspect"}

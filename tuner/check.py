@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner.config import ParamValue, SearchSpace, StudySpec
-from tuner.deployers.base import DEPLOYERS, check_launch, create_deployer
+from tuner.deployers.base import check_launch, create_deployer
 from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
@@ -27,13 +27,15 @@ from tuner.models import CheckLine, TunedKnob
 from tuner.study import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.transports.base import Transport, create_transport
 
-__all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
+__all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_LOCAL_RESTART_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
 
 LOCAL_STUDY_FIX = (
     "tuner diagnose wrote this as a local study: it tunes a server it starts on this machine, not the one whose "
     "log it read; write it again with `tuner diagnose LOG --study OUT.toml --like PRODUCTION.toml`, or add the "
     "production host's [host] and [deploy] tables"
 )
+# A server started on this machine (the simulated one, or a small model): seconds, not a GPU's tens.
+DEFAULT_LOCAL_RESTART_S = 5.0
 # A server restart when no round was measured on the host yet: a small model loads in seconds, a 14B one on
 # a GPU in tens of seconds; a run's own measured round time replaces this.
 DEFAULT_RESTART_S = 30.0
@@ -69,14 +71,14 @@ async def check_study(
     if study_text is not None and is_local_diagnose_study(study_text):
         lines.append(CheckLine("study", False, LOCAL_STUDY_FIX))
     for name, host_spec in targets:
-        host_lines = await _check_host(host_spec, prepared[name], run_path)
+        host_lines = await _check_host(host_spec, prepared[name], run_path, hosts=len(spec.hosts) or 1)
         lines += (
             [CheckLine(f"{name}: {line.subject}", line.ok, line.detail) for line in host_lines] if name else host_lines
         )
     return lines
 
 
-async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> list[CheckLine]:
+async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, hosts: int) -> list[CheckLine]:
     engine = prepared.engine
     try:
         launch = engine.launch_spec({})
@@ -90,9 +92,9 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) 
         try:
             async with create_transport(spec.host) as transport:
                 lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
-                lines += await _privilege_lines(spec, transport)
-                lines += await _file_lines(engine, transport)
                 deployer = create_deployer(spec.deploy, transport=transport)
+                lines += await _privilege_lines(spec, deployer, transport)
+                lines += await _file_lines(engine, transport)
                 checking, reading = getattr(deployer, "check", None), getattr(deployer, "running_log", None)
                 if callable(checking):
                     lines += await checking(launch, tuned=_tuned_knobs(prepared))
@@ -102,7 +104,7 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path) 
         except TunerError as exc:
             lines.append(CheckLine("host", False, str(exc)))
         lines += _memory_lines(prepared, measured)
-    return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s)]
+    return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts)]
 
 
 async def _with_model_from_host(engine: Engine, deployer: object, transport: Transport, scratch: Path) -> Engine:
@@ -160,15 +162,17 @@ def _replay_s(prepared: PreparedStudy) -> float:
     return last_arrival + min(tail, prepared.spec.workload.request_timeout_s)
 
 
-def estimate_duration_s(spec: StudySpec, *, round_s: float) -> tuple[int, float]:
-    """The rounds a study will measure and how long they take: the baseline's and each trial's rounds, and
-    the confirmation's pairs of two rounds for each candidate. Extra rounds for noisy trials and pruned
-    trials' saved rounds are left out (they roughly cancel on the studies measured so far)."""
-    rounds = (1 + spec.budget.trials) * spec.rounds + spec.confirm.top * spec.confirm.pairs * 2
-    seconds = rounds * round_s
+def estimate_duration_s(spec: StudySpec, *, round_s: float, hosts: int = 1) -> tuple[int, float]:
+    """The rounds one host measures and how long they take: its baseline's rounds and its share of the
+    trials' (a fleet's hosts split them), cut at `budget.hours` but for the batch then in flight, and the
+    confirmation's pairs of two rounds for each candidate. Extra rounds for noisy trials and the rounds
+    pruning saves are left out (they roughly cancel on the studies measured so far)."""
+    search = (1 + math.ceil(spec.budget.trials / hosts)) * spec.rounds
     if spec.budget.hours is not None:
-        seconds = min(seconds, spec.budget.hours * 3600 + spec.confirm.top * spec.confirm.pairs * 2 * round_s)
-    return rounds, seconds
+        in_flight = spec.rounds * spec.interleave
+        search = min(search, math.ceil(spec.budget.hours * 3600 / round_s) + in_flight)
+    rounds = search + spec.confirm.top * spec.confirm.pairs * 2
+    return rounds, rounds * round_s
 
 
 def _measured_round_s(run_path: Path) -> float | None:
@@ -180,23 +184,27 @@ def _measured_round_s(run_path: Path) -> float | None:
     return float(measured) if isinstance(measured, int | float) and measured > 0 else None
 
 
-def _duration_line(spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, startup_s: float | None) -> CheckLine:
-    """The study's length: from the round time its own run measured on the host, else from the replay, the
-    start of the server running there now (its own log's clock) or a default, and the warm-up."""
+def _duration_line(
+    spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, startup_s: float | None, hosts: int
+) -> CheckLine:
+    """The study's length on one host: from the round time its own run measured there, else from the
+    replay, the start of the server running there now (its own log's clock) or a default, and the warm-up;
+    then the restore's restart."""
+    default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
+    restart_s = default_s if startup_s is None else startup_s
     measured = _measured_round_s(run_path)
     if measured is not None:
         round_s, source = measured, f"{measured:.0f} s a round, as measured by this study's run so far"
     else:
-        restart_s = DEFAULT_RESTART_S if startup_s is None else startup_s
         round_s = _replay_s(prepared) + restart_s + _ROUND_OVERHEAD_S
         restart = (
             f"a server start of {startup_s:.1f} s (the running server's own log)"
             if startup_s is not None
-            else f"a server start taken as {DEFAULT_RESTART_S:g} s (the host's server log does not say)"
+            else f"a server start taken as {default_s:g} s (none measured yet)"
         )
         source = f"{round_s:.0f} s a round: the replay, {restart} and the warm-up"
-    rounds, seconds = estimate_duration_s(spec, round_s=round_s)
-    seconds += _STUDY_OVERHEAD_S + (startup_s or 0.0)
+    rounds, seconds = estimate_duration_s(spec, round_s=round_s, hosts=hosts)
+    seconds += _STUDY_OVERHEAD_S + restart_s
     hours, rest = divmod(round(seconds), 3600)
     took = f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
     return CheckLine("duration", True, f"about {took}: {rounds} rounds (each a server restart) at {source}")
@@ -245,9 +253,9 @@ def _memory_lines(prepared: PreparedStudy, engine: Engine) -> list[CheckLine]:
     ]
 
 
-async def _privilege_lines(spec: StudySpec, transport: Transport) -> list[CheckLine]:
+async def _privilege_lines(spec: StudySpec, deployer: object, transport: Transport) -> list[CheckLine]:
     """The deployer's root commands: through `sudo -n` (each allowed without a password), or as root."""
-    commands: Sequence[str] = getattr(DEPLOYERS.get(spec.deploy.kind), "privileged_commands", ())
+    commands: Sequence[str] = getattr(deployer, "privileged_commands", ())
     if not commands or spec.host.kind != "ssh":
         return []
     options: Mapping[str, object] = spec.host.options()

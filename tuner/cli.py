@@ -447,7 +447,8 @@ def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: C
     text = args.study.read_text(errors="replace")  # load_study read it a moment ago
     lines = asyncio.run(check_study(spec, base_dir, run_path, hosts=args.hosts or None, study_text=text))
     for line in lines:
-        shown = f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {line.detail}"
+        detail = " ".join(line.detail.split())  # a host command's stderr may hold line breaks
+        shown = f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {detail}"
         console.print(shown, markup=False, highlight=False, soft_wrap=True)  # one line each, for grep and logs
     failed = [line for line in lines if not line.ok]
     if failed:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -30,7 +31,7 @@ from pydantic import Field
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
-from tuner.models import LaunchSpec, ServerCommand
+from tuner.models import CheckLine, LaunchSpec, ServerCommand, TunedKnob
 from tuner.redact import redact
 from tuner.transports.base import CommandResult, Transport
 
@@ -176,6 +177,25 @@ class ContainerDeployer:
         except CommandFailed as exc:
             raise DeployError(f"{self._options.cli} {args[0]} failed: {exc.stderr_tail.strip()[-300:]}") from None
         return result.stdout
+
+    @property
+    def privileged_commands(self) -> tuple[str, ...]:
+        """What it runs as root (through `sudo -n` for a plain login): the container CLI and its env file's steps."""
+        return (self._options.cli, "sh", "rm")
+
+    async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
+        """What `tuner run --check` reads, changing nothing: the container, and a copy an earlier run left."""
+        subject = f"container {self._name}"
+        if not await self._exists(self._name):
+            fix = f"set deploy.container to the container that runs the server (`{self._options.cli} ps -a`)"
+            return [CheckLine(subject, False, f"no container of that name; {fix}")]
+        state = (await self._inspect(self._name)).get("State") or {}
+        lines = [CheckLine(subject, True, f"{state.get('Status', 'unknown')}")]
+        if await self._exists(self._name + _BASELINE_SUFFIX):
+            lines.append(
+                CheckLine("leftovers", True, "an earlier run left the original aside: the run restores it first")
+            )
+        return lines
 
     async def _exists(self, name: str) -> bool:
         result = await self._run_cli("inspect", "--type", "container", name, timeout_s=60, check=False)

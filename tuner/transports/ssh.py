@@ -171,7 +171,10 @@ class SshTransport:
                 f"{options.host} refused our keys; add ours to its authorized_keys or set host.client_keys"
             ) from None
         except (OSError, asyncssh.Error, TimeoutError) as exc:
-            raise TransportError(f"cannot connect to {options.host}:{options.port}: {exc}") from None
+            raise TransportError(
+                f"cannot connect to {options.host}:{options.port}: {exc}; check host.host, host.port, host.user "
+                "and host.client_keys, and that sshd runs there"
+            ) from None
         return self._connection
 
     async def _live_connection(self) -> asyncssh.SSHClientConnection:
