@@ -357,3 +357,15 @@ def test_a_simulated_servers_options_are_checked_as_tuner_run_checks_them(tmp_pa
     simulated = '[engine]\nbinary = "simulated"\nextra_args = ["--sim-sped", "20"]\n'
     with pytest.raises(ConfigError, match=r"engine\.extra_args"):
         check_snippet(Snippet(source="doc.md:1", text=simulated, refused_with=None), tmp_path)
+
+
+def test_the_sudoers_file_in_the_production_guide_allows_exactly_what_the_deployer_runs_as_root() -> None:
+    """docs/production-host.md's sudoers file, read back: each command the systemd deployer (and the ssh
+    transport's file steps) runs through `sudo -n`, at both paths sudo may find, and nothing else."""
+    from tuner.deployers.systemd import SystemdDeployer
+
+    guide = (REPO / "docs" / "production-host.md").read_text()
+    block = guide[guide.index("Cmnd_Alias SERVE_TUNER = ") :].split("\ntuner ALL=", 1)[0]
+    paths = {word.rstrip(",\\") for word in block.split() if word.startswith("/")}
+    wanted = {"sh", "cat", "rm", *SystemdDeployer.privileged_commands}
+    assert paths == {f"{prefix}/bin/{name}" for name in wanted for prefix in ("", "/usr")}
