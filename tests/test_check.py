@@ -301,3 +301,30 @@ def test_the_ollama_and_vllm_systemd_examples_pass_the_check_on_their_units(
         status, lines = check(EXAMPLES / "vllm-ssh-systemd.toml", tmp_path, *as_overrides(edits))
     assert status == 0, "\n".join(lines)
     assert f"model {model}, listening on 0.0.0.0:{vllm_port}" in "\n".join(lines)
+
+
+@pytest.mark.real_server
+def test_a_unit_the_host_does_not_have_is_named(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    study = study_file(systemd_host, tmp_path, unit="llama.service")
+    line = the_one_failure(*check(study, tmp_path, *QUICK_STUDY))
+    assert "unit llama.service: the host has no such unit (not-found); set deploy.unit" in line
+
+
+@pytest.mark.real_server
+def test_a_stopped_unit_is_read_from_its_own_lines_and_left_stopped(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """The environment unit stopped: its address comes from its Environment= lines as systemd shows them,
+    the study would start it, and --check leaves it stopped."""
+    systemd_host.run("systemctl", "stop", ENV_UNIT)
+    try:
+        status, lines = check(study_file(systemd_host, tmp_path, unit=ENV_UNIT), tmp_path, *QUICK_STUDY)
+        assert systemd_host.show("ActiveState", unit=ENV_UNIT)["ActiveState"] == "inactive"
+    finally:
+        systemd_host.run("systemctl", "start", ENV_UNIT)
+        systemd_host.wait_active(unit=ENV_UNIT)
+    assert status == 0, "\n".join(lines)
+    shown = "\n".join(lines)
+    assert f"unit {ENV_UNIT}: inactive; runs {systemd_host.binary}, model {systemd_host.model}" in shown
+    assert f"listening on {systemd_host.env_host}:{systemd_host.env_port}" in shown
+    assert f"server: {ENV_UNIT} is inactive: the study starts it" in shown

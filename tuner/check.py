@@ -88,22 +88,23 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path, 
     lines = [_workload_line(prepared)]
     startup_s = None
     with tempfile.TemporaryDirectory(prefix="serve-tuner-check-") as scratch:
-        measured = engine
+        sized = engine  # the engine whose memory pre-check knows the model's size and shape
         try:
             async with create_transport(spec.host) as transport:
                 lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
                 deployer = create_deployer(spec.deploy, transport=transport)
                 lines += await _privilege_lines(spec, deployer, transport)
                 lines += await _file_lines(engine, transport)
-                checking, reading = getattr(deployer, "check", None), getattr(deployer, "running_log", None)
-                if callable(checking):
-                    lines += await checking(launch, tuned=_tuned_knobs(prepared))
-                if callable(reading):
-                    startup_s = engine.startup_s(await reading())
-                measured = await _with_model_from_host(engine, deployer, transport, Path(scratch))
+                check_deployment = getattr(deployer, "check", None)
+                read_running_log = getattr(deployer, "running_log", None)
+                if callable(check_deployment):
+                    lines += await check_deployment(launch, tuned=_tuned_knobs(prepared))
+                if callable(read_running_log):
+                    startup_s = engine.startup_s(await read_running_log())
+                sized = await _with_model_from_host(engine, deployer, transport, Path(scratch))
         except TunerError as exc:
             lines.append(CheckLine("host", False, str(exc)))
-        lines += _memory_lines(prepared, measured)
+        lines += _memory_lines(prepared, sized)
     return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts)]
 
 
@@ -111,8 +112,12 @@ async def _with_model_from_host(engine: Engine, deployer: object, transport: Tra
     """The engine with its model's GGUF header read from the host into `scratch`, where a memory budget is
     set and the model is on the host, not here (the unit's own, or a path the study names): the memory
     pre-check then runs as for a local model."""
-    bring = getattr(engine, "with_model_from_host", None)
-    if not callable(bring) or getattr(engine, "memory_budget_gib", None) is None or engine.memory_need({}) is not None:
+    with_model_from_host = getattr(engine, "with_model_from_host", None)
+    if (
+        not callable(with_model_from_host)
+        or getattr(engine, "memory_budget_gib", None) is None
+        or engine.memory_need({}) is not None
+    ):
         return engine
     served = getattr(deployer, "operator", None)
     path = getattr(engine, "model_path_on_host", lambda: None)() or (served.model if served is not None else None)
@@ -127,9 +132,9 @@ async def _with_model_from_host(engine: Engine, deployer: object, transport: Tra
         return engine
     header = scratch / "model-header.gguf"
     header.write_bytes(base64.b64decode(encoded))
-    twin = bring(header, int(size))
-    assert isinstance(twin, type(engine))
-    return twin
+    sized = with_model_from_host(header, int(size))
+    assert isinstance(sized, type(engine))
+    return sized
 
 
 def _tuned_knobs(prepared: PreparedStudy) -> list[TunedKnob]:
