@@ -144,7 +144,8 @@ def test_replace_mode_refuses_a_relative_executable_with_the_fix() -> None:
     with pytest.raises(ConfigError) as refused:
         render_drop_in(_launch(executable="llama-server"), exec_start="replace", note="n")
     assert str(refused.value) == (
-        "ExecStart= needs an absolute path, not 'llama-server'; set engine.binary to the server's path on the host"
+        "ExecStart= needs the server program's absolute path on the host, not 'llama-server'; set engine.binary "
+        "(vLLM: the first word of engine.command) to it"
     )
 
 
