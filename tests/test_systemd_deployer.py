@@ -150,7 +150,7 @@ def test_a_trial_runs_exactly_its_settings_and_the_baseline_comes_back(
     launch = _launch(systemd_host, LLAMA_ARG_BATCH="64", LLAMA_ARG_UBATCH="64")
 
     async def scenario() -> tuple[int, int, int, str, str | None]:
-        transport, deployer = _deployer(systemd_host)
+        transport, deployer = _deployer(systemd_host, start_timeout_s=120)  # a server not reached fails soon
         async with transport, deployer:
             deployment = await deployer.apply(launch, log_path=f"{tmp_path}/server.log")
             environment = systemd_host.process_environment()
