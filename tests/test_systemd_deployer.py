@@ -452,6 +452,8 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
         assert tuned.metrics["stall_tok_s"][0] > 0
     # The server's log came from the journal of the trial's own invocation.
     assert "listening on" in (tmp_path / "unit" / "trials" / f"{tuned.number:04d}" / "server.log").read_text()
+    # The unit's own server, as the run read it, is on record for the report.
+    assert json.loads((tmp_path / "unit" / "host.json").read_text())["operator_server"] == served.describe()
     assert_baseline(systemd_host, baseline)
 
     # `tuner apply` whose verification run fails (every request past its deadline): nothing is made

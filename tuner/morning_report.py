@@ -776,6 +776,9 @@ class _Report:
         rows.append(("deploy", escape(str(deploy.get("kind", "absent")))))
         rows.append(("engine", escape(str(engine.get("kind", "absent")))))
         facts = _host_facts(self.run_path)
+        served = facts.get("operator_server")
+        if served:
+            rows.append(("the unit's own server", escape(served)))
         for key, label in (("engine_build", "engine build"), ("host", "host system")):
             value = facts.get(key)
             absent = f"<span class='absent'>absent: {_absent_fact(facts, key)}</span>"

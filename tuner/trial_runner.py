@@ -280,7 +280,15 @@ class ServerTrialRunner:
         with contextlib.suppress(TransportError):
             result = await self.transport.run(["uname", "-srm"], timeout_s=5.0, check=False)
             host = (result.stdout.strip() or None) if result.exit_status == 0 else None
-        return {"engine": engine.kind, "engine_build": redact(build) if build else None, "host": host}
+        # With the unit's own command line: what the operator's server runs, as the deployer read it.
+        operator = getattr(self.deployer, "operator", None)
+        served = redact(operator.describe()) if operator is not None else None
+        return {
+            "engine": engine.kind,
+            "engine_build": redact(build) if build else None,
+            "host": host,
+            "operator_server": served,
+        }
 
     async def reuse(self, settings: Mapping[str, ParamValue], *, number: int, log_path: str) -> str | None:
         engine = self.prepared.engine
