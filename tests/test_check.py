@@ -328,3 +328,25 @@ def test_a_stopped_unit_is_read_from_its_own_lines_and_left_stopped(systemd_host
     assert f"unit {ENV_UNIT}: inactive; runs {systemd_host.binary}, model {systemd_host.model}" in shown
     assert f"listening on {systemd_host.env_host}:{systemd_host.env_port}" in shown
     assert f"server: {ENV_UNIT} is inactive: the study starts it" in shown
+
+
+@pytest.mark.real_server
+def test_a_plain_login_without_sudo_is_named_with_the_fix(
+    systemd_host: SystemdHost, untouched: WholeHost, tmp_path: Path
+) -> None:
+    user = sudo_login(systemd_host, "tuner", SystemdDeployer.privileged_commands)
+    study = study_file(systemd_host, tmp_path, user=user, sudo=False)
+    lines = check(study, tmp_path, *QUICK_STUDY)[1]
+    (line,) = [line for line in failures(lines) if "privileges" in line]
+    assert "the login is not root and host.sudo is false; set host.sudo = true" in line
+
+
+@pytest.mark.real_server
+def test_an_operator_drop_in_sorting_after_the_trials_is_named(systemd_host: SystemdHost, tmp_path: Path) -> None:
+    """systemd reads drop-ins in name order: one after serve-tuner's that sets a tuned variable wins."""
+    with operator_drop_in(systemd_host, "zzz-site.conf", "[Service]\nEnvironment=LLAMA_ARG_BATCH=1024\n"):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        assert whole_host(systemd_host) == before
+    line = the_one_failure(status, lines)
+    assert "operator drop-ins:" in line and "zzz-site.conf sorts after serve-tuner's zz-tuner.conf" in line

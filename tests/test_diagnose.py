@@ -250,8 +250,14 @@ def test_an_ollama_journal_whose_runner_writes_llama_server_lines_is_read_by_the
     assert waits is not None and figures(waits)["other_lora_count"] == 3
 
 
-def test_no_stall_is_claimed_without_the_streams_speed_elsewhere_to_compare_with() -> None:
-    # A recorded trial's log: every stream overlapped a long prefill from its first token to its last.
+def test_a_short_log_compares_the_stall_with_requests_that_decoded_alone_and_says_so() -> None:
+    # A recorded trial's log: every stream overlapped a long prefill from its first token to its last, so
+    # no stream printed a rate line elsewhere; the requests that decoded with no long prefill beside them
+    # (their eval time lines) are the speed to compare with, and the finding names that evidence.
     diagnosis = diagnose_log(ROOT / "tests" / "data" / "llama-server-trial.log")
-    assert diagnosis.finding("stalls") is None
     assert diagnosis.tasks == 7 and diagnosis.server.n_slots == 4
+    stall = diagnosis.finding("stalls")
+    assert stall is not None
+    by_name = {figure.name: figure for figure in stall.figures}
+    assert by_name["stall_tok_s"].value is not None and by_name["stall_tok_s"].value < 1.0
+    assert "requests that decoded with no long prefill beside them" in by_name["unstalled_tok_s"].label

@@ -133,6 +133,7 @@ class Stalls:
 
     def __init__(self) -> None:
         self.normal = array("d")  # tg_3s samples outside every long prefill
+        self.alone = array("d")  # decode speeds (eval time lines) of requests with no long prefill beside them
         self.by_width: dict[int, array[float]] = {}
         self.windows: dict[tuple[int, int], _Window] = {}
         self.overlaps: list[_Overlap] = []
@@ -160,6 +161,9 @@ class Stalls:
                 longest_iteration_s=longest,
             )
         decode = (task.decode_start_s, task.end_s)
+        beside_long = any(min(decode[1], o.decode_start_s) > max(decode[0], o.prefill_start_s) for o in long_others)
+        if not beside_long and task.eval_ms and (task.eval_n or 0) > 1:
+            self.alone.append((task.eval_n or 0) * 1000.0 / task.eval_ms)
         usual = _median(
             [
                 tg
@@ -242,7 +246,9 @@ class Stalls:
         results["stalls"] = self
         if not self.overlaps:
             return []
-        normal = _median(self.normal)
+        normal, elsewhere = _median(self.normal), "rate lines outside long prefills"
+        if normal is None:  # a short log: the streams printed no rate line outside the prefill
+            normal, elsewhere = _median(self.alone), "requests that decoded with no long prefill beside them"
         stall = _median([o.speed for o in self.overlaps])
         assert stall is not None
         samples = [tg for o in self.overlaps for tg in o.tg_3s]
@@ -294,7 +300,7 @@ class Stalls:
             Figure(name="stall_tg_3s_samples", label="tg_3s samples inside long prefills", value=float(len(samples))),
             Figure(
                 name="unstalled_tok_s",
-                label="their speed elsewhere (rate lines outside long prefills), median",
+                label=f"decode speed elsewhere ({elsewhere}), median",
                 value=normal,
                 unit="tok/s",
             ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -134,11 +135,28 @@ class Task:
                 total += min(
                     n1 - n0, sum(1 for at in iterations if part[0] + _SAME_INSTANT_S < at <= part[1] + _SAME_INSTANT_S)
                 )
+            elif beside is not None and (iteration_s := beside.unlogged_iteration_s()) is not None:
+                # Before the progress lines begin, the prefill's iterations are not logged, but their length
+                # is (its first line's time over the batches before it): one token each, then those logged.
+                unlogged = (min(part[1], known_from) - part[0]) / iteration_s
+                logged = sum(1 for at in iterations if known_from < at <= part[1] + _SAME_INSTANT_S)
+                total += min(n1 - n0, unlogged + logged)
             elif usual_tok_s is not None:
                 total += max(0.0, (n1 - n0) - usual_tok_s * outside)
             else:
                 total += (n1 - n0) * (1.0 - outside / (t1 - t0))
         return total
+
+    def unlogged_iteration_s(self) -> float | None:
+        """How long each prefill iteration before the first progress line took: the time to that line over
+        the batches it counts (the batch size from the lines' steps); None without two lines."""
+        steps = [n1 - n0 for (_, n0), (_, n1) in itertools.pairwise(self.progress) if n1 > n0]
+        if not steps:
+            return None
+        first_at, first_n = self.progress[0]
+        batches = first_n / statistics.median(steps)
+        seconds = first_at - self.prefill_start_s
+        return seconds / batches if batches >= 1 and seconds > 0 else None
 
     def iteration_ends(self) -> tuple[list[float], float]:
         """The ends of this task's prefill iterations that the log shows, and the time from which it shows
@@ -149,6 +167,10 @@ class Task:
         known_from = self.prefill_start_s + _PROGRESS_AFTER_S
         if self.progress:
             known_from = min(known_from, self.progress[0][0])
+        elif self.decode_start_s - self.prefill_start_s > _PROGRESS_AFTER_S:
+            # A prefill past the lines' delay without one line was one iteration (a batch ending after the
+            # delay would have printed one): its only end is where decoding starts, so every end is known.
+            known_from = self.prefill_start_s
         return ends, known_from
 
     def intervals(self) -> list[tuple[float, float, float]]:
