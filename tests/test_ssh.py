@@ -229,6 +229,7 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     """The thin remote path: the process deployer starts llama-server through the ssh transport, the
     health check and the replay reach it through a forwarded port, and the run ends with it stopped."""
     from tests.conftest import llama_server_processes
+    from tuner import assets
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
@@ -237,6 +238,12 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "remote"')
     text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
     text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
+    # The paths are the host's (a study's own command line on another host takes no `auto`); this host is
+    # this machine reached over ssh, so its build is where `tuner setup` put it.
+    model = assets.find_model()
+    assert model is not None
+    paths = f"binary = {json.dumps(str(llama_server_binary))}\nmodel = {json.dumps(str(model))}"
+    text = text.replace('kind = "llama-server"', f'kind = "llama-server"\n{paths}')
     host = "\n".join(f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **sshd_host.options()}.items())
     (tmp_path / "remote.toml").write_text(f"{text}\n[host]\n{host}\n")
 
