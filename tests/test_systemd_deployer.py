@@ -500,11 +500,20 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
         *QUICK_ROUNDS, *key, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    done = run_tuner_as("apply", str(study), "--runs-dir", str(tmp_path), "--trial", "1", *QUICK_ROUNDS, *key, env=env)
+    from tuner.report import build_leaderboard
+    from tuner.runs import RunDirectory
+    from tuner.study import open_optuna_study_readonly
+
+    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
+    tuned = next(
+        row for row in board.rows if not row.baseline and row.state == "COMPLETE"
+    )  # its number is the sampler's
+    apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *QUICK_ROUNDS, *key]
+    done = run_tuner_as(*apply, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    argv = running_argv(systemd_host)
-    assert argv[0] == systemd_host.binary and systemd_host.model in argv
+    assert running_argv(systemd_host)[0] == systemd_host.binary  # the study's program, by its host path...
     environment = systemd_host.process_environment()
+    assert environment["LLAMA_ARG_MODEL"] == systemd_host.model  # ...and model
     assert environment["LLAMA_API_KEY"] == canary  # in force...
     secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
     assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
