@@ -272,3 +272,18 @@ def test_a_streams_tokens_across_a_long_prefills_end_are_counted_one_per_logged_
     assert stall is not None
     # 12 tokens from 7.5 s to 10.5 s (the usual speed's share of the stretch before it), 12, and 8: 32 in 8 s.
     assert figures(stall)["stall_tok_s"] == pytest.approx(32 / 8, rel=0.05)
+
+
+def test_streams_that_keep_most_of_their_speed_beside_a_long_prefill_are_no_finding() -> None:
+    """A long prompt prefilled beside a stream whose rate lines show it kept its 40 tok/s: no stall."""
+    log = Log(slots=2)
+    log.task(1, 0, launch=0.5, prompt=40, prompt_ms=40, output=400, eval_ms=10_000)
+    for k in range(1, 10):
+        log.add(
+            0.54 + k,
+            "I",
+            f"slot print_timing: id  0 | task 1 | n_gen = {1 + 40 * k:6d}, tg =  40.00 t/s, tg_3s =  40.00 t/s",
+        )
+    log.task(2, 1, launch=3.0, prompt=2000, prompt_ms=4000, output=4, eval_ms=200)
+    diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
+    assert diagnosis.finding("stalls") is None, diagnosis.findings
