@@ -531,7 +531,7 @@ class SystemdDeployer:
         if self._options.exec_start == "keep":
             lines += await self._check_kept(launch, state, tuned)
         try:
-            await self._refuse_later_overrides(launch, state)
+            await self._refuse_later_overrides(launch, state, tuned=[knob.env for knob in tuned if knob.env])
         except DeployError as exc:
             lines.append(CheckLine("operator drop-ins", False, str(exc)))
         lines.append(await self._check_answers(launch, state))
@@ -625,9 +625,10 @@ class SystemdDeployer:
             return await self._transport.reach(server.reach_host, server.port)
         return await self._transport.reach(launch.host, launch.port)
 
-    async def _refuse_later_overrides(self, launch: LaunchSpec, state: UnitState) -> None:
-        """An operator drop-in that sorts after ours and sets one of our keys would silently win."""
-        ours = set(launch.env) | set(launch.secret_env)
+    async def _refuse_later_overrides(self, launch: LaunchSpec, state: UnitState, *, tuned: Sequence[str] = ()) -> None:
+        """An operator drop-in that sorts after ours and sets one of our keys (or of `tuned`, the variables
+        every trial of the study may set) would silently win."""
+        ours = set(launch.env) | set(launch.secret_env) | set(tuned)
         for path in state.drop_ins:
             name = path.rsplit("/", 1)[-1]
             if name <= DROP_IN_NAME or not path.startswith(("/etc/", "/run/", "/usr/lib/", "/lib/")):
