@@ -18,7 +18,7 @@ from tests.real_parts import need_real_part
 from tests.tuner_process import CLI_DEADLINE_S, run_tuner
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
 
 DATA = Path(__file__).resolve().parent / "data"

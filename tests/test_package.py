@@ -30,7 +30,7 @@ LAYERS = [
         "svg",
     },
     {"models", "config"},
-    {"metrics", "scoring", "study_record", "snapshots", "transports", "workloads", "observers", "runs", "progress"},
+    {"metrics", "scoring", "study_record", "snapshots", "transports", "workloads", "observers", "runs", "storage", "progress"},
     {"engines", "deployers", "importers", "fleet"},
     {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner"},
