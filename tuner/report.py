@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 import optuna
 import pandas as pd
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.config import ParamValue
 from tuner.scoring import Verdict, verdict
-from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord, host_records
+from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord
+from tuner.study_view import StudyView, TrialView, is_scored, recommendable
+from tuner.text import settings_text
 
 __all__ = [
     "LEADERBOARD_JSON_VERSION",
@@ -113,31 +115,15 @@ def _coefficients_of_variation(rounds: Sequence[dict[str, float | None]]) -> dic
     return result
 
 
-def _score(trial: FrozenTrial, record: TrialRecord) -> float | None:
-    if trial.state != TrialState.COMPLETE:
-        return None
-    if record.score is not None:
-        return record.score
-    return trial.values[0] if trial.values and len(trial.values) == 1 else None
-
-
-def _settings_of(trial: FrozenTrial, record: TrialRecord) -> dict[str, ParamValue]:
-    # A baseline enqueued and deployed has no decoded settings only if the controller died in between.
-    return dict(record.settings if record.settings is not None else trial.params)
-
-
-def _row(
-    trial: FrozenTrial, record: TrialRecord, baseline_settings: dict[str, ParamValue], front: set[int]
-) -> LeaderboardRow:
-    scores = record.round_scores
-    settings = _settings_of(trial, record)
+def _row(trial: TrialView, front: frozenset[int]) -> LeaderboardRow:
+    record, scores = trial.record, trial.record.round_scores
     return LeaderboardRow(
         number=trial.number,
         baseline=record.baseline,
         state=trial.state.name,
-        settings=settings,
-        changed={} if record.baseline else {k: v for k, v in settings.items() if baseline_settings.get(k) != v},
-        score=_score(trial, record),
+        settings=dict(trial.settings),
+        changed=dict(trial.changed),
+        score=trial.score,
         score_range=(min(scores), max(scores)) if scores else None,
         metrics=_metric_ranges(record.rounds),
         cv=_coefficients_of_variation(record.rounds),
@@ -182,32 +168,22 @@ def _host_spread(
     return HostSpread(baselines=medians, between_hosts=between_hosts, between_rounds=between_rounds, dropped=dropped)
 
 
-def build_leaderboard(study: optuna.Study) -> Leaderboard:
+def build_leaderboard(study: optuna.Study | StudyView) -> Leaderboard:
     """Deployed trials, best first; failed trials last, with their reasons. In a fleet each trial's score is
     against its own host's baseline, and the host-to-host spread of the baselines is reported beside."""
-    records = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
-    trials = [t for t in study.get_trials(deepcopy=False) if records[t.number].deployed]
-    baseline_trials: dict[str | None, FrozenTrial] = {}
-    for t in trials:
-        if records[t.number].baseline and t.state == TrialState.COMPLETE:
-            baseline_trials.setdefault(records[t.number].host, t)
-    baselines = {host: records[t.number] for host, t in baseline_trials.items()}
-    baseline_trial = next(iter(baseline_trials.values()), None)
-    baseline = None if baseline_trial is None else records[baseline_trial.number]
-    baseline_settings = {} if baseline_trial is None or baseline is None else _settings_of(baseline_trial, baseline)
-    front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
-    rows = [_row(t, records[t.number], baseline_settings, front) for t in trials if t.state != TrialState.RUNNING]
+    view = study if isinstance(study, StudyView) else StudyView.of(study)
+    trials = view.deployed
+    baselines = {host: t.record for host, t in view.baselines.items()}
+    rows = [_row(t, view.front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
-    study_record = StudyRecord.of(study)
-    fleet = host_records(study)
-    dropped = {host: record.dropped for host, record in fleet.items() if record.dropped}
+    dropped = {host: record.dropped for host, record in view.hosts.items() if record.dropped}
     return Leaderboard(
-        study_name=study.study_name,
+        study_name=view.name,
         rows=rows,
-        recommendation=_recommend(study_record, rows, baselines, fleet),
+        recommendation=_recommend(view.record, rows, baselines, view.hosts),
         pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
-        pruning_saved_s=sum(records[t.number].saved_s for t in trials),
-        hosts=_host_spread(baselines, study_record.objectives, dropped),
+        pruning_saved_s=sum(t.record.saved_s for t in trials),
+        hosts=_host_spread(baselines, view.record.objectives, dropped),
     )
 
 
@@ -222,7 +198,7 @@ def _recommend(
     baseline = next(iter(baselines.values()), None)
     if baseline is None:
         return Recommendation(row=None, verdict=None, message="no baseline has been measured yet")
-    scored = [r for r in rows if not r.baseline and r.score is not None and r.changed]
+    scored = [r for r in rows if is_scored(r)]
     measured = [r for r in scored if not r.violates]
     if scored and not measured:
         best = scored[0]
@@ -233,7 +209,7 @@ def _recommend(
             f"{best.number}, {_settings(best)}: {'; '.join(best.violates)})",
         )
     allowed = study.allow_answer_changes
-    candidates = [r for r in measured if allowed or not r.answers_changed]
+    candidates = [r for r in rows if recommendable(r, allow_answer_changes=allowed)]  # the confirmation's rule too
     held_back = next((r for r in measured if r not in candidates), None)
     recommendation = (
         _recommend_in_fleet(study, candidates, baselines, fleet)
@@ -367,7 +343,7 @@ def _recommend_in_fleet(
 
 
 def _settings(row: LeaderboardRow) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(row.changed.items()))
+    return settings_text(row.changed, separator=", ")
 
 
 def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:

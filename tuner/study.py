@@ -71,6 +71,7 @@ from tuner.study_record import (
     update_study_record,
     update_trial_record,
 )
+from tuner.study_view import StudyView
 from tuner.transports.base import TRANSPORTS, Transport, create_transport
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
 from tuner.workloads import load_trace, thin_sessions
@@ -1100,16 +1101,10 @@ class _Confirmation:
         return measured.metrics
 
     def candidates(self) -> list[FrozenTrial]:
-        """The best measured trials that scored above the baseline and were not re-measured yet."""
-        measured: list[tuple[float, FrozenTrial]] = []
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            record = TrialRecord.of(trial)
-            if record.deployed and not record.baseline and (record.score or 0.0) > 0 and not record.violates:
-                measured.append((record.score or 0.0, trial))
-        best = [t for _, t in sorted(measured, key=lambda st: -st[0])][: self.spec.confirm.top]
-        host = self.loop.host
-        confirmed = (StudyRecord.of(self.study) if host is None else HostRecord.of(self.study, host)).confirmations
-        return [t for t in best if t.number not in confirmed]
+        """The best trials the recommendation could choose (one rule: `tuner.study_view.recommendable`) that
+        scored above the baseline and were not re-measured yet on this host."""
+        view = StudyView.of(self.study)
+        return [t.trial for t in view.to_confirm(top=self.spec.confirm.top, host=self.loop.host)]
 
 
 def _check_simulated_server(spec: StudySpec, launch: LaunchSpec) -> None:
