@@ -16,7 +16,7 @@ import pytest
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
 
-from tests.sim_study import DATA, prepare_simulated, run_simulated
+from tests.sim_study import DATA, DEMO, prepare_simulated, run_simulated
 from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.observers import NullObserver
@@ -311,3 +311,42 @@ def test_an_interruption_in_a_batch_costs_only_the_trials_that_started(tmp_path:
     # The budget of 2 is one interrupted trial that started and one measured now; the one that never started
     # is not on the board.
     assert len(measured) == 1 and [r.state for r in resumed.board.rows].count("FAIL") == 1
+
+
+class _Rounds(NullObserver):
+    """Which trials the confirmation took up, and every round's trial and label."""
+
+    def __init__(self) -> None:
+        self.confirmed: list[int] = []
+        self.rounds: list[tuple[int, str]] = []
+
+    def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
+        self.confirmed.append(number)
+
+    def round_started(self, *, number: int, label: str, index: int, total: int) -> None:
+        self.rounds.append((number, label))
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["answers-may-not-change", "answers-may-change"])
+def test_the_confirmation_never_spends_a_round_on_a_trial_the_recommendation_would_refuse(
+    tmp_path: Path, allowed: bool
+) -> None:
+    # The LoRA demo on the simulated server: one adapter setting for everyone beats the mixed baseline
+    # (no request waits for the other setting) and changes the answers of half the workload's requests.
+    overrides = [f"gate.allow_answer_changes={str(allowed).lower()}", "confirm.top=1", "confirm.pairs=2"]
+    prepared = prepare_simulated(overrides, study_file=DEMO.with_name("lora-demo.toml"))
+    observer = _Rounds()
+    result = run_simulated(prepared, tmp_path / "s", seed=3, observer=observer)
+    best = next(row for row in result.board.rows if not row.baseline)
+    assert best.score is not None and best.score > 0 and best.answers_changed, best
+    confirmation_rounds = [number for number, label in observer.rounds if label.startswith("pair ")]
+    recommendation = result.board.recommendation
+    if allowed:
+        # The control: the same best trial is re-measured (2 pairs) and recommended.
+        assert observer.confirmed == [best.number] and len(confirmation_rounds) == 4, observer.rounds
+        assert recommendation.row is not None and recommendation.row.number == best.number, recommendation.message
+    else:
+        # Refused by the recommendation whatever its re-measurement says: no pair of rounds is spent on it.
+        assert observer.confirmed == [] and confirmation_rounds == [], observer.rounds
+        assert StudyRecord.of(result.study).confirmations == {}
+        assert recommendation.row is None and "changes answers" in recommendation.message, recommendation.message
