@@ -131,9 +131,12 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     overrides = ["--set", "budget.trials=1", "--set", "confirm.top=1", "--set", "confirm.pairs=5", "--set", "seed=3"]
     # One server thread of two cores: with one per core, a core busy with other work stalls every barrier.
     overrides += ["--set", "engine.settings.threads=1"]
+    # Answers may change in this run: the confirmation re-measures only trials the recommendation may choose
+    # (one candidate rule), and the verdict below needs its pairs. The refusal is then read with the study's
+    # record saying that answers may not change.
+    overrides += ["--set", "gate.allow_answer_changes=true"]
     done = run_tuner(command + overrides)
     assert done.returncode == 0, done.stderr
-    assert "allow_answer_changes" in done.stdout
 
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "lora-demo"))
     board = build_leaderboard(study)
@@ -144,10 +147,14 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     assert baseline.metrics["lora_wait_p95_s"][0] > 1.0
     assert "lora_wait_p95_s" not in trial.metrics
     assert trial.metrics["ttft_p95_s"][0] < baseline.metrics["ttft_p95_s"][0]
-    # Half the requests get another adapter setting: their probe answers change, so no recommendation...
+    # Half the requests get another adapter setting: their probe answers change, so no recommendation
+    # while the study does not allow it...
     assert trial.answers_changed == pytest.approx(0.5, abs=0.26)
-    assert board.recommendation.row is None and "changes answers" in board.recommendation.message
-    # ...until the study file says answers may change.
+    update_study_record(study, allow_answer_changes=False)
+    refused = build_leaderboard(study).recommendation
+    assert refused.row is None and "changes answers" in refused.message
+    assert "gate.allow_answer_changes = true" in refused.message
+    # ...and, as this run allowed it, a recommendation on the confirmation's evidence.
     update_study_record(study, allow_answer_changes=True)
     allowed = build_leaderboard(study).recommendation
     if allowed.row is None:

@@ -22,6 +22,7 @@ from tuner.engines.llama_server import LlamaServerEngine
 from tuner.models import ReplayRequest
 from tuner.sim.model import NoiseModel
 from tuner.sim.runner import SimulatedTrialRunner
+from tuner.study_record import StudyRecord
 from tuner.trial_runner import PreparedStudy, RoundResult
 
 LORA_DEMO = ROOT / "studies" / "lora-demo.toml"
@@ -45,8 +46,11 @@ def _servers(runner: SimulatedTrialRunner) -> list[list[int]]:
 
 
 def test_a_trial_differing_only_in_its_lora_policy_is_measured_on_the_running_server(tmp_path: Path) -> None:
-    result = run_simulated(_lora_study(), tmp_path / "s", seed=0, noise=QUIET)
+    # Answers may change: the confirmation then re-measures the best policy (it never re-measures a trial
+    # the recommendation would refuse), and its pairs are among the rounds counted below.
+    result = run_simulated(_lora_study("gate.allow_answer_changes=true"), tmp_path / "s", seed=0, noise=QUIET)
     runner = result.runner
+    assert StudyRecord.of(result.study).confirmations, "no confirmation ran"
     assert runner.reuses_by_settings, runner.servers
     assert all(set(settings) <= {"lora_policy"} for settings in runner.reuses_by_settings)  # {}: the baseline
     servers = _servers(runner)
