@@ -18,8 +18,9 @@ from tuner.deployers.base import DEPLOYERS, PersistentDeployer, create_deployer
 from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.storage import open_optuna_study_readonly
 from tuner.study import PreparedStudy, fleet_hosts, prepare_study
+from tuner.study_view import StudyView
+from tuner.text import settings_text
 from tuner.transports.base import create_transport
 from tuner.trial_runner import ServerTrialRunner
 
@@ -41,7 +42,7 @@ class Applied:
 
 
 def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
-    board = build_leaderboard(open_optuna_study_readonly(RunDirectory(run_path)))
+    board = build_leaderboard(StudyView.open(RunDirectory(run_path)))
     if trial is None:
         if board.recommendation.row is None:
             raise StudyError(
@@ -86,7 +87,7 @@ def _plan(spec: StudySpec, base_dir: Path, run_path: Path, row: LeaderboardRow, 
     client = {k: v for k, v in row.settings.items() if engine.knobs[k].scope == "request"}
     engine.launch_spec(server)  # a bad setting or a missing build is refused before the host is reached
     if not _writes_the_hosts_config(spec):
-        flags = " ".join(f"{name}={value}" for name, value in sorted(server.items()))
+        flags = settings_text(server)
         on = "" if host is None else f" (host {host})"
         raise ConfigError(
             f"deploy.kind = {spec.deploy.kind!r}{on} has no configuration of the host to write; start the server "

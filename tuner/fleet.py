@@ -36,6 +36,7 @@ from tuner.study_record import (
     new_trial_attrs,
     update_trial_record,
 )
+from tuner.study_view import StudyView
 
 __all__ = [
     "fail_own_interrupted_trials",
@@ -106,28 +107,25 @@ def requeue(study: optuna.Study, number: int, params: dict[str, Any], settings: 
     study.enqueue_trial(params, user_attrs=new_trial_attrs(TrialRecord(settings=dict(settings), requeued_from=number)))
 
 
-def fleet_summary(study: optuna.Study) -> list[dict[str, Any]]:
+def fleet_summary(study: optuna.Study | StudyView) -> list[dict[str, Any]]:
     """Per host of a fleet's study: its trials, the one it measures now, and why it was dropped."""
-    hosts: dict[str, dict[str, Any]] = {}
-    for trial in study.get_trials(deepcopy=False):
-        record = TrialRecord.of(trial)
-        if record.host is None:
-            continue
-        entry = hosts.setdefault(
-            record.host, {"host": record.host, "trials": 0, "baseline": None, "running": None, "dropped": None}
+    view = study if isinstance(study, StudyView) else StudyView.of(study)
+    baselines = view.baselines
+    names = {t.host for t in view.trials if t.host is not None} | set(view.hosts)
+    summary = []
+    for host in sorted(names):
+        running = [t.number for t in view.in_state(TrialState.RUNNING) if t.host == host]
+        baseline = baselines.get(host)
+        summary.append(
+            {
+                "host": host,
+                "trials": view.trials_done(host),
+                "baseline": None if baseline is None else baseline.number,
+                "running": running[-1] if running else None,
+                "dropped": view.hosts[host].dropped if host in view.hosts else None,
+            }
         )
-        if record.baseline and trial.state == TrialState.COMPLETE:
-            entry["baseline"] = trial.number
-        elif record.deployed and not record.baseline:
-            entry["trials"] += 1
-        if trial.state == TrialState.RUNNING:
-            entry["running"] = trial.number
-    from tuner.study_record import host_records
-
-    for host, host_record in host_records(study).items():
-        hosts.setdefault(host, {"host": host, "trials": 0, "baseline": None, "running": None, "dropped": None})
-        hosts[host]["dropped"] = host_record.dropped
-    return [hosts[name] for name in sorted(hosts)]
+    return summary
 
 
 def fail_own_interrupted_trials(

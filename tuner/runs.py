@@ -7,7 +7,9 @@ runs/<study>/
   optuna.journal      Optuna storage (append-only, locked, fsynced); a last line torn by a full disk
                       is moved aside into optuna.journal.torn-<time> by the next run
   trials/0003/server.log        the server's log for that trial
-  trials/0003/round-1.jsonl     one RequestRecord per line
+  trials/0003/round-1.jsonl     one RequestRecord per line (round-1.server.jsonl: the server's account)
+  trials/0003/confirm-3-1.jsonl the confirmation's pair 1 of candidate 3 (confirm-3-h1-1: on fleet host h1),
+                                in the candidate's and in the baseline's directory; confirm-3-server.log
   progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it);
                       progress-<host>.json instead for each of a fleet's controllers run with --host
   host.json           which server build and host the baseline ran on (for the report)
@@ -142,8 +144,53 @@ class RunDirectory:
     def journal(self) -> Path:
         return self.path / "optuna.journal"
 
+    @property
+    def spec_path(self) -> Path:
+        return self.path / "spec.json"
+
     def trial_dir(self, number: int) -> Path:
         return self.path / "trials" / f"{number:04d}"
+
+    def trial_dirs(self) -> list[Path]:
+        """Every trial's directory that exists, by number."""
+        return sorted((self.path / "trials").glob("[0-9][0-9][0-9][0-9]"))
+
+    def server_log_path(self, number: int) -> Path:
+        """The log of the server that measured trial `number`'s rounds."""
+        return self.trial_dir(number) / "server.log"
+
+    @staticmethod
+    def round_name(index: int) -> str:
+        """The records' name of a search round (`index` from 1), as `save_records` takes it."""
+        return f"round-{index}"
+
+    def round_path(self, number: int, index: int) -> Path:
+        """Trial `number`'s records of search round `index` (from 1)."""
+        return self.trial_dir(number) / f"{self.round_name(index)}.jsonl"
+
+    def round_paths(self, number: int) -> list[Path]:
+        """Trial `number`'s records of its search rounds, by name (the server's accounts beside them left out)."""
+        return sorted(p for p in self.trial_dir(number).glob("round-*.jsonl") if not p.name.endswith(".server.jsonl"))
+
+    @staticmethod
+    def confirmation_name(candidate: int, host: str | None) -> str:
+        """The stem of a confirmation's files (`-<pair>` for a pair's records, `-server.log` for its log); a
+        fleet's hosts each confirm the same candidate, so their files carry the host's name."""
+        return f"confirm-{candidate}" if host is None else f"confirm-{candidate}-{host}"
+
+    @staticmethod
+    def is_confirmation(path: Path) -> bool:
+        """Whether a file of a trial's directory belongs to a confirmation (else to a search round or a log)."""
+        return path.name.startswith("confirm-")
+
+    def read_spec(self) -> dict[str, Any] | None:
+        """spec.json as the readers take it: None where it is absent, unreadable or not an object (a resume
+        reads it strictly, `check_spec`)."""
+        try:
+            stored = json.loads(self.spec_path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return stored if isinstance(stored, dict) else None
 
     def __enter__(self) -> RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -297,7 +344,7 @@ class RunDirectory:
         While no trial has been measured (a baseline that failed to start, say), every change is accepted:
         the fix a failed start asks for must not be refused. Afterwards only what decides the next trial or
         how long we wait may change (budget, sampler, confirm, timeouts)."""
-        stored_path = self.path / "spec.json"
+        stored_path = self.spec_path
         if stored_path.exists() and measured:
             differences = spec_differences(self._stored_spec(stored_path), spec)
             if differences:

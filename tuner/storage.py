@@ -9,7 +9,6 @@ neither the search loop nor the deployers: the reading commands open a study thr
 from __future__ import annotations
 
 import importlib.util
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -145,11 +144,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
 def recorded_storage(run_path: Path) -> tuple[str | None, str | None]:
     """The storage URL (without a password) and the study name the run directory's spec.json records."""
-    try:
-        stored = json.loads((run_path / "spec.json").read_bytes())
-    except (OSError, ValueError):
-        return None, None
-    if not isinstance(stored, dict):
+    stored = RunDirectory(run_path).read_spec()
+    if stored is None:
         return None, None
     storage = stored.get("storage")
     name = stored.get("name") if isinstance(stored.get("name"), str) else None
@@ -159,7 +155,7 @@ def recorded_storage(run_path: Path) -> tuple[str | None, str | None]:
 
 def holds_study(run_path: Path) -> bool:
     """Whether a run directory holds a study: its journal, or a spec.json naming the storage that holds it."""
-    return (run_path / "optuna.journal").is_file() or recorded_storage(run_path)[0] is not None
+    return RunDirectory(run_path).journal.is_file() or recorded_storage(run_path)[0] is not None
 
 
 def has_measured_trials(
