@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.observers import FLEET_HOST, NullObserver
+from tuner.text import settings_text
 
 # Types only: the CLI makes its consoles here for every command, `tuner kinds` and an error line
 # included, and those need neither the reports (pandas, scipy) nor the engines and metrics (numpy).
@@ -68,7 +69,7 @@ def _label(name: str) -> str:
 
 
 def _settings(settings: Mapping[str, ParamValue]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "(baseline)"
+    return settings_text(settings, empty="(baseline)")
 
 
 def make_console(*, stderr: bool = False) -> Console:

@@ -21,13 +21,14 @@ from rich.text import Text
 
 from tuner.console import ConsoleObserver
 from tuner.observers import Observers, StudyObserver
-from tuner.progress import Progress, ProgressTracker, RunStatus, duration_text
+from tuner.progress import Progress, ProgressTracker, RunStatus
+from tuner.text import duration_text, settings_text
 
 __all__ = ["LiveDisplay", "progress_panel", "render_status", "run_observer"]
 
 
 def _settings(settings: Mapping[str, object]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    return settings_text(settings)
 
 
 def _now_line(p: Progress, now: float) -> str:

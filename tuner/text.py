@@ -13,10 +13,11 @@ from typing import Literal
 __all__ = ["DurationStyle", "duration_text", "settings_text"]
 
 
-def settings_text(settings: Mapping[str, object], *, separator: str = " ", empty: str = "") -> str:
+def settings_text(settings: Mapping[str, object], *, separator: str = " ", equals: str = "=", empty: str = "") -> str:
     """`n_batch=512 n_ubatch=256`: each knob and its value, sorted by knob, as the leaderboard's table writes
-    them; `separator=", "` in a sentence; `empty` is what stands for no setting (the baseline)."""
-    return separator.join(f"{name}={value}" for name, value in sorted(settings.items())) or empty
+    them; `separator=", "` in a sentence (the report's page: `equals=" = "` too); `empty` stands for no
+    setting (the baseline)."""
+    return separator.join(f"{name}{equals}{value}" for name, value in sorted(settings.items())) or empty
 
 
 DurationStyle = Literal["clock", "exact", "rough"]

@@ -32,6 +32,7 @@ from tuner.diagnose.report import (
 )
 from tuner.diagnose.vllm import VllmReader, read_metrics_scrape
 from tuner.errors import ConfigError
+from tuner.text import duration_text
 
 __all__ = [
     "ANALYSES",
@@ -81,12 +82,8 @@ def _units(text: str, value: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    hours, rest = divmod(round(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+    """A time in a log, to the second: `3.2s`, `3m05s`, `1h02m03s` (tuner.text's `exact` style)."""
+    return duration_text(seconds, style="exact")
 
 
 def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
