@@ -53,3 +53,23 @@ def test_a_run_made_by_0_1_0_opens_through_the_view(tmp_path: Path) -> None:
     assert build_leaderboard(view) == build_leaderboard(
         optuna.load_study(study_name=view.name, storage=RunDirectory(run).storage())
     )
+
+
+def test_every_file_a_run_writes_in_its_trials_is_one_the_run_directorys_accessors_name(tmp_path: Path) -> None:
+    run_path = tmp_path / "demo"
+    study = run_simulated(prepare_simulated(), run_path, seed=1, in_memory=False, save_rounds=True).study
+    run_dir, view = RunDirectory(run_path), StudyView.of(study)
+    confirmed = list(view.confirmations())
+    assert confirmed, "the demo confirms its best trial"
+    (baseline,) = view.baselines.values()
+    assert run_dir.round_path(baseline.number, 1).is_file()
+    for directory in run_dir.trial_dirs():
+        number = int(directory.name)
+        assert directory == run_dir.trial_dir(number)
+        for path in directory.iterdir():
+            if run_dir.is_confirmation(path):
+                names = [run_dir.confirmation_name(candidate, None) for candidate in confirmed]
+                assert any(path.name.startswith(name + "-") for name in names), path
+            else:
+                named = [*run_dir.round_paths(number), run_dir.server_log_path(number)]
+                assert path in named or path.name.endswith(".server.jsonl"), path

@@ -181,7 +181,7 @@ async def restore_hosts(
 
 async def _apply(plan: _Plan, run_path: Path, *, say: Callable[[str], None]) -> Applied:
     spec, prepared, row, server, host = plan.spec, plan.prepared, plan.row, plan.server, plan.host
-    log_path = run_path / "apply" / f"{time.strftime('%Y%m%dT%H%M%S')}{'' if host is None else '-' + host}-server.log"
+    log_path = RunDirectory(run_path).apply_log_path(time.strftime("%Y%m%dT%H%M%S"), host)
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)
         assert isinstance(deployer, PersistentDeployer), "checked by _plan"

@@ -13,6 +13,8 @@ runs/<study>/
   progress.json       where the run stands, rewritten at each step (tuner.progress; `tuner status` reads it);
                       progress-<host>.json instead for each of a fleet's controllers run with --host
   host.json           which server build and host the baseline ran on (for the report)
+  deployer-state.json what the deployer must restore if the controller dies (deployer-state-<host>.json)
+  apply/<time>-server.log       the server's log of a `tuner apply` verification run (<time>-<host>-...)
   report.html         the morning report, rewritten after every trial
   leaderboard.csv     the last leaderboard, written at the end of a run
 """
@@ -182,6 +184,19 @@ class RunDirectory:
     def is_confirmation(path: Path) -> bool:
         """Whether a file of a trial's directory belongs to a confirmation (else to a search round or a log)."""
         return path.name.startswith("confirm-")
+
+    def apply_log_path(self, stamp: str, host: str | None) -> Path:
+        """The server log of `tuner apply`'s verification run started at `stamp`, on `host` of a fleet."""
+        return self.path / "apply" / f"{stamp}{'' if host is None else '-' + host}-server.log"
+
+    def deployer_state_path(self, host: str | None) -> Path:
+        """Where the deployer keeps what it must restore (the controller's own host, or a fleet's `host`)."""
+        return self.path / ("deployer-state.json" if host is None else f"deployer-state-{host}.json")
+
+    @property
+    def leaderboard_path(self) -> Path:
+        """The last leaderboard as CSV, written at the end of a run."""
+        return self.path / "leaderboard.csv"
 
     def read_spec(self) -> dict[str, Any] | None:
         """spec.json as the readers take it: None where it is absent, unreadable or not an object (a resume
