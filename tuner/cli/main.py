@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None, *, hold_late_signals: bool = False) 
                 signal.signal(signum, handler)
 
 
-def handler(command: Command) -> Handler:
+def command_function(command: Command) -> Handler:
     """The function that runs `command`, its module imported now (the table names it as `module:function`)."""
     module, _, function = command.run.partition(":")
     return cast(Handler, getattr(importlib.import_module(module), function))
@@ -61,14 +61,14 @@ def _main(argv: Sequence[str] | None) -> int:
     from tuner.console import make_console  # after parsing: `--help` and a mistyped flag print no rich
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for log_handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
-        log_handler.addFilter(RedactingFilter())
+    for handler in logging.getLogger().handlers:  # a library's debug line may carry a header or the key
+        handler.addFilter(RedactingFilter())
     console = make_console()
     err = make_console(stderr=True)
     try:
         if command.check is not None:
             command.check(args)
-        return handler(command)(args, console)
+        return command_function(command)(args, console)
     except TunerError as exc:
         # The last line out: server text an error quotes is scrubbed here whatever raised it.
         err.print(f"error: {redact(str(exc))}", markup=False, highlight=False, soft_wrap=True)
