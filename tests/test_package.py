@@ -126,13 +126,27 @@ def test_the_search_loops_class_stays_at_most_300_lines() -> None:
     assert loop.end_lineno is not None and loop.end_lineno - loop.lineno + 1 <= 300
 
 
-def test_every_subcommand_has_its_function_in_the_dispatch_table() -> None:
+def test_every_command_of_the_table_is_in_its_parents_help_and_names_a_function_that_exists() -> None:
     import argparse
+    import importlib
 
-    from tuner.cli import _COMMANDS, _parser
+    from tuner.cli.commands import COMMANDS, Command
+    from tuner.cli.parser import build_parser
 
-    (subcommands,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(subcommands.choices) == set(_COMMANDS)
+    def check(parser: argparse.ArgumentParser, commands: tuple[Command, ...]) -> None:
+        (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        assert list(subcommands.choices) == [command.name for command in commands]
+        shown = " ".join(parser.format_help().split())  # `tuner --help`, lines joined where argparse wrapped them
+        for command in commands:
+            assert f" {command.name} {' '.join(command.help.split())}" in shown, command.name
+            if command.subcommands:
+                assert command.run == "", command.name  # a group runs nothing itself
+                check(subcommands.choices[command.name], command.subcommands)
+            else:
+                module, _, function = command.run.partition(":")
+                assert callable(getattr(importlib.import_module(module), function)), command.run
+
+    check(build_parser(), COMMANDS)
 
 
 def test_every_guard_mutant_applies_to_the_code_and_names_tests_that_exist() -> None:

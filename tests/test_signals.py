@@ -19,13 +19,12 @@ import pytest
 CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from tuner import cli
-    from tuner.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+    from tuner.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, signals
 
     received = []
 
     async def command():
-        cli._stop_on_signals(received)
+        signals.stop_on_signals(received)
         print("running", flush=True)
         try:
             try:
@@ -45,9 +44,9 @@ CHILD = textwrap.dedent(
         try:
             asyncio.run(command())
         except asyncio.CancelledError:
-            cli._raise_if_stopped(received)
+            signals.raise_if_stopped(received)
             raise
-        cli._raise_if_stopped(received)
+        signals.raise_if_stopped(received)
         return 0
 
     def main():  # as cli.main: the exit codes of a stop
@@ -59,7 +58,7 @@ CHILD = textwrap.dedent(
             return EXIT_TERMINATED
 
     code = main()
-    cli._hold_late_signals()  # as cli.entry
+    signals.hold_late_signals()  # as cli.entry
     print(f"exit {code}", flush=True)
     sys.exit(code)
     """

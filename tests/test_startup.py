@@ -39,8 +39,8 @@ sys.exit(code)
 """
 
 # Runs `tuner.cli.main` on each argument list of a JSON list in one process; writes, per list, its exit
-# code and the top-level packages imported by then (a growing set: the first list that shows a package
-# is the one that imported it).
+# code, the top-level packages and the modules of `tuner.cli` imported by then (growing sets: the first
+# list that shows a module is the one that imported it).
 EACH = """
 import json, sys
 from tuner.cli import main
@@ -50,9 +50,14 @@ for argv in json.loads(sys.argv[1]):
         code = main(argv)
     except SystemExit as stop:
         code = stop.code
-    seen.append([argv, code, sorted({name.split(".")[0] for name in sys.modules})])
+    modules = sorted(sys.modules)
+    cli = [name for name in modules if name.startswith("tuner.cli.")]
+    seen.append([argv, code, sorted({name.split(".")[0] for name in modules}), cli])
 sys.stderr.write("\\n" + json.dumps(seen) + "\\n")
 """
+
+# What parsing and checking the command line may load of `tuner.cli`: never a command's own module.
+PARSING = {"tuner.cli.main", "tuner.cli.commands", "tuner.cli.parser", "tuner.cli.checks", "tuner.cli.signals"}
 
 
 def python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -99,7 +104,7 @@ def test_an_argument_error_imports_no_heavy_package(tmp_path: Path) -> None:
 
 def every_help() -> list[list[str]]:
     """`--help` of every command and subcommand the parser has."""
-    from tuner.cli import _parser
+    from tuner.cli.parser import build_parser
 
     found: list[list[str]] = []
 
@@ -110,7 +115,7 @@ def every_help() -> list[list[str]]:
                 for name, sub in action.choices.items():
                     walk(sub, [*prefix, name])
 
-    walk(_parser(), [])
+    walk(build_parser(), [])
     return found
 
 
@@ -120,9 +125,10 @@ def test_every_commands_help_imports_no_heavy_package(tmp_path: Path) -> None:
     result = python("-c", EACH, json.dumps(helps), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stderr.splitlines()[-1])
-    assert [code for _, code, _ in seen] == [0] * len(helps)
-    first_heavy = next(((argv, set(imported) & HEAVY) for argv, _, imported in seen if set(imported) & HEAVY), None)
+    assert [code for _, code, _, _ in seen] == [0] * len(helps)
+    first_heavy = next(((argv, set(imported) & HEAVY) for argv, _, imported, _ in seen if set(imported) & HEAVY), None)
     assert first_heavy is None
+    assert set(seen[-1][3]) <= PARSING  # no command's module: each is imported when its command runs
     assert "Azure LLM inference trace CSV" in result.stdout  # `workload import --help` names the formats
 
 
@@ -146,3 +152,37 @@ def test_the_catalog_imports_nothing() -> None:
     tree = ast.parse(Path(catalog.__file__).read_text())
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
     assert [ast.unparse(node) for node in imports] == ["from __future__ import annotations"]
+
+
+def command_modules() -> set[str]:
+    """The modules the table names for running its commands."""
+    from tuner.cli.commands import COMMANDS, Command
+
+    def leaves(commands: tuple[Command, ...]) -> list[Command]:
+        return [leaf for c in commands for leaf in (leaves(c.subcommands) if c.subcommands else [c])]
+
+    return {leaf.run.partition(":")[0] for leaf in leaves(COMMANDS)}
+
+
+def test_argument_checks_refuse_before_the_commands_module_is_imported(tmp_path: Path) -> None:
+    refused = [
+        ["diagnose", "server.log", "--like", "study.toml"],
+        ["record", "--upstream", "http://127.0.0.1:8080", "--out", "t.jsonl", "--listen", "127.0.0.1:70000"],
+        ["workload", "show", "t.jsonl", "--plot", "t.gif"],
+    ]
+    result = python("-c", EACH, json.dumps(refused), cwd=tmp_path)
+    seen = json.loads(result.stderr.splitlines()[-1])
+    assert [code for _, code, _, _ in seen] == [2, 2, 2]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
+        "error: --like names the study whose [host], [deploy] and [engine] a written study takes; add --study OUT.toml",
+        "error: --listen '127.0.0.1:70000': port 70000 is out of range (0-65535); pass e.g. 127.0.0.1:8081",
+        "error: --plot t.gif: use a .png, .svg or .pdf file name",
+    ]
+    assert set(seen[-1][3]) <= PARSING and set(seen[-1][2]) & HEAVY == set()
+
+
+def test_a_command_imports_its_own_module_and_no_other_commands(tmp_path: Path) -> None:
+    result = python("-c", EACH, json.dumps([["kinds"]]), cwd=tmp_path)
+    ((_, code, _, cli_modules),) = json.loads(result.stderr.splitlines()[-1])
+    assert code == 0, result.stderr
+    assert set(cli_modules) & command_modules() == {"tuner.cli.tools"}  # the table's module for `kinds`

@@ -1,0 +1,89 @@
+"""`tuner run`: a study run or resumed on its hosts, then its leaderboard and report; `tuner run --check`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.cli.reading import show
+from tuner.cli.signals import raise_if_stopped, run_stoppable, stop_on_signals
+from tuner.files import write_atomic
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tuner.config import StudySpec
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from tuner.config import load_study
+
+    spec, base_dir = load_study(args.study, args.overrides)
+    if args.storage or spec.storage is not None:
+        from tuner.config import StorageSpec
+        from tuner.storage import remember_url
+
+        if args.storage:
+            kept = spec.storage.model_dump() if spec.storage is not None else {}
+            spec = spec.model_copy(update={"storage": StorageSpec.model_validate({**kept, "url": args.storage})})
+        assert spec.storage is not None
+        remember_url(spec.storage.url)  # its password is a secret from here on: redacted wherever it would show
+    if args.check:
+        return _check(args, spec, base_dir, console)
+    # The study's own modules once its file is read: a wrong path or value is refused without them.
+    from tuner.live import run_observer
+    from tuner.morning_report import REPORT_NAME, ReportWriter
+    from tuner.observers import Observers
+    from tuner.progress import Plan, ProgressTracker, progress_file
+    from tuner.report import leaderboard_frame
+    from tuner.study import run_study
+
+    run_path = args.runs_dir / spec.name
+    tracker = ProgressTracker(Plan.of(spec), path=run_path / progress_file(args.hosts or ()))
+
+    received: list[int] = []
+
+    report = ReportWriter(run_path, say=lambda line: console.print(line, style="yellow", markup=False))
+
+    async def main() -> None:
+        stop_on_signals(received)
+        with run_observer(console, tracker) as observer:
+            await run_study(spec, base_dir, run_path, Observers(observer, report), hosts=args.hosts or None)
+
+    started = time.monotonic()
+    run_stoppable(main(), received)
+    board = show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
+    write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
+    report.write()  # as after every trial: a page that cannot be written is said, the run's outcome stands
+    written = "" if report.failed else f", the report in {run_path / REPORT_NAME}"
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    console.print(
+        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}{written}",
+        markup=False,
+    )
+    raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
+    return 0
+
+
+def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: Console) -> int:
+    """`tuner run --check`: one line per finding; 0 if the study can run, 1 if something must be fixed first."""
+    from tuner.check import check_study
+
+    run_path = args.runs_dir / spec.name
+    text = args.study.read_text(errors="replace")  # load_study read it a moment ago
+    lines = asyncio.run(check_study(spec, base_dir, run_path, hosts=args.hosts or None, study_text=text))
+    for line in lines:
+        detail = " ".join(line.detail.split())  # a host command's stderr may hold line breaks
+        shown = f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {detail}"
+        console.print(shown, markup=False, highlight=False, soft_wrap=True)  # one line each, for grep and logs
+    failed = [line for line in lines if not line.ok]
+    if failed:
+        console.print(f"{len(failed)} of {len(lines)} checks failed: fix them before the night, then check again")
+        return 1
+    console.print(f"the study can run ({len(lines)} checks passed; nothing on the host was changed)")
+    return 0
