@@ -26,7 +26,8 @@ from tuner.console import ConsoleObserver
 from tuner.errors import StudyError
 from tuner.live import LiveDisplay, run_observer
 from tuner.observers import EVENTS, NullObserver, Observers, StudyObserver
-from tuner.progress import PROGRESS_FILE, Plan, Progress, ProgressTracker, progress_file, read_progress
+from tuner.progress import Plan, ProgressTracker
+from tuner.progress_file import PROGRESS_FILE, Progress, progress_file, read_progress
 from tuner.runs import RunDirectory
 from tuner.sim.model import NoiseModel
 

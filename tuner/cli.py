@@ -408,7 +408,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from tuner.live import run_observer
     from tuner.morning_report import REPORT_NAME, ReportWriter
     from tuner.observers import Observers
-    from tuner.progress import Plan, ProgressTracker, progress_file
+    from tuner.progress import Plan, ProgressTracker
+    from tuner.progress_file import progress_file
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
 
@@ -461,7 +462,7 @@ def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: C
 def _status(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from tuner.progress import controller_statuses, run_status
+    from tuner.status import controller_statuses, run_status
 
     _use_storage(args)
     status = run_status(args.run_dir)

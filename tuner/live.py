@@ -21,7 +21,9 @@ from rich.text import Text
 
 from tuner.console import ConsoleObserver
 from tuner.observers import Observers, StudyObserver
-from tuner.progress import Progress, ProgressTracker, RunStatus, duration_text
+from tuner.progress import ProgressTracker
+from tuner.progress_file import Progress
+from tuner.status import RunStatus, duration_text
 
 __all__ = ["LiveDisplay", "progress_panel", "render_status", "run_observer"]
 

@@ -796,7 +796,7 @@ class _Report:
 
     def _phase_seconds(self) -> dict[str, float]:
         """Where the run's time went by phase, as `tuner run`'s progress file counted it; {} without one."""
-        from tuner.progress import read_progress
+        from tuner.progress_file import read_progress
 
         try:
             progress = read_progress(self.run_path)
