@@ -132,7 +132,7 @@ class Change:
 
 @dataclass(frozen=True, kw_only=True)
 class Computed:
-    g: Gathered
+    g: Gathered  # what was read, for the page to show as it is
     baseline: LeaderboardRow | None
     chosen: LeaderboardRow | None  # the recommendation
     compared: LeaderboardRow | None  # the recommendation, else the best candidate
