@@ -100,11 +100,11 @@ def _verdict(c: Computed) -> str:
     compared = c.compared
     if c.baseline is not None and compared is not None:
         title = "What it buys" if row is not None else f"What the best candidate (trial {compared.number}) would do"
-        body.append(f"<h3>{escape(title)}</h3>{_user_terms(c, c.baseline, compared)}")
+        body.append(f"<h3>{escape(title)}</h3>{_user_terms(c.baseline, compared)}")
     return section("verdict", "The verdict", "".join(body))
 
 
-def _user_terms(c: Computed, baseline: LeaderboardRow, other: LeaderboardRow) -> str:
+def _user_terms(baseline: LeaderboardRow, other: LeaderboardRow) -> str:
     lines = []
     for metric, label, unit, higher_better in USER_TERMS:
         if metric not in baseline.metrics or metric not in other.metrics:
