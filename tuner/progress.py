@@ -94,6 +94,65 @@ class _State:
             self.phase_seconds[self.counting] = self.phase_seconds.get(self.counting, 0.0) + elapsed
         self.counting, self.counting_since = phase, now
 
+    def phase_seconds_at(self, now: float) -> dict[str, float]:
+        seconds = dict(self.phase_seconds)
+        if self.counting is not None:  # the phase under way, so far
+            seconds[self.counting] = seconds.get(self.counting, 0.0) + max(0.0, now - self.counting_since)
+        return {phase: round(seconds[phase], 3) for phase in PHASES if phase in seconds}
+
+    def round_s(self) -> float | None:
+        return self.round_time_s / self.rounds_done if self.rounds_done else None
+
+    def estimate(self, plan: Plan, now: float) -> tuple[int, float | None, bool]:
+        """Rounds left, time left and whether the budget's hours cut it.
+
+        Rounds left: those of the batch under way (each trial's planned rounds, extra ones for noisy rounds
+        included), the baseline's if it is not measured yet, every trial the budget still allows, and the
+        confirmation's pairs (assumed to happen: it does when a trial beats the baseline). Each takes the
+        mean round time so far; no new batch starts after the budget's hours, so the trials it would bring
+        count only as far as the time left reaches. Once the search is over with no trial above the
+        baseline, no confirmation is counted."""
+        if self.over or self.state != "running":
+            return 0, (0.0 if self.rounds_done else None), False
+        must = sum(max(0, t.planned - t.done) for t in self.batch.values())
+        if not self.baseline_done and not any(t.baseline for t in self.batch.values()):
+            must += plan.rounds_per_trial
+        searching = self.confirming is None and self.confirm_started == 0 and not self.exhausted
+        future = max(0, plan.budget_trials - self.started_trials) * plan.rounds_per_trial if searching else 0
+        confirm = self.confirm_left + max(0, plan.confirm_top - self.confirm_started) * 2 * plan.confirm_pairs
+        if self.confirm_started == 0 and not (must or future) and (self.best is None or self.best.score <= 0):
+            confirm = 0  # the search is over and no trial beat the baseline: nothing to confirm
+        round_s = self.round_s()
+        if round_s is None:
+            return must + future + confirm, None, False
+        in_round = 0.0 if self.round_began is None else min(round_s, max(0.0, now - self.round_began))
+        capped = False
+        if plan.budget_hours is not None and future:
+            time_left = self.started_at + plan.budget_hours * 3600 - now
+            affordable = max(0.0, time_left - must * round_s)
+            if future * round_s > affordable:
+                capped = True
+                future = math.ceil(affordable / round_s) if round_s > 0 else 0
+        rounds = must + future + confirm
+        return rounds, max(0.0, rounds * round_s - in_round), capped
+
+    def end_round(self, now: float, *, measured: bool) -> None:
+        if self.round_began is not None:
+            self.round_time_s += now - self.round_began
+            self.round_began = None
+        if measured:
+            self.rounds_done += 1
+
+    def end_trial(self, number: int, *, scored: bool = False) -> _Trial | None:
+        trial = self.batch.pop(number, None)
+        if trial is not None and trial.baseline:
+            self.baseline_done = self.baseline_done or scored  # a failed baseline ends the run unmeasured
+        elif trial is not None:
+            self.trials_done += 1
+        if self.current is not None and self.current.number == number:
+            self.current = None
+        return trial
+
 
 _ENDINGS: dict[str, tuple[RunState, str]] = {
     "finished": ("finished", "the run finished"),
@@ -128,7 +187,7 @@ class ProgressTracker(NullObserver):
 
     def _snapshot(self, now: float) -> Progress:
         s, plan = self._state, self.plan
-        rounds_left, eta_s, capped = self._estimate(now)
+        rounds_left, eta_s, capped = s.estimate(plan, now)
         return Progress(
             study=s.study,
             pid=os.getpid(),
@@ -148,59 +207,14 @@ class ProgressTracker(NullObserver):
             confirming=s.confirming,
             rounds_done=s.rounds_done,
             rounds_left=rounds_left,
-            round_s=self._round_s(),
+            round_s=s.round_s(),
             eta_s=eta_s,
             eta_capped=capped,
             current=s.current,
             best=s.best,
             last=s.last,
-            phase_seconds=self._phase_seconds(now),
+            phase_seconds=s.phase_seconds_at(now),
         )
-
-    def _phase_seconds(self, now: float) -> dict[str, float]:
-        s = self._state
-        seconds = dict(s.phase_seconds)
-        if s.counting is not None:  # the phase under way, so far
-            seconds[s.counting] = seconds.get(s.counting, 0.0) + max(0.0, now - s.counting_since)
-        return {phase: round(seconds[phase], 3) for phase in PHASES if phase in seconds}
-
-    def _round_s(self) -> float | None:
-        s = self._state
-        return s.round_time_s / s.rounds_done if s.rounds_done else None
-
-    def _estimate(self, now: float) -> tuple[int, float | None, bool]:
-        """Rounds left, time left and whether the budget's hours cut it.
-
-        Rounds left: those of the batch under way (each trial's planned rounds, extra ones for noisy rounds
-        included), the baseline's if it is not measured yet, every trial the budget still allows, and the
-        confirmation's pairs (assumed to happen: it does when a trial beats the baseline). Each takes the
-        mean round time so far; no new batch starts after the budget's hours, so the trials it would bring
-        count only as far as the time left reaches. Once the search is over with no trial above the
-        baseline, no confirmation is counted."""
-        s, plan = self._state, self.plan
-        if s.over or s.state != "running":
-            return 0, (0.0 if s.rounds_done else None), False
-        must = sum(max(0, t.planned - t.done) for t in s.batch.values())
-        if not s.baseline_done and not any(t.baseline for t in s.batch.values()):
-            must += plan.rounds_per_trial
-        searching = s.confirming is None and s.confirm_started == 0 and not s.exhausted
-        future = max(0, plan.budget_trials - s.started_trials) * plan.rounds_per_trial if searching else 0
-        confirm = s.confirm_left + max(0, plan.confirm_top - s.confirm_started) * 2 * plan.confirm_pairs
-        if s.confirm_started == 0 and not (must or future) and (s.best is None or s.best.score <= 0):
-            confirm = 0  # the search is over and no trial beat the baseline: nothing to confirm
-        round_s = self._round_s()
-        if round_s is None:
-            return must + future + confirm, None, False
-        in_round = 0.0 if s.round_began is None else min(round_s, max(0.0, now - s.round_began))
-        capped = False
-        if plan.budget_hours is not None and future:
-            time_left = s.started_at + plan.budget_hours * 3600 - now
-            affordable = max(0.0, time_left - must * round_s)
-            if future * round_s > affordable:
-                capped = True
-                future = math.ceil(affordable / round_s) if round_s > 0 else 0
-        rounds = must + future + confirm
-        return rounds, max(0.0, rounds * round_s - in_round), capped
 
     # -- writing
 
@@ -240,23 +254,6 @@ class ProgressTracker(NullObserver):
                 s.current = s.current.model_copy(update={"phase": phase, "phase_since": now})
 
         self._event(change)
-
-    def _end_round(self, s: _State, now: float, *, measured: bool) -> None:
-        if s.round_began is not None:
-            s.round_time_s += now - s.round_began
-            s.round_began = None
-        if measured:
-            s.rounds_done += 1
-
-    def _end_trial(self, s: _State, number: int, *, scored: bool = False) -> _Trial | None:
-        trial = s.batch.pop(number, None)
-        if trial is not None and trial.baseline:
-            s.baseline_done = s.baseline_done or scored  # a failed baseline ends the run unmeasured
-        elif trial is not None:
-            s.trials_done += 1
-        if s.current is not None and s.current.number == number:
-            s.current = None
-        return trial
 
     def _earlier_phase_seconds(self, name: str) -> dict[str, float]:
         """A resumed run's time so far, from the progress file its last session left."""
@@ -338,7 +335,7 @@ class ProgressTracker(NullObserver):
 
     def round_finished(self, *, number: int, label: str, metrics: Mapping[str, float | None], failures: int) -> None:
         def change(s: _State, now: float) -> None:
-            self._end_round(s, now, measured=True)
+            s.end_round(now, measured=True)
             s.count(PHASES[-1], now)
             trial = s.batch.get(number)
             if s.confirming is not None:
@@ -360,7 +357,7 @@ class ProgressTracker(NullObserver):
 
     def trial_finished(self, *, number: int, score: float, noisy: list[str]) -> None:
         def change(s: _State, now: float) -> None:
-            self._end_trial(s, number, scored=True)
+            s.end_trial(number, scored=True)
             s.last = f"trial {number} scored {score:+.2f}"
 
         self._event(change)
@@ -368,8 +365,8 @@ class ProgressTracker(NullObserver):
     def trial_failed(self, *, number: int, reason: str) -> None:
         def change(s: _State, now: float) -> None:
             if s.current is not None and s.current.number == number:
-                self._end_round(s, now, measured=False)
-            trial = self._end_trial(s, number)
+                s.end_round(now, measured=False)
+            trial = s.end_trial(number)
             if trial is not None and not trial.baseline:
                 s.failed += 1
             s.last = f"trial {number} FAILED: {reason}"
@@ -378,7 +375,7 @@ class ProgressTracker(NullObserver):
 
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
         def change(s: _State, now: float) -> None:
-            self._end_trial(s, number)
+            s.end_trial(number)
             s.pruned += 1
             s.last = f"trial {number} {reason}"
 
