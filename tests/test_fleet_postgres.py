@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import llama_server_processes
-from tuner.progress import progress_file
+from tuner.progress_file import progress_file
 from tuner.storage import open_storage
 from tuner.study_record import HostRecord, TrialRecord
 

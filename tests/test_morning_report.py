@@ -17,7 +17,8 @@ import pytest
 from tests.sim_study import ROOT, prepare_simulated, run_simulated
 from tests.test_cli import one_error_line, tuner_cli
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
-from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
+from tuner.progress import Plan, ProgressTracker
+from tuner.progress_file import PROGRESS_FILE
 from tuner.redact import remember_secret
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory

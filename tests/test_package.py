@@ -43,6 +43,8 @@ LAYERS = [
         "storage",
         "progress",
         "study_view",
+        "progress_file",
+        "status",
     },
     {"engines", "deployers", "importers", "fleet"},
     {"loadgen", "gate", "record", "gpu", "diagnose"},

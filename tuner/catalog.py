@@ -1,5 +1,6 @@
 """What the command line names and checks before it loads any plugin: every registry's kinds, the
-importers' one-line descriptions, and a trace's token limit.
+importers' one-line descriptions, a trace's token limit, and the drop-in `tuner apply` writes (which the
+morning report names without loading the deployers).
 
 The plugins behind these names import pydantic, httpx, asyncssh, numpy, pandas or scipy, seconds on a
 small machine; `tuner --help`, a command's `--help`, `tuner kinds` and a mistyped flag need only the
@@ -15,6 +16,7 @@ __all__ = [
     "GENERATOR_KINDS",
     "IMPORTER_FORMATS",
     "MAX_PROMPT_TOKENS",
+    "SYSTEMD_APPLIED_DROP_IN",
     "TRANSPORT_KINDS",
 ]
 
@@ -36,3 +38,7 @@ IMPORTER_FORMATS = {
 # synthesize a prompt that size. The trace format enforces it; `workload synth --long-tokens` checks it
 # while parsing the command line.
 MAX_PROMPT_TOKENS = 10_000_000
+
+# The drop-in `tuner apply` writes under /etc/systemd/system/UNIT.d (the systemd deployer's APPLIED_NAME): it
+# sorts before the trials' drop-in under /run, so later trials still win over it.
+SYSTEMD_APPLIED_DROP_IN = "zz-tuner-applied.conf"

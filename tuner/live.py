@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -21,8 +22,12 @@ from rich.text import Text
 
 from tuner.console import ConsoleObserver
 from tuner.observers import Observers, StudyObserver
-from tuner.progress import Progress, ProgressTracker, RunStatus
+from tuner.progress_file import Progress
+from tuner.status import RunStatus
 from tuner.text import duration_text, settings_text
+
+if TYPE_CHECKING:  # the writer is `tuner run`'s: `tuner status` shows a panel without loading it
+    from tuner.progress import ProgressTracker
 
 __all__ = ["LiveDisplay", "progress_panel", "render_status", "run_observer"]
 

@@ -41,7 +41,7 @@ def holds_study(run_path: Path) -> bool:
 def status(args: argparse.Namespace, console: Console) -> int:
     import json
 
-    from tuner.progress import controller_statuses, run_status
+    from tuner.status import controller_statuses, run_status
 
     use_storage(args)
     status = run_status(args.run_dir)

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from tuner.live import run_observer
     from tuner.morning_report import REPORT_NAME, ReportWriter
     from tuner.observers import Observers
-    from tuner.progress import Plan, ProgressTracker, progress_file
+    from tuner.progress import Plan, ProgressTracker
+    from tuner.progress_file import progress_file
     from tuner.report import leaderboard_frame
     from tuner.study import run_study
 

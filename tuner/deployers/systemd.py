@@ -36,6 +36,7 @@ from typing import Literal
 import httpx
 from pydantic import Field
 
+from tuner.catalog import SYSTEMD_APPLIED_DROP_IN
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.errors import (
@@ -67,8 +68,8 @@ __all__ = [
 
 DROP_IN_NAME = "zz-tuner.conf"  # sorts after the operator's override.conf, so our values win
 # `tuner apply` writes this one under /etc: it sorts before DROP_IN_NAME, so later trials still win over
-# it (a file of the same name in /etc would hide ours in /run).
-APPLIED_NAME = "zz-tuner-applied.conf"
+# it (a file of the same name in /etc would hide ours in /run). Named in the catalog, for the morning report.
+APPLIED_NAME = SYSTEMD_APPLIED_DROP_IN
 RUNTIME_DIR = "/run/systemd/system"
 PERSISTENT_DIR = "/etc/systemd/system"
 STATE_DIR = "/run/serve-tuner"
