@@ -410,7 +410,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from tuner.observers import Observers
     from tuner.progress import Plan, ProgressTracker, progress_file
     from tuner.report import leaderboard_frame
-    from tuner.study import run_study
+    from tuner.search import run_study
 
     run_path = args.runs_dir / spec.name
     tracker = ProgressTracker(Plan.of(spec), path=run_path / progress_file(args.hosts or ()))
@@ -520,7 +520,7 @@ def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
 def _apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
-    from tuner.study import fleet_hosts
+    from tuner.search import fleet_hosts
 
     _use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
