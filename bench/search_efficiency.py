@@ -45,9 +45,10 @@ from tuner.config import ParamValue, SearchSpace  # noqa: E402
 from tuner.observers import NullObserver  # noqa: E402
 from tuner.report import build_leaderboard  # noqa: E402
 from tuner.runs import RunDirectory  # noqa: E402
+from tuner.search import PreparedStudy, open_optuna_study, run_search  # noqa: E402
+from tuner.search.samplers import SAMPLERS as MAKE_SAMPLER  # noqa: E402
 from tuner.sim.model import NoiseModel  # noqa: E402
 from tuner.sim.runner import SimulatedTrialRunner  # noqa: E402
-from tuner.study import _SAMPLERS, PreparedStudy, open_optuna_study, run_search  # noqa: E402
 from tuner.study_record import TrialRecord  # noqa: E402
 
 FIVE_KNOBS = ["n_batch", "n_ubatch", "n_parallel", "cache_ram", "kv_unified"]
@@ -165,7 +166,7 @@ def run_study(
             study.sampler = GridOrder(prepared.space, seed)
         elif sampler == "tpe-maximin":
             # The study's sampler before the line start: the same TPE after a maximin start of 3 trials.
-            study.sampler = _SAMPLERS["tpe"](seed, prepared.space.model_copy(update={"line": []}))
+            study.sampler = MAKE_SAMPLER["tpe"](seed, prepared.space.model_copy(update={"line": []}))
         try:
             asyncio.run(run_search(prepared, run_dir, study, runner, observer=observer))
         except _Found:

@@ -46,7 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tuner.deployers.process as process_deployer  # noqa: E402
-import tuner.study as study_module  # noqa: E402
+import tuner.search.confirm as confirm_module  # noqa: E402
+import tuner.search.ending as ending_module  # noqa: E402
+import tuner.search.entry as entry_module  # noqa: E402
+import tuner.search.gates as gates_module  # noqa: E402
+import tuner.search.loop as loop_module  # noqa: E402
+import tuner.search.peers as peers_module  # noqa: E402
 from tuner import runs, trial_runner  # noqa: E402
 from tuner.config import load_study  # noqa: E402
 from tuner.deployers.base import wait_until_healthy  # noqa: E402
@@ -231,24 +236,24 @@ def _timed_health_wait(original: Callable[..., Awaitable[float]]) -> Callable[..
 
 def instrument() -> None:
     _unit(
-        study_module._StudyRun,
+        loop_module.StudyRun,
         "measure_pending",
         "start",
         lambda _self, pending, round_index: (pending.trial.number, f"round {round_index + 1}"),
     )
     _unit(
-        study_module._Confirmation,
+        confirm_module.Confirmation,
         "measure",
         "start",
         lambda _self, number, _settings, *, candidate, pair, **_: (number, f"confirm {candidate} pair {pair + 1}"),
     )
     _unit(
-        study_module._StudyRun,
+        loop_module.StudyRun,
         "finish_trial",
         "finish",
         lambda _self, trial, _rounds, *, baseline: (trial.number, "scoring"),
     )
-    _unit(study_module._StudyRun, "ask_batch", "ask", lambda _self: (None, "ask"))
+    _unit(loop_module.StudyRun, "ask_batch", "ask", lambda _self: (None, "ask"))
 
     deployer = process_deployer.ProcessDeployer
     # start's own steps (the startup log's check for ignored settings, the marks after the warm-up) are
@@ -282,7 +287,7 @@ def instrument() -> None:
         "probe_answers",
         lambda _self, **kwargs: "correctness probes" if kwargs.get("lora") is None else "LoRA answer probes",
     )
-    _wrap(study_module, "lora_answer_changes", "LoRA answer probes")
+    _wrap(gates_module, "lora_answer_changes", "LoRA answer probes")
     _wrap(runs.RunDirectory, "save_records", "records written")
     _wrap(runs.RunDirectory, "save_server_tasks", "server tasks written")
     _wrap(deployer, "read_log", _read_log_phase)
@@ -293,15 +298,19 @@ def instrument() -> None:
             return await original_sleep(delay, *args, **kwargs)
 
     setattr(trial_runner, "asyncio", _AsyncioShim(settle_sleep))  # noqa: B010
-    for name in ("update_trial_record", "update_study_record"):
-        _wrap(study_module, name, "journal writes")
-    _wrap(study_module, "judge", "scoring")
+    # The search package's modules each bind the names they use: each binding is wrapped.
+    for module in (loop_module, ending_module, gates_module, peers_module):
+        for name in ("update_trial_record", "update_study_record"):
+            if hasattr(module, name):
+                _wrap(module, name, "journal writes")
+    _wrap(gates_module, "judge", "scoring")
     _wrap(LlamaServerEngine, "parse_log", "log read and parse")
     import optuna
 
     _wrap(optuna.Study, "tell", "journal writes")
     _wrap(optuna.Study, "ask", "sampler proposal")
-    _wrap(study_module, "score_round", "scoring")
+    for module in (loop_module, ending_module, confirm_module):
+        _wrap(module, "score_round", "scoring")
 
 
 def _read_log_phase(*_args: Any, **_kwargs: Any) -> str:
@@ -422,7 +431,7 @@ def main() -> int:
     instrument()
     with tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
-        asyncio.run(study_module.run_study(spec, base_dir, Path(scratch) / spec.name))
+        asyncio.run(entry_module.run_study(spec, base_dir, Path(scratch) / spec.name))
         wall = time.monotonic() - started
     study_path = args.study.resolve()
     result = {

@@ -19,9 +19,9 @@ from tuner.errors import HostUnreachable
 from tuner.observers import NullObserver, StudyObserver
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
+from tuner.search import PreparedStudy, StudyRun, fleet_loops, open_optuna_study, prepare_study, run_fleet, run_search
 from tuner.sim.model import CostModel, NoiseModel, load_cost_model
 from tuner.sim.runner import SimulatedTrialRunner, parse_faults
-from tuner.study import PreparedStudy, _StudyRun, fleet_loops, open_optuna_study, prepare_study, run_fleet, run_search
 
 __all__ = [
     "DEMO",
@@ -145,7 +145,7 @@ def run_simulated_fleet(
             say=say,
         )
 
-        async def drive(loop: _StudyRun) -> None:
+        async def drive(loop: StudyRun) -> None:
             assert loop.host is not None
             if loop.host in unreachable:
                 raise HostUnreachable(f"{loop.host}: the link stayed down past the reconnect window")

@@ -24,7 +24,7 @@ from tuner.cli import main
 from tuner.config import load_study
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
-from tuner.study import prepare_study
+from tuner.search import prepare_study
 from tuner.study_record import update_trial_record
 
 DATA = Path(__file__).resolve().parent / "data"

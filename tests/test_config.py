@@ -8,7 +8,7 @@ import pytest
 
 from tuner.config import Constraint, load_search_space, load_study
 from tuner.errors import ConfigError
-from tuner.study import prepare_study
+from tuner.search import prepare_study
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "studies" / "stall-demo.toml"

@@ -28,7 +28,7 @@ from tuner.diagnose.study import (
     write_study,
 )
 from tuner.errors import ConfigError
-from tuner.study import prepare_study
+from tuner.search import prepare_study
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -29,9 +29,10 @@ from tuner.fleet import (
 )
 from tuner.runs import RunDirectory
 from tuner.scoring import median_metrics, score_round
+from tuner.search import HOST_CHECK_AFTER_FAILURES, PreparedStudy, open_optuna_study, over_budget
+from tuner.search.samplers import distribution
 from tuner.sim.runner import SimulatedTrialRunner
 from tuner.storage import open_storage, shown_url, stored_spec
-from tuner.study import HOST_CHECK_AFTER_FAILURES, PreparedStudy, _distribution, open_optuna_study, over_budget
 from tuner.study_record import LEASE_KEY, RECORD_KEY, HostRecord, TrialRecord, new_trial_attrs
 
 HOSTS = {"gpu-a": 1.0, "gpu-b": 1.1, "gpu-c": 0.95}
@@ -335,7 +336,7 @@ def test_a_requeued_trial_is_measured_by_another_host_with_a_fresh_record(tmp_pa
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=storage)
     settings: dict[str, ParamValue] = {"n_batch": 512, "n_ubatch": 512}
     params = prepared.space.encode(settings)
-    distributions = {n: _distribution(p) for n, p in prepared.space.params.items()}
+    distributions = {n: distribution(p) for n, p in prepared.space.params.items()}
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.RUNNING,

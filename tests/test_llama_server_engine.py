@@ -123,7 +123,7 @@ def test_a_missing_adapter_file_is_refused_on_the_host_with_the_key_to_fix(tmp_p
     import asyncio
 
     from tuner.config import PluginSpec, StudySpec
-    from tuner.study import check_host_files
+    from tuner.search import check_host_files
 
     engine = llama(lora_adapters={"support": str(tmp_path / "gone.gguf")})
     spec = StudySpec.model_construct(host=PluginSpec(kind="local"))

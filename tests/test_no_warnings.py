@@ -14,7 +14,8 @@ import optuna
 import pytest
 
 from tuner.config import MetricConstraint, load_search_space
-from tuner.study import _SAMPLERS, record_constraints
+from tuner.search import record_constraints
+from tuner.search.samplers import SAMPLERS
 
 DATA = Path(__file__).resolve().parent / "data"
 DEMO_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml"
@@ -48,12 +49,12 @@ def test_no_sampler_warns_when_it_is_made(sampler: str) -> None:
     """Neither a deprecated argument (constraints_func) nor, for qmc, Optuna's experimental-class note."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _SAMPLERS[sampler](0, load_search_space(DEMO_SPACE))
+        SAMPLERS[sampler](0, load_search_space(DEMO_SPACE))
 
 
 def test_a_trials_constraint_violations_reach_the_sampler_through_the_trial() -> None:
     """TPE and GP read `FrozenTrial.constraints`: one value per study constraint, > 0 when broken."""
-    study = optuna.create_study(sampler=_SAMPLERS["tpe"](0, load_search_space(DEMO_SPACE)), direction="maximize")
+    study = optuna.create_study(sampler=SAMPLERS["tpe"](0, load_search_space(DEMO_SPACE)), direction="maximize")
     trial = study.ask()
     constraints = [
         MetricConstraint(metric="prefill_tok_s", min_vs_baseline=0.8),

@@ -25,7 +25,7 @@ from tuner.deployers import ProcessDeployer
 from tuner.deployers.process import ProcessOptions
 from tuner.errors import ServerNotReady
 from tuner.models import LaunchSpec
-from tuner.study import run_study
+from tuner.search import run_study
 from tuner.study_record import TrialRecord
 from tuner.transports import LocalTransport
 

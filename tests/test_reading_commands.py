@@ -20,7 +20,7 @@ from tuner.progress_file import PROGRESS_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The search loop (tuner/study.py, or the tuner/search/ package that replaces it) and the deployers.
+# The search loop (tuner/search/; tuner.study was its old name) and the deployers.
 FORBIDDEN = ("tuner.study", "tuner.search", "tuner.deployers", "tuner.trial_runner")
 
 # Runs `tuner.cli.main(ARGV)` for one JSON argument list; writes its exit code and the tuner modules it

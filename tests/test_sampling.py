@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from tuner.config import ParamValue, load_search_space
 from tuner.sampling import SpaceFillingStart
-from tuner.study import _distribution
+from tuner.search.samplers import distribution
 from tuner.study_record import INTERRUPTED, TrialRecord, new_trial_attrs, update_trial_record
 
 DEMO_SPACE = load_search_space(
@@ -25,7 +25,7 @@ def _start(startup: int, seed: int = 0) -> tuple[optuna.Study, list[dict[str, Pa
         optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup), SPACE, startup=startup, seed=seed
     )
     study = optuna.create_study(sampler=sampler, direction="maximize")
-    distributions = {name: _distribution(p) for name, p in SPACE.params.items()}
+    distributions = {name: distribution(p) for name, p in SPACE.params.items()}
     study.enqueue_trial(
         SPACE.encode({"n_batch": 2048, "n_ubatch": 512}), user_attrs=new_trial_attrs(TrialRecord(deployed=True))
     )
@@ -62,10 +62,10 @@ def _line_study() -> tuple[optuna.Study, dict[str, Any]]:
         DEMO_SPACE.encode({"n_batch": 2048, "n_ubatch": 512}),
         user_attrs=new_trial_attrs(TrialRecord(baseline=True, deployed=True)),
     )
-    baseline = study.ask({name: _distribution(p) for name, p in DEMO_SPACE.params.items()})
+    baseline = study.ask({name: distribution(p) for name, p in DEMO_SPACE.params.items()})
     update_trial_record(baseline, score=0.0)
     study.tell(baseline, 0.0)
-    return study, {name: _distribution(p) for name, p in DEMO_SPACE.params.items()}
+    return study, {name: distribution(p) for name, p in DEMO_SPACE.params.items()}
 
 
 def _ask(study: optuna.Study, distributions: dict[str, Any]) -> tuple[optuna.Trial, dict[str, ParamValue]]:

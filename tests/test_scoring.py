@@ -82,9 +82,9 @@ def test_a_constraint_without_a_bound_is_refused() -> None:
 def test_the_median_pruner_waits_for_three_reported_first_rounds() -> None:
     import optuna
 
-    from tuner.study import _PRUNERS
+    from tuner.search.samplers import PRUNERS
 
-    study = optuna.create_study(direction="maximize", pruner=_PRUNERS["median"]())
+    study = optuna.create_study(direction="maximize", pruner=PRUNERS["median"]())
     for _ in range(3):  # skipped repeats: COMPLETE, but no first round reported
         study.tell(study.ask(), 1.0)
     baseline = study.ask()

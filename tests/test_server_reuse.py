@@ -1,4 +1,4 @@
-"""No restart where none is needed, and none where it would change a measurement (tuner.study `deploy`).
+"""No restart where none is needed, and none where it would change a measurement (`tuner.server_reuse.Servers.deploy`).
 
 On the simulated server (tests/sim_study.py), whose slots and host-RAM prompt cache behave as llama-server's:
 a trial that differs from the running server only in its LoRA policy (a request-scope knob) is measured on
@@ -203,7 +203,7 @@ def _run(prepared: PreparedStudy, runner: SimulatedTrialRunner, path: Path) -> S
     from optuna.storages import InMemoryStorage
 
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study, run_search
+    from tuner.search import open_optuna_study, run_search
 
     with RunDirectory(path, notice=lambda _line: None) as run_dir:
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=InMemoryStorage())

@@ -2,7 +2,7 @@
 
 llama-server keeps prompts in each slot and, when a slot is given to another prompt, in the host-RAM prompt
 cache (`cache_ram`), which no endpoint empties; it restores a cached prompt by its tokens alone, whatever
-adapter setting computed it. These tests check, on the real server, what tuner.study `_Servers.deploy`
+adapter setting computed it. These tests check, on the real server, what `tuner.server_reuse.Servers.deploy`
 rests on: a reused server's round, its slots cleared and its prompts a variant, finds in the cache what it
 finds on a server started for it (and the same prompts again would not); and a probe is computed under its
 own adapter setting whatever the server cached.

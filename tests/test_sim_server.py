@@ -475,7 +475,7 @@ def test_a_trial_round_that_fell_behind_its_schedule_is_reported_to_the_user(
     from tuner.config import load_study
     from tuner.deployers import create_deployer
     from tuner.observers import NullObserver
-    from tuner.study import prepare_study
+    from tuner.search import prepare_study
     from tuner.transports import create_transport
     from tuner.workloads import synthesize_sessions as made
 

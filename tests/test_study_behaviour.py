@@ -22,9 +22,9 @@ from tuner.errors import StudyError
 from tuner.observers import NullObserver
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
+from tuner.search import open_optuna_study, run_search
 from tuner.sim.model import NoiseModel
 from tuner.sim.runner import SimulatedTrialRunner
-from tuner.study import open_optuna_study, run_search
 from tuner.study_record import StudyRecord, TrialRecord
 from tuner.trial_runner import RoundResult
 

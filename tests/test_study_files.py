@@ -25,8 +25,8 @@ from tuner.config import StudySpec, load_study
 from tuner.deployers.systemd import render_drop_in
 from tuner.engines.llama_server import LlamaServerEngine
 from tuner.errors import ConfigError
+from tuner.search import check_simulated_server, fleet_hosts, prepare_study
 from tuner.storage import shown_url
-from tuner.study import _check_simulated_server, fleet_hosts, prepare_study
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = REPO / "studies"
@@ -171,7 +171,7 @@ def check_as_tuner_run_does(
     for host_spec in host_specs:
         prepared = prepare_study(host_spec, base_dir or own_dir)
         if isinstance(prepared.engine, LlamaServerEngine) and prepared.engine.simulated:
-            _check_simulated_server(host_spec, prepared.engine.launch_spec({}))
+            check_simulated_server(host_spec, prepared.engine.launch_spec({}))
     return host_specs
 
 

@@ -31,7 +31,7 @@ _EXPORTS = {
     "ReplayRequest": "tuner.models",
     "RequestRecord": "tuner.models",
     "build_leaderboard": "tuner.report",
-    "run_study": "tuner.study",
+    "run_study": "tuner.search",
     "load_trace": "tuner.workloads",
 }
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from tuner.metrics import compute_metrics
     from tuner.models import LaunchSpec, ReplayRequest, RequestRecord
     from tuner.report import build_leaderboard
-    from tuner.study import run_study
+    from tuner.search import run_study
     from tuner.workloads import load_trace
 
 

@@ -18,7 +18,7 @@ from tuner.deployers.base import DEPLOYERS, PersistentDeployer, create_deployer
 from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import PreparedStudy, fleet_hosts, prepare_study
+from tuner.search import PreparedStudy, fleet_hosts, prepare_study
 from tuner.study_view import StudyView
 from tuner.text import settings_text
 from tuner.transports.base import create_transport

@@ -24,7 +24,7 @@ from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
 from tuner.models import CheckLine, TunedKnob
-from tuner.study import PreparedStudy, fleet_hosts, host_has_file, prepare_study
+from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.transports.base import Transport, create_transport
 
 __all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_LOCAL_RESTART_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]

@@ -59,7 +59,7 @@ def write_lease(trial: optuna.Trial, host: str | None, *, now: float | None = No
     trial.set_user_attr(LEASE_KEY, {"host": host, "at": time.time() if now is None else now})
 
 
-# A fleet host checking whether it is at fault (`_Peers.check_host`): {"at": time}, or {"at": None} once done.
+# A fleet host checking whether it is at fault (`FleetPeers.check_host`): {"at": time}, or {"at": None} once done.
 _CHECK_KEY_PREFIX = "serve_tuner:host-check:"
 
 

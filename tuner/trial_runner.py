@@ -1,6 +1,6 @@
 """The trial runner: one config on a server, from deployment to a measured round's metrics.
 
-The search loop (`tuner.study`) decides what to measure and in which order; a runner does the measuring:
+The search loop (`tuner.search`) decides what to measure and in which order; a runner does the measuring:
 start the server with the settings and warm it up (`start`), ask the correctness probes
 (`probe_answers`), replay one round of the workload and derive its metrics, the client's and the
 server's (`measure_round`). `ServerTrialRunner` does it on a real host through a deployer;

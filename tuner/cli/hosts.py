@@ -21,7 +21,7 @@ __all__ = ["apply", "restore", "trust_host"]
 def apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
-    from tuner.study import fleet_hosts
+    from tuner.search import fleet_hosts
 
     use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from tuner.progress import Plan, ProgressTracker
     from tuner.progress_file import progress_file
     from tuner.report import leaderboard_frame
-    from tuner.study import run_study
+    from tuner.search import run_study
 
     run_path = args.runs_dir / spec.name
     tracker = ProgressTracker(Plan.of(spec), path=run_path / progress_file(args.hosts or ()))

@@ -490,7 +490,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         # no token of the earlier prompt. The host-RAM prompt cache (cache_ram, on by default) is not: the
         # server saves each displaced slot into it and no endpoint empties it. What it holds is of no use to
         # a reused round, which replays a variant of its prompts that begins with none of its earlier
-        # rounds' tokens (tuner.study `_Servers.deploy`): the server restores a cached prompt only where at
+        # rounds' tokens (`tuner.server_reuse.Servers.deploy`): the server restores a cached prompt only where at
         # least a quarter of its tokens begin the new one (server_prompt_cache::load).
         return None
 

@@ -9,7 +9,7 @@ seeded by session and round, so nothing is reused by accident, not even across r
 
 A `variant` other than 0 draws every token afresh, shared blocks included, and keeps the round's shape: the
 same lengths, the same sharing between its own requests. It is for a server that is reused instead of
-restarted (tuner.study `_Servers.deploy`): its host-RAM prompt cache still holds the prompts of the rounds
+restarted (`tuner.server_reuse.Servers.deploy`): its host-RAM prompt cache still holds the prompts of the rounds
 it measured before, which no request empties, and a variant shares no prefix with them but a chance token.
 """
 
