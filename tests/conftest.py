@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.real_parts import FIXTURE_PARTS, OPT_IN_PARTS, REQUIRED_PARTS, need_real_part, on_ci
+from tests.support import free_port
 from tuner import assets
 
 if TYPE_CHECKING:
@@ -47,12 +48,12 @@ class TinyRun:
 def tiny_run(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     """A real run shared by the tests that read one (its leaderboard, its report in a browser): the study
     takes a few minutes on 2 cores, so it runs once."""
-    from tests.tuner_process import run_tuner
+    from tests.support import run_tuner
 
     runs_dir = tmp_path_factory.mktemp("tiny-runs")
     before = llama_server_processes(llama_server_binary)
     result = run_tuner(
-        ["run", str(Path(__file__).resolve().parent / "data" / "tiny-study.toml"), "--runs-dir", str(runs_dir)]
+        "run", str(Path(__file__).resolve().parent / "data" / "tiny-study.toml"), "--runs-dir", str(runs_dir)
     )
     return TinyRun(
         runs_dir=runs_dir,
@@ -115,9 +116,7 @@ def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
     (workdir / "authorized_keys").write_bytes(client.export_public_key())
     for key in (host_key, client_key, workdir / "authorized_keys"):
         key.chmod(0o600)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     config = workdir / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {workdir}/authorized_keys\n"

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support import free_port
 
 __all__ = ["find_postgres_bin", "running_postgres"]
 
@@ -26,12 +27,6 @@ def find_postgres_bin() -> Path | None:
         return found[-1].parent
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -55,7 +50,7 @@ def running_postgres(base: Path, *, database: str = "tuner") -> Iterator[str]:
                 break
             with contextlib.suppress(OSError):
                 parent.chmod(parent.stat().st_mode | 0o011)
-    port = _free_port()
+    port = free_port()
 
     def run(*argv: str) -> None:
         done = subprocess.run([*prefix, *argv], check=False, capture_output=True, text=True, timeout=120)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,10 @@ from typing import Any
 
 from tuner.models import LaunchSpec
 
-__all__ = ["STAND_IN", "RunningStandIn", "free_port", "run_stand_in"]
+__all__ = ["STAND_IN", "RunningStandIn", "run_stand_in"]
 
 STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
 _READY_DEADLINE_S = 30.0  # a generous bound for a busy 2-core machine, never a speed check
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(kw_only=True)

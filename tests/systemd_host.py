@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from tests.real_parts import need_real_part
-from tests.tuner_process import run_tuner
+from tests.support import free_port
 
 __all__ = [
     "ENV_UNIT",
@@ -37,7 +37,6 @@ __all__ = [
     "assert_baseline",
     "controller_env",
     "host_baseline",
-    "run_tuner_as",
     "running_argv",
     "operator_drop_in",
     "stand_in_unit",
@@ -97,12 +96,6 @@ def systemd_host_unavailable() -> str | None:
     if not Path("/sys/fs/cgroup/systemd").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         return "no cgroup hierarchy for systemd"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -298,7 +291,7 @@ def boot_systemd_host(
 ) -> Iterator[SystemdHost]:
     """Boots the host with the operator's server and model copied to the host's paths; `hide` are this
     machine's directories (the controller's build cache) that the host must not see."""
-    ssh_port, server_port, env_port = _free_port(), _free_port(), _free_port()
+    ssh_port, server_port, env_port = free_port(), free_port(), free_port()
     payload = workdir / "payload"
     known_hosts, client_key = _payload(
         payload, ssh_port=ssh_port, server_port=server_port, env_port=env_port, binary=binary, model=model,
@@ -444,11 +437,6 @@ def controller_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     empty.mkdir(exist_ok=True)
     inherited = {k: v for k, v in os.environ.items() if k not in ("SERVE_TUNER_LLAMA_SERVER", "SERVE_TUNER_MODEL")}
     return {**inherited, "SERVE_TUNER_CACHE": str(empty), **extra}
-
-
-def run_tuner_as(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """`tuner ARGS` from a controller with the environment `env` (`controller_env`)."""
-    return run_tuner(args, timeout=timeout, env=env)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import pytest
 
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
-from tests.stand_in import free_port
+from tests.support import free_port, run_tuner
 from tests.systemd_host import (
     ENV_UNIT,
     UNIT,
@@ -28,7 +28,6 @@ from tests.systemd_host import (
     controller_env,
     host_baseline,
     operator_drop_in,
-    run_tuner_as,
     stand_in_unit,
     study_file,
     sudo_login,
@@ -64,7 +63,7 @@ def untouched(systemd_host: SystemdHost) -> Iterator[WholeHost]:
 
 
 def check(study: Path, tmp_path: Path, *args: str) -> tuple[int, list[str]]:
-    done = run_tuner_as(
+    done = run_tuner(
         "run", str(study), "--runs-dir", str(tmp_path / "runs"), "--check", *args, env=controller_env(tmp_path)
     )
     assert "Traceback" not in done.stderr, done.stderr
@@ -106,7 +105,7 @@ def test_a_good_study_passes_and_its_duration_estimate_holds_against_the_real_ru
     estimated = int(minutes) * 60 + int(seconds)
 
     started = time.monotonic()
-    done = run_tuner_as(
+    done = run_tuner(
         "run", str(study), "--runs-dir", str(tmp_path / "real"), *QUICK_STUDY, env=controller_env(tmp_path)
     )
     took = time.monotonic() - started

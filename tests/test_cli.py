@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import TinyRun, llama_server_processes
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
-from tests.tuner_process import CLI_DEADLINE_S, run_tuner
+from tests.support import one_error_line, run_tuner
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
@@ -23,10 +23,6 @@ from tuner.study_record import TrialRecord
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
-
-
-def tuner_cli(*args: str, timeout: float = CLI_DEADLINE_S) -> subprocess.CompletedProcess[str]:
-    return run_tuner(list(args), timeout=timeout)
 
 
 @pytest.fixture
@@ -64,7 +60,7 @@ def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(tiny_run:
     assert (tmp_path / "tiny" / "trials" / "0000" / "server.log").stat().st_size > 0
     assert (tmp_path / "tiny" / "trials" / "0000" / "round-2.jsonl").is_file()
 
-    again = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path))
+    again = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path))
     assert again.returncode == 0, again.stderr
     assert "trial " not in again.stdout.split("leaderboard")[0], "a resumed, finished study ran trials again"
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
@@ -77,28 +73,21 @@ def study_trials(run_path: Path) -> list[optuna.trial.FrozenTrial]:
     return open_optuna_study_readonly(RunDirectory(run_path)).get_trials()
 
 
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
-
-
 def test_an_unknown_key_fails_with_one_line_and_exit_code_2(tmp_path: Path) -> None:
-    result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trails=3")
+    result = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trails=3")
     assert result.returncode == 2
     assert "unknown key 'budget.trails'" in one_error_line(result)
     assert not (tmp_path / "tiny").exists()
 
 
 def test_an_out_of_range_value_fails_with_one_line(tmp_path: Path) -> None:
-    result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "rounds=1")
+    result = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "rounds=1")
     assert result.returncode == 2
     assert "rounds" in one_error_line(result)
 
 
 def test_a_missing_binary_fails_with_one_line_before_touching_anything(tmp_path: Path) -> None:
-    result = tuner_cli(
+    result = run_tuner(
         "run", str(TINY), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/nonexistent/llama-server"'
     )
     assert result.returncode == 2  # a study-file value to fix
@@ -111,7 +100,7 @@ def test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server(
     tmp_path: Path, llama_server_binary: Path, occupied_port: int
 ) -> None:
     before = llama_server_processes(llama_server_binary)
-    result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f"engine.port={occupied_port}")
+    result = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f"engine.port={occupied_port}")
     assert result.returncode == 1
     line = one_error_line(result)
     assert "baseline" in line and "server" in line
@@ -121,13 +110,13 @@ def test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server(
 def test_a_malformed_workload_names_its_file_and_line(tmp_path: Path) -> None:
     trace = tmp_path / "broken.jsonl"
     trace.write_text((DATA / "stall-small.jsonl").read_text() + '{"id": "x", "offset_s": -1}\n')
-    result = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f'workload.path="{trace}"')
+    result = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f'workload.path="{trace}"')
     assert result.returncode == 2  # a file the study names: the user's to fix
     assert "broken.jsonl:5" in one_error_line(result)
 
 
 def test_leaderboard_of_a_directory_without_a_study_says_so(tmp_path: Path) -> None:
-    result = tuner_cli("leaderboard", str(tmp_path))
+    result = run_tuner("leaderboard", str(tmp_path))
     assert result.returncode == 1
     assert "holds no study" in one_error_line(result)
 
@@ -158,7 +147,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
     assert interrupted.state.name == "FAIL"
     assert "interrupted" in (TrialRecord.of(interrupted).fail_reason or "")
 
-    resumed = tuner_cli("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0", *QUICK_ROUNDS)
+    resumed = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=0", *QUICK_ROUNDS)
     assert resumed.returncode == 0, resumed.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
     baselines = [t for t in study.get_trials() if TrialRecord.of(t).baseline and t.state.name == "COMPLETE"]
@@ -167,7 +156,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
 
 @pytest.mark.real_server
 def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binary: Path) -> None:
-    result = tuner_cli("run", str(DATA / "validation-study.toml"), "--runs-dir", str(tmp_path))
+    result = run_tuner("run", str(DATA / "validation-study.toml"), "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "validation"))
     (baseline,) = study.get_trials()
@@ -184,7 +173,7 @@ def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binar
 
 @pytest.mark.real_server
 def test_the_same_config_measured_again_is_not_called_a_win(tmp_path: Path, llama_server_binary: Path) -> None:
-    result = tuner_cli(
+    result = run_tuner(
         "run",
         str(TINY),
         "--runs-dir",
@@ -202,23 +191,23 @@ def test_the_same_config_measured_again_is_not_called_a_win(tmp_path: Path, llam
 
 
 def test_workload_show_summarizes_a_trace_and_names_a_bad_line(tmp_path: Path) -> None:
-    shown = tuner_cli("workload", "show", str(DATA / "stall-small.jsonl"))
+    shown = run_tuner("workload", "show", str(DATA / "stall-small.jsonl"))
     assert shown.returncode == 0, shown.stderr
     assert "3 requests in 3 sessions" in shown.stdout and "1 long prompts" in shown.stdout
     broken = tmp_path / "broken.jsonl"
     broken.write_text((DATA / "stall-small.jsonl").read_text() + "not json\n")
-    result = tuner_cli("workload", "show", str(broken))
+    result = run_tuner("workload", "show", str(broken))
     assert result.returncode == 2  # the user's file
     assert "broken.jsonl:5: not valid JSON" in one_error_line(result)
 
 
 def test_workload_synth_writes_a_trace_and_refuses_zero_users(tmp_path: Path) -> None:
     out = tmp_path / "chat.jsonl"
-    result = tuner_cli("workload", "synth", "chat", "--users", "5", "--turns", "2", "--out", str(out))
+    result = run_tuner("workload", "synth", "chat", "--users", "5", "--turns", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "wrote 10 requests" in result.stdout
     assert len(out.read_text().splitlines()) == 11
-    refused = tuner_cli("workload", "synth", "chat", "--users", "0", "--out", str(tmp_path / "none.jsonl"))
+    refused = run_tuner("workload", "synth", "chat", "--users", "0", "--out", str(tmp_path / "none.jsonl"))
     assert refused.returncode == 2 and "must be a positive integer" in refused.stderr
     assert not (tmp_path / "none.jsonl").exists()
 
@@ -237,7 +226,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
     runs.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)
     try:
-        first = tuner_cli(
+        first = run_tuner(
             "run",
             str(TINY),
             "--runs-dir",
@@ -253,7 +242,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
             while True:
                 filler.write(b"\0" * 65536)
         before = llama_server_processes(llama_server_binary)
-        full = tuner_cli(
+        full = run_tuner(
             "run",
             str(TINY),
             "--runs-dir",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -19,8 +18,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from tests.support import Outcome, run_cli
 from tuner import study as study_module
-from tuner.cli import main
 from tuner.config import load_study
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
@@ -30,30 +29,6 @@ from tuner.study_record import update_trial_record
 DATA = Path(__file__).resolve().parent / "data"
 TINY = DATA / "tiny-study.toml"
 QUICK_FAIL = 'engine.binary="/bin/false"'  # see the module docstring
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-    def error_line(self) -> str:
-        """The one line of an error: asserts there is exactly one, and no traceback."""
-        lines = [line for line in self.err.splitlines() if line.strip()]
-        assert "Traceback" not in self.err and "Traceback" not in self.out, self.err
-        assert len(lines) == 1, self.err
-        assert lines[0].startswith("error: "), lines[0]
-        return lines[0]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Outcome:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own exits (--help, a bad flag)
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    captured = capsys.readouterr()
-    return Outcome(code, captured.out, captured.err)
 
 
 def run_tiny(capsys: pytest.CaptureFixture[str], runs: Path, *overrides: str, study: Path = TINY) -> Outcome:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from tests.support import free_port
 from tuner.cli import main
 from tuner.config import PluginSpec
 from tuner.deployers import ContainerDeployer
@@ -36,12 +36,6 @@ from tuner.models import CheckLine, LaunchSpec
 from tuner.transports import LocalTransport
 
 DATA = Path(__file__).resolve().parent / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

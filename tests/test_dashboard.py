@@ -4,7 +4,6 @@ while it reads the journal only: a run resumed meanwhile goes on, and the dashbo
 from __future__ import annotations
 
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from tests.sim_study import prepare_simulated, run_simulated
+from tests.support import free_port
 
 DASHBOARD = Path(sys.executable).parent / "optuna-dashboard"  # the console script of the `dashboard` extra
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
@@ -36,7 +30,7 @@ def _dashboard(journal: Path, log: Path) -> Iterator[httpx.Client]:
     """`optuna-dashboard <journal>` on a loopback port, once it answers; stopped on exit."""
     if not DASHBOARD.exists():
         pytest.fail(f"{DASHBOARD} is missing: install the dev or dashboard extra (pip install -e '.[dashboard]')")
-    port = _free_port()
+    port = free_port()
     with log.open("w") as output:
         process = subprocess.Popen(
             [str(DASHBOARD), str(journal), "--host", "127.0.0.1", "--port", str(port)],

@@ -5,13 +5,12 @@ versions; a multi-hour replay; bad input; the study it writes."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.diagnose_logs import lora_requests, request, simulated_log, stall_requests
+from tests.support import run_tuner
 from tuner.diagnose import diagnose_log, parse_duration
 from tuner.metrics import compute_metrics
 
@@ -117,18 +116,6 @@ def test_a_multi_hour_replay_is_read_in_one_pass_and_since_until_select_part_of_
     assert stall is not None and figures(stall)["long_prefills"] == 1
 
 
-def tuner(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        input=stdin,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_bad_input_is_one_line_naming_the_problem_and_the_fix(tmp_path: Path) -> None:
     binary = tmp_path / "log.gz"
     binary.write_bytes(b"\x1f\x8b\x08\x00" + bytes(100))
@@ -144,13 +131,13 @@ def test_bad_input_is_one_line_naming_the_problem_and_the_fix(tmp_path: Path) ->
         str(untimed): "no timestamps",
     }
     for path, words in cases.items():
-        done = tuner("diagnose", path)
+        done = run_tuner("diagnose", path)
         assert done.returncode == 2, (path, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], (path, done.stderr)
         assert done.stdout == ""
     for flag in ("--since", "--until"):
-        done = tuner("diagnose", str(text), flag, "yesterday")
+        done = run_tuner("diagnose", str(text), flag, "yesterday")
         assert done.returncode == 2 and "is not a duration" in done.stderr and "e.g. 90s" in done.stderr
     with pytest.raises(ValueError):
         parse_duration("-5m")
@@ -167,12 +154,12 @@ def test_json_is_one_versioned_document_and_log_text_is_escaped_and_redacted(tmp
     ]
     path = tmp_path / "server.log"
     path.write_text("\n".join(lines) + "\n")
-    done = tuner("diagnose", str(path), "--min-wait", "0.3", "--json")
+    done = run_tuner("diagnose", str(path), "--min-wait", "0.3", "--json")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["version"] == 1 and document["log_kind"] == "llama-server"
     assert "sk-abcdefghijkl0123" not in done.stdout and "<redacted>" in done.stdout
-    shown = tuner("diagnose", str(path), "--min-wait", "0.3")
+    shown = run_tuner("diagnose", str(path), "--min-wait", "0.3")
     assert shown.returncode == 0, shown.stderr
     assert "[bold red]" in shown.stdout  # printed as text, not applied as markup
     assert "sk-abcdefghijkl0123" not in shown.stdout
@@ -185,7 +172,7 @@ def test_the_study_it_writes_is_one_tuner_run_accepts_and_it_never_overwrites_th
     log_path.write_text("\n".join(simulated_log(stall_requests(), n_batch=2048, n_ubatch=512).lines) + "\n")
     out = tmp_path / "study" / "fix.toml"
     out.parent.mkdir()
-    done = tuner("diagnose", str(log_path), "--study", str(out))
+    done = run_tuner("diagnose", str(log_path), "--study", str(out))
     assert done.returncode == 0, done.stderr
     spec, _ = load_study(out)
     assert spec.search.params is not None and set(spec.search.params) == {"n_batch", "n_ubatch"}
@@ -193,11 +180,11 @@ def test_the_study_it_writes_is_one_tuner_run_accepts_and_it_never_overwrites_th
     assert any(c.metric == "prefill_tok_s" and c.min_vs_baseline == 0.8 for c in spec.constraints)
     workload = out.with_name("fix.workload.jsonl")
     assert len(workload.read_text().splitlines()) == 1 + 3  # header and the log's three requests
-    again = tuner("diagnose", str(log_path), "--study", str(out))
+    again = run_tuner("diagnose", str(log_path), "--study", str(out))
     assert again.returncode == 2 and "exists; pass --force" in again.stderr
-    assert tuner("diagnose", str(log_path), "--study", str(out), "--force").returncode == 0
+    assert run_tuner("diagnose", str(log_path), "--study", str(out), "--force").returncode == 0
     before = log_path.read_bytes()
-    over_log = tuner("diagnose", str(log_path), "--study", str(log_path), "--force")
+    over_log = run_tuner("diagnose", str(log_path), "--study", str(log_path), "--force")
     assert over_log.returncode == 2 and "is the input" in over_log.stderr
     assert log_path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study", "today.log"]  # nothing written beside it
@@ -206,7 +193,7 @@ def test_the_study_it_writes_is_one_tuner_run_accepts_and_it_never_overwrites_th
 def test_a_log_with_nothing_to_tune_writes_no_study(tmp_path: Path) -> None:
     log_path = tmp_path / "quiet.log"
     log_path.write_text("\n".join(simulated_log([request("r0", 0.0, 60, 80)]).lines) + "\n")
-    done = tuner("diagnose", str(log_path), "--study", str(tmp_path / "s.toml"))
+    done = run_tuner("diagnose", str(log_path), "--study", str(tmp_path / "s.toml"))
     assert done.returncode == 2 and "names a server knob" in done.stderr
     assert not (tmp_path / "s.toml").exists()
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.diagnose_logs import simulated_log, stall_requests
-from tests.test_diagnose import journal, tuner
+from tests.support import run_tuner
+from tests.test_diagnose import journal
 from tests.test_diagnose_lines import Log
 from tuner.config import load_search_space, load_study
 from tuner.diagnose import Diagnosis, diagnose_log
@@ -113,7 +114,7 @@ def test_like_takes_the_servers_host_deploy_and_engine_as_written_and_passes_the
     log = stall_log(tmp_path)
     like = prod_study(tmp_path / "prod")
     out = tmp_path / "studies" / "fix.toml"  # another directory than the --like study's
-    done = tuner("diagnose", str(log), "--study", str(out), "--like", str(like))
+    done = run_tuner("diagnose", str(log), "--study", str(out), "--like", str(like))
     assert done.returncode == 0, done.stderr
     assert "local study" not in done.stdout
     written = tomllib.loads(out.read_text(encoding="utf-8"))
@@ -176,12 +177,12 @@ def test_a_like_that_is_no_valid_study_or_of_another_engine_is_refused_in_one_li
     }
     out_dir = tmp_path / "out"
     for case, (like, words) in cases.items():
-        done = tuner("diagnose", str(log), "--study", str(out_dir / "fix.toml"), "--like", str(like))
+        done = run_tuner("diagnose", str(log), "--study", str(out_dir / "fix.toml"), "--like", str(like))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, (case, done.stderr)
         assert "--like" in lines[0] and words in lines[0], (case, lines[0])
         assert not out_dir.exists(), case
-    alone = tuner("diagnose", str(log), "--like", str(prod_study(tmp_path / "d")))
+    alone = run_tuner("diagnose", str(log), "--like", str(prod_study(tmp_path / "d")))
     assert alone.returncode == 2 and "add --study OUT.toml" in alone.stderr and alone.stdout == ""
 
 
@@ -202,13 +203,13 @@ def test_without_like_the_study_says_first_that_it_is_local_and_how_to_point_it_
     assert not is_local_diagnose_study(f'name = "x"\n{LOCAL_STUDY_MARKER}\n')  # only the leading comments count
     assert passes_run_checks(out) == {"n_batch": 2048, "n_ubatch": 512}
     # `tuner run --check` says so before the night, with the fix.
-    checked = tuner("run", str(out), "--check", "--runs-dir", str(tmp_path / "runs"))
+    checked = run_tuner("run", str(out), "--check", "--runs-dir", str(tmp_path / "runs"))
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "FAIL  study: tuner diagnose wrote this as a local study" in checked.stdout
     assert "--like PRODUCTION.toml" in checked.stdout and not (tmp_path / "runs").exists()
     # Rewritten as the first lines say, it is the server's own study.
     like = prod_study(tmp_path / "prod")
-    again = tuner("diagnose", str(log), "--study", str(out), "--like", str(like), "--force")
+    again = run_tuner("diagnose", str(log), "--study", str(out), "--like", str(like), "--force")
     assert again.returncode == 0, again.stderr
     assert tomllib.loads(out.read_text())["host"]["host"] == "gpu1.example"
 
@@ -306,7 +307,7 @@ def test_a_vllm_log_gets_a_vllm_study_whose_workload_tuner_record_writes(tmp_pat
     log = tmp_path / "vllm.log"
     log.write_text("\n".join(vllm_log()) + "\n")
     out = tmp_path / "fix.toml"
-    done = tuner("diagnose", str(log), "--study", str(out))
+    done = run_tuner("diagnose", str(log), "--study", str(out))
     assert done.returncode == 0, done.stderr
     assert f"--out {tmp_path / 'fix.workload.jsonl'}" in done.stdout  # the note says how to record it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fix.space.toml", "fix.toml", "vllm.log"]

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from tests.real_parts import need_real_part
-from tests.stand_in import free_port, run_stand_in
+from tests.stand_in import run_stand_in
+from tests.support import free_port
 from tuner.config import ParamValue, PluginSpec, load_search_space
 from tuner.engines import ENGINES, Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from pydantic import Field
 
 from tests.sim_study import DEMO, fleet_overrides, prepare_simulated, run_simulated_fleet
-from tests.test_cli_input import run_cli
+from tests.support import run_cli
 from tuner.deployers.base import DEPLOYERS
 from tuner.deployers.process import ProcessDeployer, ProcessOptions
 from tuner.errors import DeployError

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.cli import main
+from tests.support import run_cli
 
 DATA = Path(__file__).resolve().parent / "data"
 STUDY_FILES = ("tiny-study.toml", "stall-small.jsonl", "batch-space.toml")
@@ -165,16 +165,6 @@ def files_under(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    capsys.readouterr()  # what an earlier example left
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def assert_clean_ending(code: int, out: str, err: str) -> None:
     assert code in (0, 1, 2), (code, err)
     assert "Traceback" not in out + err, err
@@ -209,7 +199,7 @@ def test_any_study_value_ends_with_0_1_or_2_in_one_line(
             set_dotted(data, key, value)
         study.write_text(toml_document(data))
         before = files_under(root)
-        code, out, err = run_cli(capsys, ["run", str(study), "--runs-dir", "runs", "--set", QUICK_FAIL])
+        code, out, err = run_cli(capsys, "run", str(study), "--runs-dir", "runs", "--set", QUICK_FAIL)
         assert_clean_ending(code, out, err)
         assert_wrote_only(root, before, ("runs/",))
         if code == 2:  # the study was refused: before anything was created (validate before side effects)
@@ -237,7 +227,7 @@ def test_any_set_expression_ends_with_0_1_or_2_in_one_line(
         argv = ["run", str(study), "--runs-dir", "runs", "--set", QUICK_FAIL]
         for key, sep, raw in expressions:
             argv += ["--set", f"{key}{sep}{raw}"]
-        code, out, err = run_cli(capsys, argv)
+        code, out, err = run_cli(capsys, *argv)
         assert_clean_ending(code, out, err)
         assert_wrote_only(root, before, ("runs/",))
         if code == 2:
@@ -293,13 +283,13 @@ def test_any_workload_file_ends_with_0_or_2_in_one_line(
         trace = root / "trace.jsonl"
         trace.write_bytes(("\n".join([header, *lines]) + "\n").encode("utf-8", "surrogatepass") + binary)
         before = files_under(root)
-        code, out, err = run_cli(capsys, ["workload", "show", str(trace)])
+        code, out, err = run_cli(capsys, "workload", "show", str(trace))
         assert code in (0, 2), err  # reading a file the user gave: done, or the file is theirs to fix
         assert_clean_ending(code, out, err)
         study = study_in(root)
         shutil.copy(trace, root / "stall-small.jsonl")  # the study's workload, now the fuzzed file
         before = files_under(root)
-        code, out, err = run_cli(capsys, ["run", str(study), "--runs-dir", "runs", "--set", QUICK_FAIL])
+        code, out, err = run_cli(capsys, "run", str(study), "--runs-dir", "runs", "--set", QUICK_FAIL)
         assert_clean_ending(code, out, err)
         assert_wrote_only(root, before, ("runs/",))
         if code == 2:  # refused: before anything was created
@@ -318,6 +308,6 @@ def test_synth_with_any_flags_writes_only_its_out_or_one_line(
 ) -> None:
     with sandbox() as root:
         argv = ["workload", "synth", kind, "--users", str(users), "--turns", str(turns), "--seed", str(seed)]
-        code, out, err = run_cli(capsys, [*argv, "--out", "out/trace.jsonl"])
+        code, out, err = run_cli(capsys, *argv, "--out", "out/trace.jsonl")
         assert_clean_ending(code, out, err)
         assert set(files_under(root)) <= {"out/trace.jsonl"}

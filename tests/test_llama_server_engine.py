@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.stand_in import free_port, run_stand_in
+from tests.stand_in import run_stand_in
+from tests.support import free_port
 from tuner.config import PluginSpec
 from tuner.engines import Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text

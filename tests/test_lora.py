@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tuner_process import run_tuner
+from tests.support import run_tuner
 from tuner.metrics import lora_metrics
 from tuner.models import RequestRecord, RequestStatus, ServerTimings
 from tuner.study_record import update_study_record
@@ -131,7 +131,7 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     overrides = ["--set", "budget.trials=1", "--set", "confirm.top=1", "--set", "confirm.pairs=5", "--set", "seed=3"]
     # One server thread of two cores: with one per core, a core busy with other work stalls every barrier.
     overrides += ["--set", "engine.settings.threads=1"]
-    done = run_tuner(command + overrides)
+    done = run_tuner(*command, *overrides)
     assert done.returncode == 0, done.stderr
     assert "allow_answer_changes" in done.stdout
 

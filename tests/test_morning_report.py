@@ -15,7 +15,7 @@ import optuna
 import pytest
 
 from tests.sim_study import ROOT, prepare_simulated, run_simulated
-from tests.test_cli import one_error_line, tuner_cli
+from tests.support import one_error_line, run_tuner
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
 from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
 from tuner.redact import remember_secret
@@ -217,29 +217,29 @@ def test_tuner_report_writes_the_page_and_refuses_an_output_that_would_lose_some
 ) -> None:
     run_path = tmp_path / "run"
     shutil.copytree(simulated_run[0], run_path)
-    result = tuner_cli("report", str(run_path))
+    result = run_tuner("report", str(run_path))
     assert result.returncode == 0, result.stderr
     assert (run_path / REPORT_NAME).read_text().startswith("<!doctype html>")
     journal = (run_path / "optuna.journal").read_bytes()
 
-    result = tuner_cli("report", str(run_path), "--out", str(run_path / "optuna.journal"))
+    result = run_tuner("report", str(run_path), "--out", str(run_path / "optuna.journal"))
     assert result.returncode == 2
     assert "optuna.journal" in one_error_line(result)
     assert (run_path / "optuna.journal").read_bytes() == journal
 
     evidence = run_path / "trials" / "0000" / "round-1.jsonl"
     kept = evidence.read_bytes()
-    result = tuner_cli("report", str(run_path), "--out", str(evidence))
+    result = run_tuner("report", str(run_path), "--out", str(evidence))
     assert result.returncode == 2
     assert "inside the run directory" in one_error_line(result)
     assert evidence.read_bytes() == kept
 
-    result = tuner_cli("report", str(run_path), "--out", str(tmp_path / "missing" / "r.html"))
+    result = run_tuner("report", str(run_path), "--out", str(tmp_path / "missing" / "r.html"))
     assert result.returncode == 2
     assert "does not exist" in one_error_line(result)
     assert not (tmp_path / "missing").exists()
 
-    result = tuner_cli("report", str(tmp_path / "nothing-here"))
+    result = run_tuner("report", str(tmp_path / "nothing-here"))
     assert result.returncode == 1
     assert "holds no study" in one_error_line(result)
 
@@ -354,7 +354,7 @@ def test_each_trial_comes_with_what_its_server_log_says_its_settings_did(tmp_pat
 
 def test_a_run_whose_final_report_cannot_be_written_still_ends_as_the_run_did(tmp_path: Path) -> None:
     (tmp_path / "stall-demo-simulated" / REPORT_NAME).mkdir(parents=True)
-    result = tuner_cli(
+    result = run_tuner(
         "run",
         str(ROOT / "studies" / "stall-demo-simulated.toml"),
         "--runs-dir",

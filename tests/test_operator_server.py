@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tuner_process import run_tuner
+from tests.support import run_tuner
 from tuner.config import PluginSpec
 from tuner.deployers.base import check_launch, server_command
 from tuner.engines import create_engine
@@ -192,7 +192,7 @@ def test_a_launch_systemd_cannot_run_is_refused_before_the_host_is_reached(tmp_p
         '[host]\nkind = "ssh"\nhost = "127.0.0.1"\nport = 1\n'
         '[deploy]\nkind = "systemd"\nunit = "vllm.service"\nexec_start = "replace"\n'
     )
-    done = run_tuner(["run", str(tmp_path / "vllm.toml"), "--runs-dir", str(tmp_path / "runs")])
+    done = run_tuner("run", str(tmp_path / "vllm.toml"), "--runs-dir", str(tmp_path / "runs"))
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "absolute path on the host" in line and "engine.command" in line

@@ -22,29 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.real_parts import need_real_part
+from tests.support import one_error_line, run_tuner
 from tuner.files import write_atomic
 from tuner.workloads import load_trace
 
 DATA = Path(__file__).resolve().parent / "data"
 LOG = DATA / "import" / "llama-server.log"
-
-
-def tuner_cli(*args: str, umask: int = 0o022) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        preexec_fn=lambda: os.umask(umask),
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def temporaries(directory: Path) -> list[str]:
@@ -62,7 +45,7 @@ def char_device(tmp_path: Path) -> Iterator[Path]:
 
 
 def synth_into(out: Path) -> subprocess.CompletedProcess[str]:
-    return tuner_cli("workload", "synth", "chat", "--users", "2", "--turns", "1", "--out", str(out))
+    return run_tuner("workload", "synth", "chat", "--users", "2", "--turns", "1", "--out", str(out))
 
 
 def test_a_character_device_at_out_is_refused_and_stays_a_device(char_device: Path) -> None:
@@ -114,25 +97,25 @@ def test_an_import_never_overwrites_its_own_input(tmp_path: Path) -> None:
     for out in (log, tmp_path / "link-to-log"):
         if out != log:
             out.symlink_to(log)
-        result = tuner_cli("workload", "import", "llama-server-log", str(log), "--out", str(out))
+        result = run_tuner("workload", "import", "llama-server-log", str(log), "--out", str(out))
         assert result.returncode == 2
         assert "is the input" in one_error_line(result) and "pass another output path" in result.stderr
         assert log.read_bytes() == LOG.read_bytes()
-    elsewhere = tuner_cli("workload", "import", "llama-server-log", str(log), "--out", str(tmp_path / "t.jsonl"))
+    elsewhere = run_tuner("workload", "import", "llama-server-log", str(log), "--out", str(tmp_path / "t.jsonl"))
     assert elsewhere.returncode == 0, elsewhere.stderr
 
 
 def test_a_new_file_gets_the_umask_and_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
     private, shared = tmp_path / "private.jsonl", tmp_path / "shared.jsonl"
-    assert tuner_cli("workload", "synth", "chat", "--out", str(private), umask=0o077).returncode == 0
-    assert tuner_cli("workload", "synth", "chat", "--out", str(shared), umask=0o022).returncode == 0
+    assert run_tuner("workload", "synth", "chat", "--out", str(private), umask=0o077).returncode == 0
+    assert run_tuner("workload", "synth", "chat", "--out", str(shared), umask=0o022).returncode == 0
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert stat.S_IMODE(shared.stat().st_mode) == 0o644
     # Overwritten under a looser umask, the 0600 file stays 0600; a 0640 one stays 0640.
     shared.chmod(0o640)
     for path, mode in ((private, 0o600), (shared, 0o640)):
         before = path.read_bytes()
-        assert tuner_cli("workload", "synth", "chat", "--users", "3", "--out", str(path), umask=0o000).returncode == 0
+        assert run_tuner("workload", "synth", "chat", "--users", "3", "--out", str(path), umask=0o000).returncode == 0
         assert path.read_bytes() != before
         assert stat.S_IMODE(path.stat().st_mode) == mode
 

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from optuna.trial import TrialState
 from pydantic import SecretStr
 
+from tests.support import free_port
 from tuner.config import StudySpec
 from tuner.deployers import ProcessDeployer
 from tuner.deployers.process import ProcessOptions
@@ -30,12 +30,6 @@ from tuner.study_record import TrialRecord
 from tuner.transports import LocalTransport
 
 STAND_IN = Path(__file__).resolve().parent / "data" / "health_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stand_in(port: int, loading_s: float = 0.5) -> LaunchSpec:

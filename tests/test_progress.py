@@ -13,14 +13,13 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tests.sim_study import prepare_simulated, run_simulated
-from tuner.cli import main
+from tests.support import run_cli
 from tuner.config import ParamValue
 from tuner.console import ConsoleObserver
 from tuner.errors import StudyError
@@ -39,22 +38,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Outcome:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 2
-    captured = capsys.readouterr()
-    return Outcome(code, captured.out, captured.err)
 
 
 def one_line(text: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import free_port
 from tuner.errors import OutputError
 from tuner.record import Recorder, RecorderOptions
 from tuner.workloads import load_trace
@@ -184,18 +185,12 @@ def test_an_unreachable_upstream_answers_502_in_the_openai_error_shape(tmp_path:
 def test_record_in_front_of_the_real_llama_server_until_ctrl_c(tmp_path: Path, llama_server_binary: Path) -> None:
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import time
 
     from tuner.config import PluginSpec
     from tuner.engines import create_engine
-
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
 
     launch = create_engine(PluginSpec.model_validate({"kind": "llama-server"})).launch_spec({})
     log = (tmp_path / "server.log").open("w")

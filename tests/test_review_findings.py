@@ -4,25 +4,13 @@ README's exit code, nothing overwritten, nothing created, and no read that never
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import one_error_line, run_tuner
+
 DATA = Path(__file__).resolve().parent / "data"
-
-
-def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
-    )
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    return lines[0]
 
 
 @pytest.mark.parametrize("what", ["fifo", "chardev"])
@@ -35,19 +23,19 @@ def test_a_study_or_workload_that_is_a_fifo_or_a_device_is_refused_instead_of_re
     else:
         special = Path("/dev/zero")  # a read of it never ends
     for args, code in ((["run", str(special)], 2), (["workload", "show", str(special)], 2)):
-        done = tuner(*args, cwd=tmp_path)
+        done = run_tuner(*args, cwd=tmp_path, timeout=120)  # a read that never ends is a hang
         assert done.returncode == code, done.stderr[-2000:]
-        assert "not a" in one_line(done)
+        assert "not a" in one_error_line(done)
 
 
 def test_a_study_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
     study = tmp_path / "deep.toml"
     study.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
-    done = tuner("run", str(study), cwd=tmp_path)
-    assert done.returncode == 2 and "nested too deeply" in one_line(done)
-    done = tuner("run", str(DATA / "tiny-study.toml"), "--set", "rounds=" + "[" * 5000, cwd=tmp_path)
+    done = run_tuner("run", str(study), cwd=tmp_path)
+    assert done.returncode == 2 and "nested too deeply" in one_error_line(done)
+    done = run_tuner("run", str(DATA / "tiny-study.toml"), "--set", "rounds=" + "[" * 5000, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
-    one_line(done)
+    one_error_line(done)
 
 
 def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -> None:
@@ -67,9 +55,9 @@ def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -
     (run / "spec.json").write_text("{}\n")
     for name in ("optuna.journal", "spec.json"):
         before = (run / name).read_bytes()
-        done = tuner("leaderboard", str(run), "--csv", str(run / name), cwd=tmp_path)
+        done = run_tuner("leaderboard", str(run), "--csv", str(run / name), cwd=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
-        assert "is the input" in one_line(done)
+        assert "is the input" in one_error_line(done)
         assert done.stdout.strip() == "", "refused only after the leaderboard was shown"
         assert (run / name).read_bytes() == before
     assert (run / "optuna.journal").read_bytes() == journal

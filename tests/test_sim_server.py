@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stand_in import free_port
+from tests.support import free_port
 from tuner.config import PluginSpec
 from tuner.engines import create_engine
 from tuner.engines.llama_server_log import parse_llama_server_log

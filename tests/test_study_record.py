@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
+from tests.support import run_tuner
 from tuner.errors import StudyError
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
@@ -37,12 +36,6 @@ MADE_BY_0_1_0 = ROOT / "tests" / "data" / "runs" / "made-by-0.1.0"
 DEMO = ROOT / "studies" / "stall-demo-simulated.toml"
 
 
-def tuner(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=300, check=False, cwd=cwd
-    )
-
-
 def old_run(tmp_path: Path) -> Path:
     run = tmp_path / "stall-demo-simulated"
     shutil.copytree(MADE_BY_0_1_0, run)
@@ -51,7 +44,7 @@ def old_run(tmp_path: Path) -> Path:
 
 def test_a_run_made_by_0_1_0_shows_the_leaderboard_that_version_wrote(tmp_path: Path) -> None:
     run = old_run(tmp_path)
-    shown = tuner("leaderboard", str(run), "--csv", str(tmp_path / "now.csv"))
+    shown = run_tuner("leaderboard", str(run), "--csv", str(tmp_path / "now.csv"))
     assert shown.returncode == 0, shown.stderr
     assert (tmp_path / "now.csv").read_text() == (MADE_BY_0_1_0 / "leaderboard.csv").read_text()
     assert "recommended: n_batch=256, n_ubatch=256 (trial 3): paired score difference +0.96" in shown.stdout
@@ -60,7 +53,9 @@ def test_a_run_made_by_0_1_0_shows_the_leaderboard_that_version_wrote(tmp_path: 
 def test_a_run_made_by_0_1_0_resumes_and_keeps_its_measurements(tmp_path: Path) -> None:
     run = old_run(tmp_path)
     before = build_leaderboard(open_optuna_study_readonly(RunDirectory(run)))
-    resumed = tuner("run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=6", "--set", "confirm.top=0")
+    resumed = run_tuner(
+        "run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=6", "--set", "confirm.top=0"
+    )
     assert resumed.returncode == 0, resumed.stderr
     study = open_optuna_study_readonly(RunDirectory(run))
     after = build_leaderboard(study)
@@ -82,7 +77,7 @@ def test_a_record_from_a_newer_serve_tuner_is_refused_with_one_line(tmp_path: Pa
         study = optuna.create_study(study_name="newer", storage=run_dir.storage())
         newer = TrialRecord(baseline=True, deployed=True).stored() | {"version": RECORD_VERSION + 1}
         study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={RECORD_KEY: newer}))
-    shown = tuner("leaderboard", str(run))
+    shown = run_tuner("leaderboard", str(run))
     assert shown.returncode == 1 and shown.stdout == ""
     assert shown.stderr.strip().splitlines() == [
         f"error: trial 0 was stored by a newer serve-tuner (record version {RECORD_VERSION + 1}, this one reads "
@@ -96,7 +91,7 @@ def test_a_damaged_record_is_refused_naming_the_field(tmp_path: Path) -> None:
         study = optuna.create_study(study_name="damaged", storage=run_dir.storage())
         damaged = TrialRecord(deployed=True).stored() | {"score": "high"}
         study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={RECORD_KEY: damaged}))
-    shown = tuner("leaderboard", str(run))
+    shown = run_tuner("leaderboard", str(run))
     assert shown.returncode == 1
     (line,) = shown.stderr.strip().splitlines()
     assert line.startswith(f"error: trial 0: the stored {RECORD_KEY!r} record is damaged (score: ")
@@ -130,7 +125,7 @@ def test_an_update_that_breaks_the_record_raises_before_anything_is_stored() -> 
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished simulated study in today's format: the baseline and one trial."""
     runs = tmp_path_factory.mktemp("runs")
-    done = tuner("run", str(DEMO), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0")
+    done = run_tuner("run", str(DEMO), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0")
     assert done.returncode == 0, done.stderr
     return runs / "stall-demo-simulated"
 
@@ -181,7 +176,7 @@ def test_a_resume_refused_for_a_damaged_record_writes_nothing(small_run: Path, t
     shutil.copytree(small_run, run)
     edit_last_record(run / "optuna.journal", 1, lambda r: {k: v for k, v in r.items() if k != "deployed"})
     before = {name: (run / name).read_bytes() for name in ("optuna.journal", "spec.json")}
-    refused = tuner("run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=2")
+    refused = run_tuner("run", str(DEMO), "--runs-dir", str(tmp_path), "--set", "budget.trials=2")
     assert refused.returncode == 1, refused.stdout
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith(f"error: trial 1: the stored {RECORD_KEY!r} record is damaged (deployed: missing)")
@@ -192,7 +187,7 @@ def test_apply_refuses_stored_settings_with_an_unknown_knob_in_one_line(small_ru
     run = tmp_path / "stall-demo-simulated"
     shutil.copytree(small_run, run)
     edit_last_record(run / "optuna.journal", 1, lambda r: r | {"settings": r["settings"] | {"bogus": 1}})
-    refused = tuner("apply", str(DEMO), "--runs-dir", str(tmp_path), "--trial", "1")
+    refused = run_tuner("apply", str(DEMO), "--runs-dir", str(tmp_path), "--trial", "1")
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith(f"error: trial 1 of {run}: unknown llama-server knob 'bogus'; valid: ")

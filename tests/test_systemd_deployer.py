@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pydantic import SecretStr
 
 from tests.quick import QUICK_ROUNDS
 from tests.real_parts import need_real_part
+from tests.support import free_port, run_tuner
 from tests.systemd_host import (
     ENV_UNIT,
     UNIT,
@@ -38,7 +38,6 @@ from tests.systemd_host import (
     controller_env,
     host_baseline,
     operator_drop_in,
-    run_tuner_as,
     running_argv,
     stand_in_unit,
     study_file,
@@ -113,12 +112,6 @@ def _deployer(host: SystemdHost, **options: object) -> tuple[SshTransport, Syste
 def _deployer_for(host: SystemdHost, unit: str, **options: object) -> tuple[SshTransport, SystemdDeployer]:
     transport = SshTransport(SshOptions.model_validate(host.ssh_options()))
     return transport, SystemdDeployer(SystemdOptions(unit=unit, **options), transport=transport)  # type: ignore[arg-type]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _launch(host: SystemdHost, **settings: str) -> LaunchSpec:
@@ -443,7 +436,7 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
     quick = [] if unit == UNIT else QUICK_ROUNDS  # the stall is measured once; the other unit's path is the point
     settings = ["--set", "budget.trials=1", "--set", "confirm.top=0", *quick]
     key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    done = run_tuner_as("run", str(study), "--runs-dir", str(tmp_path), *settings, *key, env=env)
+    done = run_tuner("run", str(study), "--runs-dir", str(tmp_path), *settings, *key, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
     assert [row.state for row in board.rows] == ["COMPLETE", "COMPLETE"]
@@ -460,24 +453,24 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
     # permanent, and the host is back on its baseline.
     apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *quick, *key]
     applied = f"/etc/systemd/system/{unit}.d/zz-tuner-applied.conf"
-    refused = run_tuner_as(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
+    refused = run_tuner(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "the verification run failed" in refused.stderr and "stays on its baseline" in refused.stderr
     assert systemd_host.read(applied) is None
     assert_baseline(systemd_host, baseline)
 
     # `tuner apply`: the tuned trial, verified once more, written under /etc without a second restart.
-    done = run_tuner_as(*apply, env=env, timeout=600)
+    done = run_tuner(*apply, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verification run:" in done.stdout and "zz-tuner-applied.conf" in done.stdout
     _assert_applied_as_the_operators_own(systemd_host, baseline, served, tuned.settings)
     _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path, unit=unit)
 
     # `tuner restore` removes exactly that file; then the whole baseline is back.
-    done = run_tuner_as("restore", str(study), env=env, timeout=600)
+    done = run_tuner("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
     assert systemd_host.read(applied) is None
-    done = run_tuner_as("restore", str(study), env=env, timeout=600)
+    done = run_tuner("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "nothing to remove" in done.stdout
     assert_baseline(systemd_host, baseline)
 
@@ -495,7 +488,7 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
     canary = f"sk-canary-{uuid.uuid4().hex}"
     env = controller_env(tmp_path, SERVE_TUNER_TEST_KEY=canary)
     key = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
-    done = run_tuner_as(
+    done = run_tuner(
         "run", str(study), "--runs-dir", str(tmp_path), "--set", "budget.trials=1", "--set", "confirm.top=0",
         *QUICK_ROUNDS, *key, env=env,
     )  # fmt: skip
@@ -509,7 +502,7 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
         row for row in board.rows if not row.baseline and row.state == "COMPLETE"
     )  # its number is the sampler's
     apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *QUICK_ROUNDS, *key]
-    done = run_tuner_as(*apply, env=env)
+    done = run_tuner(*apply, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert running_argv(systemd_host)[0] == systemd_host.binary  # the study's program, by its host path...
     environment = systemd_host.process_environment()
@@ -518,7 +511,7 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
     secrets = f"/etc/serve-tuner/{systemd_host.unit}.secret.env"
     assert systemd_host.run("stat", "-c", "%a", secrets).stdout.strip() == "600"
     _assert_secret_nowhere_else(systemd_host, canary, printed=done.stdout + done.stderr, run_dir=tmp_path)
-    done = run_tuner_as("restore", str(study), env=env, timeout=600)
+    done = run_tuner("restore", str(study), env=env, timeout=600)
     assert done.returncode == 0 and "removed" in done.stdout, done.stderr[-3000:]
     assert systemd_host.read(secrets) is None
 
@@ -540,7 +533,7 @@ def test_paths_that_mean_nothing_on_the_host_are_refused_before_it_is_reached(
                        client_key=tmp_path / "key", env_port=1)  # fmt: skip
     study = study_file(host, tmp_path, deploy=deploy)
     study.write_text(study.read_text().replace('kind = "llama-server"', f'kind = "llama-server"\n{engine}'))
-    done = run_tuner_as("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=controller_env(tmp_path))
+    done = run_tuner("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=controller_env(tmp_path))
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert re.search(refusal, line), line
@@ -606,7 +599,7 @@ def test_ollama_settings_go_on_ollama_service_as_environment_lines(systemd_host:
     runs `ollama serve`. TRANSCRIPT-BASED server."""
     from tuner.engines.ollama import OllamaEngine, OllamaOptions
 
-    port = _free_port()
+    port = free_port()
     python = os.path.realpath(sys.executable)
     service = (
         f'Environment="OLLAMA_HOST=127.0.0.1:{port}"\n'
@@ -647,7 +640,7 @@ def test_vllm_flags_replace_the_units_command_line_and_the_operators_comes_back(
     line, verified against the process's argv. TRANSCRIPT-BASED server."""
     from tuner.engines.vllm import VllmEngine, VllmOptions
 
-    port = _free_port()
+    port = free_port()
     python = os.path.realpath(sys.executable)
     script = "/etc/serve-tuner-test/fake_engine_server.py"
     operator = [python, script, "serve", "Qwen/Qwen2.5-0.5B-Instruct", "--port", str(port), "--max-num-seqs", "256"]

@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
 from tests.real_parts import need_real_part
+from tests.support import one_error_line, run_tuner
 from tuner.errors import StudyError
 from tuner.runs import RunDirectory
 from tuner.study_record import update_study_record, update_trial_record
 
 ROUNDS = [{"stall_tok_s": 1.0, "prefill_tok_s": 200.0}, {"stall_tok_s": 1.1, "prefill_tok_s": 190.0}]
-
-
-def tuner_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "tuner", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
 def measure(study: optuna.Study, n_batch: int, score: float, *, baseline: bool = False) -> None:
@@ -104,7 +99,7 @@ def test_the_leaderboard_reads_a_torn_journal_as_it_is_and_changes_nothing(journ
     run.mkdir()
     torn = journal[:-20]
     (run / "optuna.journal").write_bytes(torn)
-    result = tuner_cli("leaderboard", str(run))
+    result = run_tuner("leaderboard", str(run))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.strip()] == [
@@ -115,13 +110,6 @@ def test_the_leaderboard_reads_a_torn_journal_as_it_is_and_changes_nothing(journ
     assert "n_batch=64" not in result.stdout  # the trial whose tell was torn is not shown as measured
     assert (run / "optuna.journal").read_bytes() == torn
     assert sorted(p.name for p in run.iterdir()) == ["optuna.journal"]
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -137,7 +125,7 @@ def test_a_journal_that_is_not_optunas_is_one_line_naming_it_and_the_way_back(
     run = tmp_path / "bad"
     run.mkdir()
     (run / "optuna.journal").write_bytes(content)
-    line = one_error_line(tuner_cli("leaderboard", str(run)))
+    line = one_error_line(run_tuner("leaderboard", str(run)))
     assert expected in line and str(run / "optuna.journal") in line and f"move {run} aside" in line, line
     with pytest.raises(StudyError, match=r"optuna\.journal") as refused, RunDirectory(run, notice=pytest.fail):
         pass
@@ -152,7 +140,7 @@ def test_a_journal_damaged_mid_way_names_the_line_and_the_way_back_works(journal
     run = tmp_path / "damaged"
     run.mkdir()
     (run / "optuna.journal").write_bytes(damaged)
-    result = tuner_cli("leaderboard", str(run))
+    result = run_tuner("leaderboard", str(run))
     assert result.returncode == 1
     line = one_error_line(result)
     number = len(lines)
