@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.real_parts import need_real_part
 from tests.stand_in import run_stand_in
 from tests.support import free_port
 from tuner.config import ParamValue, PluginSpec, load_search_space
@@ -374,25 +373,6 @@ def test_the_memory_check_skips_what_cannot_fit_before_any_restart(tmp_path: Pat
     reason = ollama.memory_check({"context_length": 4096, "num_parallel": 4})
     assert reason == "needs 0.4 GiB (weights plus num_ctx x num_parallel KV tokens), over 0.25 GiB"
     assert ollama.memory_check({"context_length": 4096, "num_parallel": 4, "kv_cache_type": "q4_0"}) is None
-
-
-@pytest.mark.real_part("llama-server")
-def test_the_memory_check_reads_the_real_models_header(tmp_path: Path) -> None:
-    from tuner import assets
-    from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
-
-    model = assets.find_model()
-    if model is None:
-        need_real_part(
-            "llama-server", "the SmolLM2 model is not fetched (`tuner setup`); its GGUF header is the test input"
-        )
-    # SmolLM2-135M: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 2 bytes per token at f16.
-    assert kv_bytes_per_token(gguf_kv_shape(model)) == 23040
-    llama = engine_of("llama-server", model=str(model), memory_budget_gib=0.5)
-    assert llama.memory_need({"ctx_size": 1000}) == model.stat().st_size + 1000 * 23040
-    assert llama.memory_check({"ctx_size": 8192}) is None
-    reason = llama.memory_check({"ctx_size": 32768})
-    assert reason is not None and "over the 0.5 GiB budget" in reason
 
 
 def test_the_vllm_memory_check_refuses_a_sequence_or_weights_that_leave_no_room(tmp_path: Path) -> None:

@@ -212,3 +212,36 @@ def test_a_replaced_file_keeps_its_owner_when_root_writes_it(tmp_path: Path) -> 
     assert synth_into(out).returncode == 0
     assert (out.stat().st_uid, out.stat().st_gid) == (4242, 4343)
     assert len(load_trace(out).requests) == 2
+
+
+def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -> None:
+    import optuna
+
+    from tuner.runs import RunDirectory
+    from tuner.study_record import TrialRecord, new_trial_attrs
+
+    run = tmp_path / "tiny"
+    with RunDirectory(run) as run_dir:
+        optuna.create_study(storage=run_dir.storage(), study_name="tiny").add_trial(
+            optuna.trial.create_trial(
+                value=1.0, params={}, distributions={}, user_attrs=new_trial_attrs(TrialRecord(baseline=True))
+            )
+        )
+    journal = (run / "optuna.journal").read_bytes()
+    (run / "spec.json").write_text("{}\n")
+    for name in ("optuna.journal", "spec.json"):
+        before = (run / name).read_bytes()
+        done = run_tuner("leaderboard", str(run), "--csv", str(run / name), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "is the input" in one_error_line(done)
+        assert done.stdout.strip() == "", "refused only after the leaderboard was shown"
+        assert (run / name).read_bytes() == before
+    assert (run / "optuna.journal").read_bytes() == journal
+
+
+def test_record_checks_an_out_in_a_missing_directory_without_creating_it(tmp_path: Path) -> None:
+    from tuner.files import check_writable
+
+    out = tmp_path / "missing" / "deeper" / "rec.jsonl"
+    assert check_writable(out) == out
+    assert not (tmp_path / "missing").exists(), "a check made directories"
