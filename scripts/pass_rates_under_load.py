@@ -25,18 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Every test that runs a study (`tuner run`) against the real llama-server.
 STUDY_TESTS = (
-    "tests/test_cli.py::test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes",
-    "tests/test_cli.py::test_the_same_config_measured_again_is_not_called_a_win",
-    "tests/test_cli.py::test_client_and_server_measurements_agree",
-    "tests/test_cli.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[2-130]",
-    "tests/test_cli.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[15-143]",
-    "tests/test_cli.py::test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readable",
-    "tests/test_cli.py::test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server",
-    "tests/test_lora.py::test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes_the_wait",
-    "tests/test_lora.py::test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change",
-    "tests/test_secrets.py::test_the_api_key_is_used_but_never_printed_or_written",
-    "tests/test_ssh.py::test_a_study_runs_its_server_on_a_host_reached_over_ssh",
-    "tests/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port",
+    "tests/real/test_tiny_study.py::test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes",
+    "tests/real/test_tiny_study.py::test_the_same_config_measured_again_is_not_called_a_win",
+    "tests/real/test_tiny_study.py::test_client_and_server_measurements_agree",
+    "tests/real/test_tiny_study.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[2-130]",
+    "tests/real/test_tiny_study.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[15-143]",
+    "tests/real/test_tiny_study.py::test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readable",
+    "tests/real/test_tiny_study.py::test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server",
+    "tests/real/test_lora_study.py::test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes_the_wait",
+    "tests/real/test_lora_study.py::test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change",
+    "tests/real/test_api_key_real_server.py::test_the_api_key_is_used_but_never_printed_or_written",
+    "tests/real/test_ssh.py::test_a_study_runs_its_server_on_a_host_reached_over_ssh",
+    "tests/real/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port",
 )
 
 

@@ -33,5 +33,6 @@ if [ "$#" -gt 0 ]; then
 fi
 # The tests that need no real part in two workers (many wait on a simulated server's clock or a
 # subprocess), then the real tier in one process: its measurements share the machine with nothing else.
-.venv/bin/pytest -m "not real" -n 2
-exec .venv/bin/pytest -m real
+# The tier is the directory (tests/conftest.py): tests/fast is `-m "not real"`, tests/real is `-m real`.
+.venv/bin/pytest tests/fast -n 2
+exec .venv/bin/pytest tests/real

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.support import one_error_line, run_tuner
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-study.toml"
 
 

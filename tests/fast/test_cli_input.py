@@ -26,7 +26,7 @@ from tuner.runs import RunDirectory
 from tuner.study import prepare_study
 from tuner.study_record import update_trial_record
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-study.toml"
 QUICK_FAIL = 'engine.binary="/bin/false"'  # see the module docstring
 
@@ -433,7 +433,7 @@ def test_ctrl_c_during_an_import_does_not_claim_a_restore(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    # The CLI imports the importers when the command runs (tests/test_startup.py): patched where it looks.
+    # The CLI imports the importers when the command runs (tests/fast/test_startup.py): patched where it looks.
     monkeypatch.setattr(tuner.importers, "import_trace", interrupted)
     outcome = run_cli(
         capsys, "workload", "import", "azure", str(DATA / "import" / "azure.csv"), "--out", str(tmp_path / "a.jsonl")

@@ -10,7 +10,7 @@ from tuner.config import Constraint, load_search_space, load_study
 from tuner.errors import ConfigError
 from tuner.study import prepare_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "studies" / "stall-demo.toml"
 
 

@@ -35,7 +35,7 @@ from tuner.errors import ConfigError, DeployError, ServerNotReady
 from tuner.models import CheckLine, LaunchSpec
 from tuner.transports import LocalTransport
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture

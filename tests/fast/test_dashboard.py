@@ -19,8 +19,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from tests.sim_study import prepare_simulated, run_simulated
 from tests.support import free_port
+from tests.support.sim_study import prepare_simulated, run_simulated
 
 DASHBOARD = Path(sys.executable).parent / "optuna-dashboard"  # the console script of the `dashboard` extra
 

@@ -1,5 +1,5 @@
 """`tuner diagnose` on logs written by the simulated llama-server (the real server's log lines, on its own
-clock: tests/diagnose_logs.py), checked against what its client measured; their journalctl-wrapped
+clock: tests/support/diagnose_logs.py), checked against what its client measured; their journalctl-wrapped
 versions; a multi-hour replay; bad input; the study it writes."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.diagnose_logs import lora_requests, request, simulated_log, stall_requests
 from tests.support import run_tuner
+from tests.support.diagnose_logs import lora_requests, request, simulated_log, stall_requests
 from tuner.diagnose import diagnose_log, parse_duration
 from tuner.metrics import compute_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def journal(lines: list[str], *, unit: str = "llama-server", strip_time: bool = False) -> list[str]:

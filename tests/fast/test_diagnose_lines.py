@@ -13,7 +13,7 @@ import pytest
 from tuner.diagnose import diagnose_log
 from tuner.diagnose.vllm import read_metrics_scrape
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = ROOT / "tests" / "data" / "transcripts"
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.diagnose_logs import simulated_log, stall_requests
+from tests.fast.test_diagnose import journal
+from tests.fast.test_diagnose_lines import Log
 from tests.support import run_tuner
-from tests.test_diagnose import journal
-from tests.test_diagnose_lines import Log
+from tests.support.diagnose_logs import simulated_log, stall_requests
 from tuner.config import load_search_space, load_study
 from tuner.diagnose import Diagnosis, diagnose_log
 from tuner.diagnose.identity import ollama_model_name
@@ -31,7 +31,7 @@ from tuner.diagnose.study import (
 from tuner.errors import ConfigError
 from tuner.study import prepare_study
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Strings a study file may hold that TOML must escape, or may write as they are.
 ODD = 'quote" back\\slash tab\t new\nline é 😀 del\x7f bell\x07'

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.stand_in import run_stand_in
 from tests.support import free_port
+from tests.support.stand_in import run_stand_in
 from tuner.config import ParamValue, PluginSpec, load_search_space
 from tuner.engines import ENGINES, Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text
@@ -26,7 +26,7 @@ from tuner.engines.text_prompts import WORDS
 from tuner.errors import ConfigError
 from tuner.models import ReplayRequest, RequestStatus
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TRANSCRIPTS = DATA / "transcripts"
 REPO = DATA.parent.parent
 

@@ -17,7 +17,7 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-from tests.sim_study import SimulatedFleet, fleet_overrides, prepare_simulated, run_simulated_fleet
+from tests.support.sim_study import SimulatedFleet, fleet_overrides, prepare_simulated, run_simulated_fleet
 from tuner.config import ParamValue, load_study
 from tuner.console import ConsoleObserver, render_leaderboard
 from tuner.errors import ConfigError, ServerNotReady, StudyError

@@ -2,7 +2,7 @@
 verification run first, stopping at the first host where it fails (that host back on its baseline, the hosts
 before it keeping what they verified, the rest untouched).
 
-Fast tier: the fleet's study is made on simulated hosts (tests/sim_study.py); the verification runs start
+Fast tier: the fleet's study is made on simulated hosts (tests/support/sim_study.py); the verification runs start
 the simulated llama-server as real processes. The deployer is the process deployer with a stand-in for the
 host's configuration (systemd's drop-in, tested on a real unit in test_systemd_deployer.py): it records
 what it is asked to make permanent and to remove, and what was running when it was asked.
@@ -20,8 +20,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 from pydantic import Field
 
-from tests.sim_study import DEMO, fleet_overrides, prepare_simulated, run_simulated_fleet
 from tests.support import run_cli
+from tests.support.sim_study import DEMO, fleet_overrides, prepare_simulated, run_simulated_fleet
 from tuner.deployers.base import DEPLOYERS
 from tuner.deployers.process import ProcessDeployer, ProcessOptions
 from tuner.errors import DeployError

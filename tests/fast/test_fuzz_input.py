@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.support import run_cli
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 STUDY_FILES = ("tiny-study.toml", "stall-small.jsonl", "batch-space.toml")
 QUICK_FAIL = 'engine.binary="/bin/false"'
 

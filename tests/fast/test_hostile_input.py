@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import one_error_line, run_tuner
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.mark.parametrize("what", ["fifo", "chardev"])

@@ -11,7 +11,7 @@ from tuner.errors import ConfigError, WorkloadError
 from tuner.importers import import_trace
 from tuner.workloads import dump_trace, load_trace
 
-DATA = Path(__file__).resolve().parent / "data" / "import"
+DATA = Path(__file__).resolve().parents[1] / "data" / "import"
 
 
 def test_mooncake_blocks_named_by_more_than_one_request_become_shared_prefix_blocks() -> None:

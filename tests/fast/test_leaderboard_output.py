@@ -1,6 +1,6 @@
 """The leaderboard as a user gets it: a table that fits the terminal, `--wide`, `--json`, `--csv`, `--parquet`.
 
-The board is a real one: the demo study run against the simulated server (tests/sim_study.py), with a
+The board is a real one: the demo study run against the simulated server (tests/support/sim_study.py), with a
 violated constraint and a pruned trial of its own. The tables are read back as text, as a user reads them.
 """
 
@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from tests.sim_study import prepare_simulated, run_simulated
+from tests.support.sim_study import prepare_simulated, run_simulated
 from tuner.cli import main
 from tuner.console import render_leaderboard
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.stand_in import run_stand_in
 from tests.support import free_port
+from tests.support.stand_in import run_stand_in
 from tuner.config import PluginSpec
 from tuner.engines import Engine, StreamEvent, create_engine
 from tuner.engines.base import parse_prometheus_text
 from tuner.errors import ConfigError
 from tuner.models import ReplayRequest
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def llama(settings: dict[str, object] | None = None, **options: object) -> Engine:

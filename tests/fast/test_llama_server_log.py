@@ -9,7 +9,7 @@ import pytest
 
 from tuner.engines.llama_server_log import parse_llama_server_log, parse_timestamp
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def test_timestamps_are_minutes_seconds_millis_micros_not_hours() -> None:

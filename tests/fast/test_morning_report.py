@@ -1,7 +1,7 @@
 """The morning report (`tuner report`), read as a user reads it: the verdict first, the leaderboard's
 numbers, the stall picture, and nothing from any other host. The runs are made by the study's own loop on
-the simulated server (tests/sim_study.py), with their round files kept as a real run keeps them; the
-real-browser check of a real run is in tests/test_report_browser.py."""
+the simulated server (tests/support/sim_study.py), with their round files kept as a real run keeps them; the
+real-browser check of a real run is in tests/real/test_report_browser.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.sim_study import ROOT, prepare_simulated, run_simulated
 from tests.support import one_error_line, run_tuner
+from tests.support.sim_study import ROOT, prepare_simulated, run_simulated
 from tuner.morning_report import REPORT_NAME, ReportWriter, render_report
 from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
 from tuner.redact import remember_secret
@@ -24,7 +24,7 @@ from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
 from tuner.study_record import TrialRecord, new_trial_attrs
 
-OLD_RUN = Path(__file__).resolve().parent / "data" / "runs" / "made-by-0.1.0"
+OLD_RUN = Path(__file__).resolve().parents[1] / "data" / "runs" / "made-by-0.1.0"
 
 
 class _Page(HTMLParser):

@@ -16,8 +16,8 @@ import pytest
 from tuner.config import MetricConstraint, load_search_space
 from tuner.study import _SAMPLERS, record_constraints
 
-DATA = Path(__file__).resolve().parent / "data"
-DEMO_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml"
+DATA = Path(__file__).resolve().parents[1] / "data"
+DEMO_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "llama-server.toml"
 
 
 def test_a_run_with_constraints_prints_no_warning(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from tuner.errors import ConfigError
 from tuner.models import OperatorServer, ServerCommand
 from tuner.transports.local import LocalTransport
 
-DATA = Path(__file__).resolve().parent / "data"
-SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+DATA = Path(__file__).resolve().parents[1] / "data"
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def spec(table: Mapping[str, object]) -> PluginSpec:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_parts import need_real_part
 from tests.support import one_error_line, run_tuner
+from tests.support.real_parts import need_real_part
 from tuner.files import write_atomic
 from tuner.workloads import load_trace
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 LOG = DATA / "import" / "llama-server.log"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from typing import Literal
@@ -137,8 +138,11 @@ def test_every_guard_mutant_applies_to_the_code_and_names_tests_that_exist() -> 
             path, _, name = test.partition("::")
             source = PACKAGE.parent / path
             assert source.is_file(), f"{mutant.name}: {path} does not exist"
-            if name:  # an entry may name a whole file
-                assert f"def {name.split('[')[0]}(" in source.read_text(), f"{mutant.name}: no test {name} in {path}"
+            if name:  # an entry may name a whole file; a test may be defined there or imported (a contract)
+                tree = ast.parse(source.read_text())
+                names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+                names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+                assert name.split("[")[0] in names, f"{mutant.name}: no test {name} in {path}"
 
 
 def test_the_real_parts_summary_counts_a_missing_part_against_that_part_only() -> None:
@@ -165,3 +169,34 @@ def test_the_real_parts_summary_counts_a_missing_part_against_that_part_only() -
     finally:
         conftest._PART_OUTCOMES.clear()
         conftest._PART_OUTCOMES.update(saved)
+
+
+def test_a_tests_tier_is_its_directory() -> None:
+    """A test in tests/real/ needs a real part (a fixture, or `real_part` / `real_server` where it asks for one
+    itself), one in tests/fast/ none; anything else stops the collection (tests/conftest.py)."""
+    from tests import conftest
+
+    real, fast = conftest.REAL_TIER / "test_x.py", conftest.FAST_TIER / "test_x.py"
+    assert conftest.tier_mismatch(real, ["sshd"], real_server=False) is None
+    assert conftest.tier_mismatch(real, [], real_server=True) is None
+    assert conftest.tier_mismatch(fast, [], real_server=False) is None
+    assert "needs no real part" in str(conftest.tier_mismatch(real, [], real_server=False))
+    assert "needs ['postgresql']" in str(conftest.tier_mismatch(fast, ["postgresql"], real_server=False))
+    assert "needs" in str(conftest.tier_mismatch(fast, [], real_server=True))
+    assert "neither" in str(conftest.tier_mismatch(conftest.REAL_TIER.parent / "test_x.py", [], real_server=False))
+
+
+def test_every_collected_test_is_in_the_tier_its_directory_names() -> None:
+    """The whole suite collects: no test in tests/fast/ needs a real part, none in tests/real/ lacks one, and
+    the fast tier is exactly what `-m "not real"` selects."""
+    root = PACKAGE.parent
+
+    def collected(*args: str) -> set[str]:
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return {line for line in done.stdout.splitlines() if "::" in line}
+
+    fast = collected("tests/fast")
+    assert fast and collected("-m", "not real") == fast
+    assert all(test.startswith("tests/fast/") for test in fast)

@@ -29,7 +29,7 @@ from tuner.study import run_study
 from tuner.study_record import TrialRecord
 from tuner.transports import LocalTransport
 
-STAND_IN = Path(__file__).resolve().parent / "data" / "health_server.py"
+STAND_IN = Path(__file__).resolve().parents[1] / "data" / "health_server.py"
 
 
 def stand_in(port: int, loading_s: float = 0.5) -> LaunchSpec:

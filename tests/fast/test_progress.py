@@ -2,7 +2,7 @@
 
 The tracker is fed scripted events on a fake clock (its counts and its estimate are exact there); the
 status command reads run directories written by the study's own search loop on the simulated server
-(tests/sim_study.py), once finished and once paused in the middle of a round by an observer, with the
+(tests/support/sim_study.py), once finished and once paused in the middle of a round by an observer, with the
 run's lock held by the run itself. No test sleeps: a paused run is waited for by an event.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.sim_study import prepare_simulated, run_simulated
 from tests.support import run_cli
+from tests.support.sim_study import prepare_simulated, run_simulated
 from tuner.config import ParamValue
 from tuner.console import ConsoleObserver
 from tuner.errors import StudyError
@@ -558,7 +558,7 @@ def test_status_imports_neither_optuna_nor_the_reports(tmp_path: Path) -> None:
         "heavy = {'optuna', 'pandas', 'numpy', 'scipy', 'matplotlib', 'httpx', 'asyncssh'}; "
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules})); sys.exit(code)"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env, check=False

@@ -1,5 +1,5 @@
 """A real part that is missing (here chromium, off PATH): its tests fail under CI naming it and skip
-elsewhere, and the summary counts them against that part (tests/real_parts.py)."""
+elsewhere, and the summary counts them against that part (tests/support/real_parts.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 def test_a_missing_chromium_fails_under_ci_naming_it_and_skips_elsewhere(tmp_path: Path) -> None:
     """No chromium on PATH: the browser tests stop at the part, and the summary counts them against it."""
-    root = Path(__file__).resolve().parent.parent
-    test = "tests/test_browser_harness.py::test_a_clean_page_reports_nothing"
+    root = Path(__file__).resolve().parents[2]
+    test = "tests/real/test_browser_harness.py::test_a_clean_page_reports_nothing"
     outcomes = {}
     for ci in ("true", ""):
         env = {**os.environ, "PATH": str(tmp_path), "CI": ci, "PYTHONPATH": str(root)}

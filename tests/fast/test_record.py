@@ -243,7 +243,7 @@ def test_a_trace_that_keeps_message_text_is_readable_by_its_owner_only(tmp_path:
 # of tests/data/transcripts/ollama-generate.ndjson and the serving-engines reference): NDJSON by default,
 # one JSON object with "stream": false, and no /tokenize (a 404, as on Ollama).
 
-TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "data" / "transcripts"
 ANSWER = ["Hel", "lo", " there"]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_container_deployer import docker, vllm_launch  # noqa: F401 (docker: the fake docker fixture)
+from tests.fast.test_container_deployer import docker, vllm_launch  # noqa: F401 (docker: the fake docker fixture)
 from tuner.config import StrictModel
 from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
 from tuner.models import LaunchSpec, ReplayRequest, RequestRecord, RequestStatus
@@ -253,7 +253,7 @@ def run_with_journal_quoting_deployer(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setitem(DEPLOYERS._entries, "journal-quoting", JournalQuotingDeployer)  # this test only
     for name in ("server", "model.gguf"):
         (tmp_path / name).write_text("")
-    study = Path(__file__).resolve().parent / "data" / "tiny-study.toml"
+    study = Path(__file__).resolve().parents[1] / "data" / "tiny-study.toml"
     overrides = ['deploy.kind="journal-quoting"', f'engine.binary="{tmp_path / "server"}"']
     overrides += [f'engine.model="{tmp_path / "model.gguf"}"', "budget.trials=0", "confirm.top=0"]
     argv = ["run", str(study), "--runs-dir", str(tmp_path / "runs")]

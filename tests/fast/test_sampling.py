@@ -14,7 +14,7 @@ from tuner.study import _distribution
 from tuner.study_record import INTERRUPTED, TrialRecord, new_trial_attrs, update_trial_record
 
 DEMO_SPACE = load_search_space(
-    Path(__file__).resolve().parent.parent / "search_spaces" / "llama-server.toml"
+    Path(__file__).resolve().parents[2] / "search_spaces" / "llama-server.toml"
 ).restricted_to(["n_batch", "n_ubatch"])
 # The maximin start is what a space without a line gets.
 SPACE = DEMO_SPACE.model_copy(update={"line": []})

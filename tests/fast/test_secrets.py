@@ -16,7 +16,7 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.study_record import RECORD_KEY
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-study.toml"
 # Fixed, so that the parametrized test ids are the same in every process (pytest-xdist compares them).
 CANARY = "sk-canary-3b2a1f0e9d8c47b6a5f4e3d2c1b0a998"

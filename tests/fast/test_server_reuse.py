@@ -1,10 +1,10 @@
 """No restart where none is needed, and none where it would change a measurement (tuner.study `deploy`).
 
-On the simulated server (tests/sim_study.py), whose slots and host-RAM prompt cache behave as llama-server's:
+On the simulated server (tests/support/sim_study.py), whose slots and host-RAM prompt cache behave as llama-server's:
 a trial that differs from the running server only in its LoRA policy (a request-scope knob) is measured on
 it, its slots cleared first and, since no request empties the host-RAM prompt cache, a variant of the
 round's prompts replayed; a trial with other server settings, a trial's own next round, and an engine that
-cannot clear its server restart as before. tests/test_server_reuse_real.py checks the same on llama-server.
+cannot clear its server restart as before. tests/real/test_server_reuse_real.py checks the same on llama-server.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim_study import ROOT, prepare_simulated, run_simulated
+from tests.support.sim_study import ROOT, prepare_simulated, run_simulated
 from tuner.config import ParamValue
 from tuner.engines.llama_server import LlamaServerEngine
 from tuner.models import ReplayRequest

@@ -102,7 +102,7 @@ def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were(
     def mine(signum: int, frame: object) -> None:
         raise AssertionError("not called")
 
-    study = Path(__file__).resolve().parent / "data" / "tiny-study.toml"
+    study = Path(__file__).resolve().parents[1] / "data" / "tiny-study.toml"
     run = ["run", str(study), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/bin/false"']
     run += ["--set", 'deploy.kind="process"', "--set", "deploy.start_timeout_s=5"]
     before = signal.signal(signal.SIGTERM, mine)

@@ -2,7 +2,7 @@
 it reads from the real server, and a whole study runs on it through the process deployer in seconds.
 
 The simulator is a test aid calibrated against the real server (docs/simulator.md); the real-server tests
-(tests/test_cli.py and others) stay the ground truth.
+(tests/real/test_tiny_study.py and others) stay the ground truth.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.study import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parents[1] / "data"
 _READY_DEADLINE_S = 30.0  # generous for a busy 2-core machine; never a speed check
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tests.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet
+from tests.support.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet
 from tuner.snapshots import SnapshotStorage, snapshot
 
 

@@ -1,7 +1,7 @@
-"""The search loop's behaviour, on the simulated server's own clock (tests/sim_study.py): seconds, not hours.
+"""The search loop's behaviour, on the simulated server's own clock (tests/support/sim_study.py): seconds, not hours.
 
 The loop, sampler, scoring and leaderboard are the study's own; the simulated server is calibrated against
-the real one (docs/simulator.md), whose own tests (tests/test_cli.py, tests/test_lora.py) stay.
+the real one (docs/simulator.md), whose own tests (tests/real/test_tiny_study.py, tests/real/test_lora_study.py) stay.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
 
-from tests.sim_study import DATA, prepare_simulated, run_simulated
+from tests.support.sim_study import DATA, prepare_simulated, run_simulated
 from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.observers import NullObserver

@@ -28,7 +28,7 @@ from tuner.errors import ConfigError
 from tuner.fleet import shown_url
 from tuner.study import _check_simulated_server, fleet_hosts, prepare_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
 STUDY_FILES = sorted(STUDIES.glob("*.toml"))
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -31,7 +31,7 @@ from tuner.study_record import (
     update_trial_record,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MADE_BY_0_1_0 = ROOT / "tests" / "data" / "runs" / "made-by-0.1.0"
 DEMO = ROOT / "studies" / "stall-demo-simulated.toml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import run_tuner
-from tests.systemd_host import (
+from tests.support.systemd_host import (
     SystemdHost,
     controller_env,
     study_file,

@@ -15,8 +15,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.real_parts import need_real_part
 from tests.support import one_error_line, run_tuner
+from tests.support.real_parts import need_real_part
 from tuner.errors import StudyError
 from tuner.runs import RunDirectory
 from tuner.study_record import update_study_record, update_trial_record

@@ -1,4 +1,5 @@
-"""The contract every transport passes: `local`, and `ssh` against a real sshd on loopback."""
+"""The contract every transport passes, here by `local`; tests/real/test_transport_contract_ssh.py runs the
+same tests over `ssh`, against a real sshd on loopback."""
 
 from __future__ import annotations
 
@@ -20,11 +21,10 @@ from tuner.config import PluginSpec
 from tuner.errors import CommandFailed, TransportError
 from tuner.transports import LocalTransport, Transport, create_transport
 
-TRANSPORTS = ("local", "ssh")
 
-
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=["local"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
+    """The transport under test; tests/real/test_transport_contract_ssh.py gives `ssh` (with its sshd)."""
     return str(request.param)
 
 

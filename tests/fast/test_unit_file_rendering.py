@@ -2,7 +2,7 @@
 value is quoted so systemd reads back exactly it, and how `systemctl show` output is read back.
 
 These are the pure functions of `tuner/deployers/systemd.py`; the deployer's tests against a real
-systemd (tests/test_systemd_deployer.py) check that systemd reads this text as meant. Here each rule
+systemd (tests/real/test_systemd_deployer.py) check that systemd reads this text as meant. Here each rule
 is pinned on its own, so that scripts/mutmut.sh can tell which one a change broke.
 """
 

@@ -11,7 +11,7 @@ from tuner.errors import WorkloadError
 from tuner.models import ReplayRequest
 from tuner.workloads import load_trace, synthesize_requests
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HEADER = '{"format": "serve-tuner-trace", "version": 1, "name": "t"}\n'
 LINE = (
     '{"id": "%s", "offset_s": 0, "session": "s", "prompt": {"shared_prefix": [{"block": "sys", "tokens": 8}],'
@@ -386,7 +386,7 @@ def test_the_column_summary_counts_what_the_request_by_request_summary_of_0_1_0_
     # histories it must count exactly what the old code counted.
     import random
 
-    from tests.summary_reference import reference_summary
+    from tests.support.summary_reference import reference_summary
     from tuner.workloads import (
         PrefixBlock,
         PromptShape,

@@ -1,4 +1,4 @@
-"""The browser harness (tests/browser.py) can fail: a page's errors and requests are reported, exactly those,
+"""The browser harness (tests/support/browser.py) can fail: a page's errors and requests are reported, exactly those,
 a clean page reports none, nothing a page asks for leaves the machine, and the screenshot is a whole PNG."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import Browser, BrowserError, BrowserTimeout
+from tests.support.browser import Browser, BrowserError, BrowserTimeout
 
 # A host no resolver knows (.invalid is reserved), so that even a browser that ignored both blocks would
 # send nothing anywhere.

@@ -1,4 +1,4 @@
-"""`tuner run STUDY --check` against the production-shaped systemd host (tests/systemd_host.py): a good
+"""`tuner run STUDY --check` against the production-shaped systemd host (tests/support/systemd_host.py): a good
 study passes and its duration estimate holds against the real run; each study broken in one way is
 reported with its fix and a non-zero exit; and whatever it finds, the host is byte-identical afterwards:
 the units' files, their processes' environment and argv, nothing of serve-tuner's under /run, no timer,
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.quick import QUICK_ROUNDS
-from tests.real_parts import need_real_part
 from tests.support import free_port, run_tuner
-from tests.systemd_host import (
+from tests.support.quick import QUICK_ROUNDS
+from tests.support.real_parts import need_real_part
+from tests.support.systemd_host import (
     ENV_UNIT,
     UNIT,
     HostBaseline,
@@ -229,7 +229,7 @@ def test_a_baseline_over_the_memory_budget_is_named_from_the_models_header_on_th
     assert re.search(r"memory: the baseline's configuration needs 0\.\d\d GiB .*over the 0\.05 GiB budget", line)
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "studies"
+EXAMPLES = Path(__file__).resolve().parents[2] / "studies"
 
 
 def example_edits(systemd_host: SystemdHost, user: str) -> dict[str, str]:

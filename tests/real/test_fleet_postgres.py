@@ -1,4 +1,4 @@
-"""A fleet on a real PostgreSQL (tests/postgres.py starts one for the session): `tuner run --host NAME`
+"""A fleet on a real PostgreSQL (tests/support/postgres.py starts one for the session): `tuner run --host NAME`
 processes sharing one study, one of them killed mid-trial, and the storage URL's password kept out of sight.
 
 The issue's "done means": one study on three simulated hosts and a pair of real llama-servers, each host's
@@ -23,12 +23,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import llama_server_processes
+from tests.real.conftest import llama_server_processes
 from tuner.fleet import open_storage
 from tuner.progress import progress_file
 from tuner.study_record import HostRecord, TrialRecord
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = DATA.parent.parent
 FLEET_STUDY = DATA / "fleet-study.toml"
 SIMULATED = ROOT / "studies" / "stall-demo-simulated.toml"

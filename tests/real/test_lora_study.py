@@ -82,7 +82,7 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
-    study_file = Path(__file__).resolve().parent.parent / "studies" / "lora-demo.toml"
+    study_file = Path(__file__).resolve().parents[2] / "studies" / "lora-demo.toml"
     command = ["run", str(study_file), "--runs-dir", str(tmp_path)]
     # The verdict rests on the confirmation's paired interval (alternating pairs), not on two search
     # rounds whose range a busy machine can widen past the effect (seen on a loaded 2-core machine).

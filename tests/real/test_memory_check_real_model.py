@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_parts import need_real_part
+from tests.support.real_parts import need_real_part
 from tuner.config import PluginSpec
 from tuner.engines import create_engine
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser import Browser
-from tests.conftest import TinyRun
+from tests.real.conftest import TinyRun
+from tests.support.browser import Browser
 from tuner.morning_report import REPORT_NAME
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory

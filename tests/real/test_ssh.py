@@ -1,4 +1,4 @@
-"""The ssh transport against a real sshd on loopback (tests/conftest.py: throwaway keys, pinned)."""
+"""The ssh transport against a real sshd on loopback (tests/real/conftest.py: throwaway keys, pinned)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SshHost
+from tests.real.conftest import SshHost
 from tuner.config import PluginSpec
 from tuner.errors import TransportError
 from tuner.transports import create_transport
@@ -228,13 +228,13 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
 ) -> None:
     """The thin remote path: the process deployer starts llama-server through the ssh transport, the
     health check and the replay reach it through a forwarded port, and the run ends with it stopped."""
-    from tests.conftest import llama_server_processes
+    from tests.real.conftest import llama_server_processes
     from tuner import assets
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
     from tuner.study import open_optuna_study_readonly
 
-    data = Path(__file__).resolve().parent / "data"
+    data = Path(__file__).resolve().parents[1] / "data"
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "remote"')
     text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
     text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))

@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from tests.quick import QUICK_ROUNDS
-from tests.real_parts import need_real_part
 from tests.support import free_port, run_tuner
-from tests.systemd_host import (
+from tests.support.quick import QUICK_ROUNDS
+from tests.support.real_parts import need_real_part
+from tests.support.systemd_host import (
     ENV_UNIT,
     UNIT,
     HostBaseline,
@@ -634,7 +634,7 @@ def test_an_ssh_outage_is_ridden_out_and_a_longer_one_is_left_to_the_dead_man_ti
     """P9: the link to the host cut for 5 s is re-opened with backoff and the study's calls go on; cut
     for longer than the reconnect window, the controller stops with exit code 75's error, and the
     host's dead-man timer restores the baseline without it."""
-    from tests.tcp_proxy import CuttableProxy
+    from tests.support.tcp_proxy import CuttableProxy
     from tuner.errors import HostUnreachable
 
     pinned = systemd_host.known_hosts.read_text().split(" ", 1)[1]

@@ -14,16 +14,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import TinyRun, llama_server_processes
-from tests.quick import QUICK_ROUNDS
-from tests.real_parts import need_real_part
+from tests.real.conftest import TinyRun, llama_server_processes
 from tests.support import one_error_line, run_tuner
+from tests.support.quick import QUICK_ROUNDS
+from tests.support.real_parts import need_real_part
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.study import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-study.toml"
 
 

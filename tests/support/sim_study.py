@@ -34,9 +34,9 @@ __all__ = [
     "slower",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "studies" / "stall-demo.toml"
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 # Run-to-run noise of the order seen on a shared 2-core machine: a few percent per server start and
 # 10% per forward pass.

@@ -20,7 +20,7 @@ from tuner.models import LaunchSpec
 
 __all__ = ["STAND_IN", "RunningStandIn", "run_stand_in"]
 
-STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
+STAND_IN = Path(__file__).resolve().parents[1] / "data" / "fake_engine_server.py"
 _READY_DEADLINE_S = 30.0  # a generous bound for a busy 2-core machine, never a speed check
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.real_parts import need_real_part
 from tests.support import free_port
+from tests.support.real_parts import need_real_part
 
 __all__ = [
     "ENV_UNIT",
@@ -52,7 +52,7 @@ __all__ = [
     "systemd_host_unavailable",
 ]
 
-_BOOT_SCRIPT = Path(__file__).parent / "data" / "boot-systemd-host.sh"
+_BOOT_SCRIPT = Path(__file__).resolve().parents[1] / "data" / "boot-systemd-host.sh"
 _PR_SET_PDEATHSIG = 1
 UNIT = "llama-server.service"  # model, address and port as flags in ExecStart=
 ENV_UNIT = "llama-server-env.service"  # model, address and port as its own Environment= lines
@@ -419,7 +419,7 @@ def study_file(
 ) -> Path:
     """The tiny study, run on the systemd host over ssh as an operator writes it: trials are drop-ins on
     the operator's unit, whose program, model, address and port the study does not name."""
-    data = Path(__file__).resolve().parent / "data"
+    data = Path(__file__).resolve().parents[1] / "data"
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "unit"')
     text = text.replace('"stall-small.jsonl"', json.dumps(str(data / "stall-small.jsonl")))
     text = text.replace('"batch-space.toml"', json.dumps(str(data / "batch-space.toml")))
@@ -469,7 +469,7 @@ def sudo_login(host: SystemdHost, user: str, commands: Sequence[str]) -> str:
     return user
 
 
-_STAND_IN = Path(__file__).resolve().parent / "data" / "fake_engine_server.py"
+_STAND_IN = Path(__file__).resolve().parents[1] / "data" / "fake_engine_server.py"
 
 
 @contextlib.contextmanager
