@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.postgres import running_postgres  # noqa: E402
 from tests.support.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet  # noqa: E402
-from tuner.fleet import open_storage  # noqa: E402
+from tuner.storage import open_storage  # noqa: E402
 from tuner.study_record import TrialRecord  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "fleet-scale.json"

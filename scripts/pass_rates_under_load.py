@@ -1,30 +1,44 @@
-"""Runs each real-server study test N times with a busy loop on one core, and reports the pass rates.
+"""Runs each real-server test that asserts a measured figure or verdict N times under a chosen load, and
+reports the pass rates per load.
 
-A test that asserts a verdict from measurements must hold on a busy machine: CI shares its cores.
-Every run is its own pytest process under `CI=true` (a missing part fails instead of skipping), the
-tests are interleaved (round 1 of each, then round 2, ...) so that a slow drift of the machine spreads
-over all of them, and the results are written after every run, so an interrupted measurement keeps
-what it measured. While the file named by `--pause-file` exists, no new run starts (a quiet machine
-for another measurement).
+A test that asserts a verdict from measurements must hold on a slower or busier machine than the one it was
+written on: CI's machines differ in speed and share their cores. The loads:
 
-    .venv/bin/python scripts/pass_rates_under_load.py --repeats 10 --out bench/results/pass-rates.json
+- `quiet`: nothing else runs;
+- `half`: the tests run under a CPU quota of half the machine's cores (a cgroup's `cpu.max`, or on cgroup v1
+  `cpu.cfs_quota_us`), as on a machine half as fast; where no cgroup can be made, a busy loop on each core
+  (the scheduler then gives the tests about half of each core) stands in, and the results file says so;
+- `busy-core`: a busy loop pinned to CPU 0 (the load of the earlier results).
+
+Every run is its own pytest process under `CI=true` (a missing part fails instead of skipping), the tests
+are interleaved (round 1 of each, then round 2, ...) so that a slow drift of the machine spreads over all of
+them, and the results are written after every run, so an interrupted measurement keeps what it measured.
+While the file named by `--pause-file` exists, no new run starts. `--whole-suite` runs `scripts/test.sh`
+once under the load instead (`CI=true`), and records whether it passed and how long it took.
+
+    .venv/bin/python scripts/pass_rates_under_load.py --load half --repeats 5
+    .venv/bin/python scripts/pass_rates_under_load.py --load quiet --repeats 5
+    .venv/bin/python scripts/pass_rates_under_load.py --report     # the table, a column per load
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench/results/pass-rates-by-load.json"
 
-# Every test that runs a study (`tuner run`) against the real llama-server.
-STUDY_TESTS = (
+# Every real-server test that asserts a figure or a verdict measured on llama-server.
+MEASUREMENT_TESTS = (
     "tests/real/test_tiny_study.py::test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes",
     "tests/real/test_tiny_study.py::test_the_same_config_measured_again_is_not_called_a_win",
     "tests/real/test_tiny_study.py::test_client_and_server_measurements_agree",
@@ -37,23 +51,82 @@ STUDY_TESTS = (
     "tests/real/test_api_key_real_server.py::test_the_api_key_is_used_but_never_printed_or_written",
     "tests/real/test_ssh.py::test_a_study_runs_its_server_on_a_host_reached_over_ssh",
     "tests/real/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port",
+    "tests/real/test_diagnose_real.py::test_a_long_prefill_beside_streams_at_n_batch_64_is_a_stall_at_the_clients_speed_naming_n_batch",
+    "tests/real/test_diagnose_real.py::test_at_n_batch_2048_the_stall_is_near_zero_as_the_client_saw_and_the_estimate_is_prefill_over_n_batch",
+    "tests/real/test_diagnose_real.py::test_mixed_lora_settings_wait_behind_the_other_setting_as_the_case_study_classifies_them",
+    "tests/real/test_diagnose_real.py::test_a_prompt_cache_eviction_and_every_slot_busy_are_found",
+    "tests/real/test_server_reuse_real.py::test_a_reused_llama_server_with_its_prompt_cache_on_serves_a_round_as_a_restarted_one",
+    "tests/real/test_replay_real.py::test_a_later_turn_reuses_the_whole_conversation_from_the_cache_answer_included",
 )
+LOADS = ("quiet", "half", "busy-core")
 
 
-def _hog() -> subprocess.Popen[bytes]:
-    """A busy loop pinned to CPU 0."""
-    return subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+def _busy_loops(cpus: list[int]) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"]) for cpu in cpus]
 
 
-def _run_once(test: str) -> tuple[bool, float, str]:
+def _quota_group() -> Path | None:
+    """A cgroup allowing half the machine's CPU time (its processes' children stay in it), or None."""
+    cores = os.cpu_count() or 1
+    period = 100_000
+    quota = period * cores // 2
+    name = f"serve-tuner-half-{os.getpid()}"
+    for root, write in (
+        (Path("/sys/fs/cgroup"), lambda g: (g / "cpu.max").write_text(f"{quota} {period}\n")),
+        (Path("/sys/fs/cgroup/cpu"), lambda g: (g / "cpu.cfs_quota_us").write_text(f"{quota}\n")),
+    ):
+        if root == Path("/sys/fs/cgroup") and not (root / "cgroup.controllers").exists():
+            continue
+        group = root / name
+        try:
+            group.mkdir()
+            if root.name == "cpu":
+                (group / "cpu.cfs_period_us").write_text(f"{period}\n")
+            write(group)
+            return group
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+    return None
+
+
+@contextlib.contextmanager
+def _load(load: str) -> Iterator[tuple[list[str], str]]:
+    """The command prefix that runs a test under `load`, and the load's description for the results file."""
+    if load == "quiet":
+        yield [], "nothing else running"
+        return
+    if load == "busy-core":
+        loops = _busy_loops([0])
+        try:
+            yield [], "one busy loop pinned to CPU 0"
+        finally:
+            for loop in loops:
+                loop.kill()
+        return
+    group = _quota_group()
+    if group is None:
+        loops = _busy_loops(list(range(os.cpu_count() or 1)))
+        try:
+            yield [], "a busy loop on each core (no cgroup could be made for a CPU quota)"
+        finally:
+            for loop in loops:
+                loop.kill()
+        return
+    # The test's process joins the group before it starts: everything it starts is held to the quota.
+    procs = group / "cgroup.procs"
+    prefix = ["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh"]
+    try:
+        yield prefix, f"a CPU quota of half the machine's {os.cpu_count()} cores (cgroup {group.parent.name})"
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def _run(argv: list[str]) -> tuple[bool, float, str]:
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-        cwd=ROOT,
-        env={**os.environ, "CI": "true"},
-        capture_output=True,
-        text=True,
-        check=False,
+        argv, cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True, check=False
     )
     tail = (result.stdout + result.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " in " in line and ("passed" in line or "failed" in line)), "")
@@ -65,54 +138,75 @@ def _run_once(test: str) -> tuple[bool, float, str]:
     return passed, time.monotonic() - started, failure
 
 
-def _table(runs: dict[str, list[dict[str, object]]]) -> str:
-    lines = ["| test | passed | runs | median time |", "|---|---|---|---|"]
-    for test, results in runs.items():
-        if not results:
-            continue
-        seconds = sorted(float(str(r["seconds"])) for r in results)
-        passed = sum(1 for r in results if r["passed"])
-        name = test.removeprefix("tests/")
-        lines.append(f"| `{name}` | {passed} | {len(results)} | {seconds[len(seconds) // 2]:.0f} s |")
+def _table(results: dict[str, dict[str, object]]) -> str:
+    loads = [load for load in LOADS if load in results]
+    lines = ["| test | " + " | ".join(loads) + " |", "|---|" + "---|" * len(loads)]
+    tests = list(dict.fromkeys(t for load in loads for t in results[load]["runs"]))  # type: ignore[attr-defined]
+    for test in tests:
+        cells = []
+        for load in loads:
+            runs = results[load]["runs"].get(test, [])  # type: ignore[attr-defined]
+            if not runs:
+                cells.append("")
+                continue
+            seconds = sorted(float(r["seconds"]) for r in runs)
+            passed = sum(1 for r in runs if r["passed"])
+            cells.append(f"{passed}/{len(runs)} ({seconds[len(seconds) // 2]:.0f} s)")
+        lines.append(f"| `{test.removeprefix('tests/')}` | " + " | ".join(cells) + " |")
+    for load in loads:
+        suite = results[load].get("whole_suite")
+        if suite:
+            lines.append(f"\n`CI=true ./scripts/test.sh` under {load}: {suite}")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/pass-rates-under-load.json")
+    parser.add_argument("--load", choices=LOADS, default="half")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--pause-file", type=Path, default=ROOT / ".pass-rates-pause")
     parser.add_argument("--only", action="append", default=[], help="a substring of the tests to run")
+    parser.add_argument("--whole-suite", action="store_true", help="run CI=true scripts/test.sh once instead")
     parser.add_argument("--report", action="store_true", help="print the results file as a Markdown table")
     args = parser.parse_args()
+    stored: dict[str, dict[str, object]] = json.loads(args.out.read_text()) if args.out.exists() else {}
     if args.report:
-        print(_table(json.loads(args.out.read_text())["runs"]))
+        print(_table(stored))
         return 0
-    tests = [t for t in STUDY_TESTS if not args.only or any(o in t for o in args.only)]
-    results: dict[str, list[dict[str, object]]] = {t: [] for t in tests}
-    if args.out.exists():
-        results.update({k: v for k, v in json.loads(args.out.read_text())["runs"].items() if k in results})
-    hog = _hog()
-    try:
+    entry = stored.setdefault(args.load, {"load": "", "runs": {}})
+    runs: dict[str, list[dict[str, object]]] = entry["runs"]  # type: ignore[assignment]
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(stored, indent=1) + "\n")
+
+    with _load(args.load) as (prefix, described):
+        entry["load"] = described
+        if args.whole_suite:
+            passed, seconds, failure = _run([*prefix, str(ROOT / "scripts/test.sh")])
+            entry["whole_suite"] = f"{'passed' if passed else 'FAILED'} in {seconds / 60:.0f} min"
+            save()
+            print(entry["whole_suite"], failure, sep="\n")
+            return 0 if passed else 1
+        tests = [t for t in MEASUREMENT_TESTS if not args.only or any(o in t for o in args.only)]
         for _ in range(args.repeats):
             for test in tests:
-                if len(results[test]) >= args.repeats:
+                done = runs.setdefault(test, [])
+                if len(done) >= args.repeats:
                     continue
                 while args.pause_file.exists():
                     time.sleep(5)
-                passed, seconds, failure = _run_once(test)
-                results[test].append({"passed": passed, "seconds": round(seconds, 1), "failure": failure})
-                print(f"{'PASS' if passed else 'FAIL'} {seconds:6.0f}s {test}", flush=True)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(
-                    json.dumps({"load": "one busy loop pinned to CPU 0", "runs": results}, indent=1) + "\n"
+                passed, seconds, failure = _run(
+                    [*prefix, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
                 )
-    finally:
-        hog.kill()
-    for test, runs in results.items():
-        passed = sum(1 for r in runs if r["passed"])
-        print(f"{passed:2d}/{len(runs):2d}  {test}")
-    return 0 if all(all(r["passed"] for r in runs) for runs in results.values()) else 1
+                done.append({"passed": passed, "seconds": round(seconds, 1), "failure": failure})
+                print(f"{'PASS' if passed else 'FAIL'} {seconds:6.0f}s {args.load} {test}", flush=True)
+                save()
+    for test in tests:
+        done = runs.get(test, [])
+        print(f"{sum(1 for r in done if r['passed']):2d}/{len(done):2d}  {test}")
+    return 0 if all(all(r["passed"] for r in runs.get(t, [])) for t in tests) else 1
 
 
 if __name__ == "__main__":

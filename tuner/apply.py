@@ -18,7 +18,8 @@ from tuner.deployers.base import DEPLOYERS, PersistentDeployer, create_deployer
 from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
 from tuner.report import LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import PreparedStudy, fleet_hosts, open_optuna_study_readonly, prepare_study
+from tuner.storage import open_optuna_study_readonly
+from tuner.study import PreparedStudy, fleet_hosts, prepare_study
 from tuner.transports.base import create_transport
 from tuner.trial_runner import ServerTrialRunner
 

@@ -196,13 +196,13 @@ def _add_storage_flag(parser: argparse.ArgumentParser, what: str) -> None:
 def _use_storage(args: argparse.Namespace) -> None:
     """`--storage URL` for the commands that read a run directory: its password becomes a secret at once."""
     if getattr(args, "storage", None):
-        from tuner.fleet import override_storage
+        from tuner.storage import override_storage
 
         override_storage(args.storage)
 
 
 def _holds_study(run_path: Path) -> bool:
-    from tuner.fleet import holds_study
+    from tuner.storage import holds_study
 
     return holds_study(run_path)
 
@@ -395,7 +395,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     spec, base_dir = load_study(args.study, args.overrides)
     if args.storage or spec.storage is not None:
         from tuner.config import StorageSpec
-        from tuner.fleet import remember_url
+        from tuner.storage import remember_url
 
         if args.storage:
             kept = spec.storage.model_dump() if spec.storage is not None else {}
@@ -509,7 +509,7 @@ def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
         return None
     from tuner.fleet import fleet_summary
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     try:
         return fleet_summary(open_optuna_study_readonly(RunDirectory(run_path)))
@@ -741,7 +741,7 @@ def _show(
     from tuner.console import make_console, render_leaderboard
     from tuner.report import build_leaderboard, leaderboard_document, leaderboard_frame, leaderboard_parquet
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     study_files = [run_path / name for name in _STUDY_FILES]  # never to be overwritten by a report
     for flag, path in (("--csv", csv), ("--parquet", parquet)):

@@ -14,27 +14,21 @@ runs, its controller rewrites the trial's lease (a user attribute: host, wall-cl
 FAIL with the reason, and queues its settings again for any host (a baseline is not re-queued: it belongs to
 its host, whose next start measures a new one).
 
-A storage URL may carry a password: it is remembered as a secret (redacted from every line and log), never
-written into the run directory (spec.json keeps the URL without it), and never printed.
+Opening the storage, and the password a URL may carry: `tuner.storage`.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib.util
-import json
 import time
 import zlib
 from collections.abc import Callable, Collection, Iterable
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamValue
-from tuner.errors import ConfigError, StudyError
-from tuner.redact import redact, remember_secret
 from tuner.study_record import (
     INTERRUPTED,
     LEASE_KEY,
@@ -48,124 +42,9 @@ __all__ = [
     "fail_stale_trials",
     "fleet_seed",
     "fleet_summary",
-    "holds_study",
-    "open_storage",
-    "override_storage",
-    "remember_url",
-    "recorded_storage",
     "requeue",
-    "shown_url",
-    "stored_spec",
     "write_lease",
 ]
-
-_FIX = "e.g. postgresql://tuner@db.example:5432/tuner"
-_POSTGRES_DRIVERS = ("psycopg", "psycopg2")  # SQLAlchemy 2.1 assumes psycopg (3) for postgresql://
-_CONNECT_TIMEOUT_S = 10
-_SCHEMA_TRIES = 5
-
-
-# The full URLs this process was given (the study file's, --storage), by their password-free form: what the
-# run directory records is the latter, and a reader in this process (the leaderboard at the end of a run,
-# the morning report rewritten after each trial) opens the storage with the former. Memory only.
-_KNOWN_URLS: dict[str, str] = {}
-# `--storage URL` of leaderboard, report and status: read instead of the URL the run directory records.
-_OVERRIDE: list[str] = []
-
-
-def remember_url(url: str) -> str:
-    """Registers a storage URL given to this process (its password as a secret); returns it without it."""
-    shown = shown_url(url)
-    _KNOWN_URLS[shown] = url
-    return shown
-
-
-def override_storage(url: str) -> None:
-    """The storage that readers of a run directory open instead of the one it records (`--storage URL`)."""
-    remember_url(url)
-    _OVERRIDE[:] = [url]
-
-
-def _parse(url: str) -> Any:
-    try:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-    except ImportError:
-        raise ConfigError(
-            "storage.url needs SQLAlchemy and a database driver, which are not installed: "
-            ".venv/bin/pip install -e '.[fleet]' in the clone"
-        ) from None
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        raise ConfigError(f"storage.url is not a database URL; give one such as {_FIX}") from None
-    if parsed.password:
-        remember_secret(str(parsed.password))
-    return parsed
-
-
-def shown_url(url: str) -> str:
-    """The URL without its password: what is shown, and what the run directory keeps."""
-    parsed = _parse(url)
-    return str(parsed._replace(password=None).render_as_string(hide_password=False))  # set() keeps a None
-
-
-def stored_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec as spec.json keeps it: a storage URL without its password."""
-    storage = spec.get("storage")
-    if not isinstance(storage, dict) or not isinstance(storage.get("url"), str):
-        return spec
-    return {**spec, "storage": {**storage, "url": shown_url(storage["url"])}}
-
-
-def _with_driver(parsed: Any) -> Any:
-    """`postgresql://` with whichever PostgreSQL driver is installed."""
-    if parsed.drivername != "postgresql":
-        return parsed
-    installed = [m for m in _POSTGRES_DRIVERS if importlib.util.find_spec(m) is not None]
-    if not installed:
-        raise ConfigError(
-            "storage.url names PostgreSQL, and no driver for it is installed (psycopg2 or psycopg): "
-            ".venv/bin/pip install -e '.[fleet]' in the clone"
-        )
-    return parsed.set(drivername=f"postgresql+{installed[0]}")
-
-
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """Optuna's RDBStorage on `url`. A bad URL or a missing driver: ConfigError (exit 2); a database that does
-    not answer: StudyError (exit 1); either is one line, without the password."""
-    shown = shown_url(url)
-    parsed = _with_driver(_parse(_KNOWN_URLS.get(url, url)))
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if parsed.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
-
-    for attempt in range(_SCHEMA_TRIES):
-        try:
-            return optuna.storages.RDBStorage(
-                parsed.render_as_string(hide_password=False), engine_kwargs=kwargs, skip_compatibility_check=False
-            )
-        except (IntegrityError, ProgrammingError):
-            # Controllers starting together on an empty database each create Optuna's tables; one wins, the
-            # others see its tables half-made: a moment later they are whole.
-            if attempt + 1 == _SCHEMA_TRIES:
-                raise StudyError(
-                    f"cannot create the study's tables in {shown}: another controller kept creating them; run again"
-                ) from None
-            time.sleep(0.5 * (attempt + 1))
-        except ImportError as exc:
-            raise ConfigError(f"storage.url {shown}: {exc}; .venv/bin/pip install -e '.[fleet]' in the clone") from None
-        except Exception as exc:
-            # SQLAlchemy's OperationalError and the driver's own: the first line names the cause
-            # (connection refused, no such database, password authentication failed).
-            text = str(getattr(exc, "orig", None) or exc).strip()
-            first = redact(text.splitlines()[0]) if text else type(exc).__name__
-            raise StudyError(
-                f"cannot open the study's storage {shown}: {first}; check that the database runs and accepts "
-                "this user (a password comes from the URL, PGPASSWORD or ~/.pgpass)"
-            ) from None
-    raise AssertionError("unreachable")
 
 
 def fleet_seed(seed: int, hosts: Iterable[str]) -> int:
@@ -225,25 +104,6 @@ def requeue(study: optuna.Study, number: int, params: dict[str, Any], settings: 
     """Queues a failed trial's settings again, for whichever host asks next, with a fresh record: the one who
     measures it writes its own host, rounds and score."""
     study.enqueue_trial(params, user_attrs=new_trial_attrs(TrialRecord(settings=dict(settings), requeued_from=number)))
-
-
-def recorded_storage(run_path: Path) -> tuple[str | None, str | None]:
-    """The storage URL (without a password) and the study name the run directory's spec.json records."""
-    try:
-        stored = json.loads((run_path / "spec.json").read_bytes())
-    except (OSError, ValueError):
-        return None, None
-    if not isinstance(stored, dict):
-        return None, None
-    storage = stored.get("storage")
-    name = stored.get("name") if isinstance(stored.get("name"), str) else None
-    url = storage.get("url") if isinstance(storage, dict) and isinstance(storage.get("url"), str) else None
-    return (_OVERRIDE[0] if _OVERRIDE else url), name
-
-
-def holds_study(run_path: Path) -> bool:
-    """Whether a run directory holds a study: its journal, or a spec.json naming the storage that holds it."""
-    return (run_path / "optuna.journal").is_file() or recorded_storage(run_path)[0] is not None
 
 
 def fleet_summary(study: optuna.Study) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ from tuner.observers import NullObserver
 from tuner.redact import REDACTED, redact
 from tuner.report import Leaderboard, LeaderboardRow, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import StudyRecord, TrialRecord
 from tuner.svg import PALETTE, Band, Series, chart
 

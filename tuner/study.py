@@ -45,9 +45,7 @@ from tuner.fleet import (
     fail_stale_trials,
     fleet_seed,
     hosts_checking,
-    open_storage,
     requeue,
-    stored_spec,
     write_host_check,
     write_lease,
 )
@@ -61,6 +59,7 @@ from tuner.sampling import SpaceFillingStart
 from tuner.scoring import difference_ci, median_metrics, min_effect, noisy_metrics, objective_terms, score_round
 from tuner.sim.server import CommandLineError, parse_command_line
 from tuner.snapshots import SnapshotStorage, snapshot
+from tuner.storage import has_measured_trials, open_storage, stored_spec
 from tuner.study_record import (
     INTERRUPTED,
     Confirmation,
@@ -82,9 +81,7 @@ __all__ = [
     "fleet_hosts",
     "fleet_loops",
     "run_fleet",
-    "has_measured_trials",
     "open_optuna_study",
-    "open_optuna_study_readonly",
     "prepare_study",
     "run_search",
     "run_study",
@@ -278,48 +275,6 @@ def open_optuna_study(
         directions=["maximize"] * (len(spec.objectives) if spec.combine == "pareto" else 1),
         load_if_exists=True,
     )
-
-
-def has_measured_trials(
-    run_dir: RunDirectory, storage: optuna.storages.BaseStorage | None = None, *, name: str | None = None
-) -> bool:
-    """Whether a trial of the run directory's study (or of study `name` in `storage`) has measurements the
-    leaderboard uses (complete or pruned after its first round); a failed start measured nothing, so its fix
-    may change the spec."""
-    if storage is None:
-        if not run_dir.journal.exists():
-            return False
-        storage = run_dir.storage()
-    names = optuna.get_all_study_names(storage)
-    if not names or (name is not None and name not in names):
-        return False
-    study = optuna.load_study(study_name=name or names[0], storage=storage)
-    # Every record is read here, before the resume writes anything: a damaged one is refused with the
-    # run directory as it was.
-    StudyRecord.of(study)
-    records = [(trial.state, TrialRecord.of(trial)) for trial in study.get_trials(deepcopy=False)]
-    return any(record.deployed for state, record in records if state in (TrialState.COMPLETE, TrialState.PRUNED))
-
-
-def open_optuna_study_readonly(run_dir: RunDirectory, storage_url: str | None = None) -> optuna.Study:
-    """Opens the study a run directory holds, for reading; works while a controller is running it. A fleet's
-    study is read from the storage its spec.json names (the whole fleet's trials), or from `storage_url`."""
-    from tuner.fleet import open_storage, recorded_storage
-
-    recorded, name = recorded_storage(run_dir.path)
-    url = storage_url or recorded
-    storage = open_storage(url) if url else run_dir.storage()
-    names = optuna.get_all_study_names(storage)
-    if not names or (name is not None and name not in names):
-        where = f"{run_dir.path}" if url is None else f"the storage {url_shown(url)}"
-        raise StudyError(f"{where} holds no study {name or ''} yet".replace("  ", " "))
-    return optuna.load_study(study_name=name if name in names else names[0], storage=storage)
-
-
-def url_shown(url: str) -> str:
-    from tuner.fleet import shown_url
-
-    return shown_url(url)
 
 
 def _is_baseline(trial: FrozenTrial | optuna.Trial) -> bool:

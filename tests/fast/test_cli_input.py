@@ -19,7 +19,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from tests.support import Outcome, run_cli
-from tuner import study as study_module
+from tuner import storage as storage_module
 from tuner.config import load_study
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
@@ -89,7 +89,7 @@ def test_after_a_failed_start_a_fixed_deploy_or_model_is_accepted(tmp_path: Path
     run_dir = tmp_path / "tiny"
     stored_spec(run_dir, "deploy.start_timeout_s=1", 'engine.model="/wrong/model.gguf"')
     journal_with(run_dir, TrialState.FAIL)  # the baseline did not start: nothing was measured
-    assert not study_module.has_measured_trials(RunDirectory(run_dir))
+    assert not storage_module.has_measured_trials(RunDirectory(run_dir))
     fixed, _ = load_study(TINY, [QUICK_FAIL, 'deploy.kind="container"', 'deploy.container="llm"'])
     RunDirectory(run_dir).check_spec(fixed.model_dump(mode="json"), measured=False)
     assert json.loads((run_dir / "spec.json").read_text())["deploy"]["kind"] == "container"
@@ -97,9 +97,9 @@ def test_after_a_failed_start_a_fixed_deploy_or_model_is_accepted(tmp_path: Path
 
 def test_a_study_with_a_measured_trial_counts_as_measured(tmp_path: Path) -> None:
     journal_with(tmp_path / "tiny", TrialState.FAIL, TrialState.COMPLETE)
-    assert study_module.has_measured_trials(RunDirectory(tmp_path / "tiny"))
+    assert storage_module.has_measured_trials(RunDirectory(tmp_path / "tiny"))
     journal_with(tmp_path / "pruned", TrialState.PRUNED)
-    assert study_module.has_measured_trials(RunDirectory(tmp_path / "pruned"))
+    assert storage_module.has_measured_trials(RunDirectory(tmp_path / "pruned"))
 
 
 @pytest.mark.parametrize(

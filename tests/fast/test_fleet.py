@@ -24,15 +24,13 @@ from tuner.errors import ConfigError, ServerNotReady, StudyError
 from tuner.fleet import (
     fail_own_interrupted_trials,
     fail_stale_trials,
-    open_storage,
     requeue,
-    shown_url,
-    stored_spec,
     write_lease,
 )
 from tuner.runs import RunDirectory
 from tuner.scoring import median_metrics, score_round
 from tuner.sim.runner import SimulatedTrialRunner
+from tuner.storage import open_storage, shown_url, stored_spec
 from tuner.study import HOST_CHECK_AFTER_FAILURES, PreparedStudy, _distribution, open_optuna_study, over_budget
 from tuner.study_record import LEASE_KEY, RECORD_KEY, HostRecord, TrialRecord, new_trial_attrs
 

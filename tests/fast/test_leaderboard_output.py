@@ -22,7 +22,7 @@ from tuner.cli import main
 from tuner.console import render_leaderboard
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 
 # Each metric column of the demo's table: its full header and its short one, which the legend explains.
 HEADERS = {

@@ -21,7 +21,7 @@ from tuner.progress import PROGRESS_FILE, Plan, ProgressTracker
 from tuner.redact import remember_secret
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import TrialRecord, new_trial_attrs
 
 OLD_RUN = Path(__file__).resolve().parents[1] / "data" / "runs" / "made-by-0.1.0"

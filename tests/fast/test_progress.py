@@ -314,7 +314,7 @@ def test_status_of_a_finished_run_shows_its_counts_and_best_and_says_it_is_not_r
     capsys: pytest.CaptureFixture[str], finished_run: Path
 ) -> None:
     from tuner.report import build_leaderboard
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     before = files_of(finished_run)
     outcome = run_cli(capsys, "status", str(finished_run))

@@ -31,7 +31,7 @@ from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.sim.model import CostModel, load_cost_model
 from tuner.sim.server import CommandLineError, parse_command_line
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from tuner.config import StudySpec, load_study
 from tuner.deployers.systemd import render_drop_in
 from tuner.engines.llama_server import LlamaServerEngine
 from tuner.errors import ConfigError
-from tuner.fleet import shown_url
+from tuner.storage import shown_url
 from tuner.study import _check_simulated_server, fleet_hosts, prepare_study
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from tests.support import run_tuner
 from tuner.errors import StudyError
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import (
     RECORD_KEY,
     RECORD_VERSION,

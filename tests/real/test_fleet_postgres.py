@@ -24,8 +24,8 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.real.conftest import llama_server_processes
-from tuner.fleet import open_storage
 from tuner.progress import progress_file
+from tuner.storage import open_storage
 from tuner.study_record import HostRecord, TrialRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -80,7 +80,7 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
 ) -> None:
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     study_file = Path(__file__).resolve().parents[2] / "studies" / "lora-demo.toml"
     command = ["run", str(study_file), "--runs-dir", str(tmp_path)]

@@ -11,7 +11,7 @@ from tests.support.browser import Browser
 from tuner.morning_report import REPORT_NAME
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 
 
 @pytest.mark.real_server

@@ -232,7 +232,7 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     from tuner import assets
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     data = Path(__file__).resolve().parents[1] / "data"
     text = (data / "tiny-study.toml").read_text().replace('name = "tiny"', 'name = "remote"')

@@ -383,7 +383,7 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
     tuned knobs alone, and the server then answers where the operator put it, with the operator's model."""
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     baseline = host_baseline(systemd_host, unit)
     served = served_by(systemd_host, unit)
@@ -454,7 +454,7 @@ def test_replace_mode_runs_the_studys_command_with_the_hosts_paths_and_its_key_t
     assert done.returncode == 0, done.stderr[-3000:]
     from tuner.report import build_leaderboard
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "unit")))
     tuned = next(
@@ -483,7 +483,7 @@ def test_a_controller_killed_at_any_step_is_recovered_by_running_it_again(
     """P2: SIGKILL at each named step; the same command run again puts the host back first, fails the
     interrupted trial instead of leaving it RUNNING, and measures the baseline exactly once."""
     from tuner.runs import RunDirectory
-    from tuner.study import open_optuna_study_readonly
+    from tuner.storage import open_optuna_study_readonly
 
     command = [
         sys.executable,

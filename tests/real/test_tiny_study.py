@@ -20,7 +20,7 @@ from tests.support.quick import QUICK_ROUNDS
 from tests.support.real_parts import need_real_part
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
-from tuner.study import open_optuna_study_readonly
+from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import TrialRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data"
