@@ -9,9 +9,10 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import pytest
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = ["CLI_DEADLINE_S", "DATA", "ROOT", "Outcome", "free_port", "one_error_line", "run_cli", "run_tuner"]
 
