@@ -40,8 +40,8 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.postgres import running_postgres  # noqa: E402
-from tests.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet  # noqa: E402
+from tests.support.postgres import running_postgres  # noqa: E402
+from tests.support.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet  # noqa: E402
 from tuner.storage import open_storage  # noqa: E402
 from tuner.study_record import TrialRecord  # noqa: E402
 

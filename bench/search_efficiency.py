@@ -40,7 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.sim_study import NOISE, prepare_simulated  # noqa: E402
+from tests.support.sim_study import NOISE, prepare_simulated  # noqa: E402
 from tuner.config import ParamValue, SearchSpace  # noqa: E402
 from tuner.observers import NullObserver  # noqa: E402
 from tuner.report import build_leaderboard  # noqa: E402

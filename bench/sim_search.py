@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.sim_study import DATA, NOISE, prepare_simulated, run_simulated  # noqa: E402
+from tests.support.sim_study import DATA, NOISE, prepare_simulated, run_simulated  # noqa: E402
 
 
 def _tail(k: int, n: int, p: float) -> float:

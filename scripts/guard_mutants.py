@@ -16,7 +16,7 @@ Each catalogue entry:
     file = "tuner/deployers/systemd.py"
     find = 'if after["NeedDaemonReload"] != "no":'  # must occur exactly once in the file
     replace = "if False:"
-    tests = ["tests/test_systemd_deployer.py::test_the_verification_refuses_..."]
+    tests = ["tests/real/test_systemd_deployer.py::test_the_verification_refuses_..."]
 
 The tests named are first run on the unmutated copy (`--no-clean-run` skips that): a mutant counts as
 killed only by tests that pass without it. The working tree is never touched. Exit status: 0 when every

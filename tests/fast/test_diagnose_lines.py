@@ -1,0 +1,289 @@
+"""`tuner diagnose` paths the simulated server's logs do not reach, on lines written here in the real
+server's formats (docs: the shared serving-engines reference, §1.5): prompt-cache evictions, every slot
+busy, truncation and context shift; and vLLM's `/metrics` scrape, recorded (tests/data/transcripts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.diagnose import diagnose_log
+from tuner.diagnose.vllm import read_metrics_scrape
+
+ROOT = Path(__file__).resolve().parents[2]
+TRANSCRIPTS = ROOT / "tests" / "data" / "transcripts"
+
+
+def stamp(at: float) -> str:
+    """llama-server's `M.SS.mmm.uuu` prefix: minutes.seconds.milliseconds.microseconds since its start."""
+    micros = round(at * 1_000_000)
+    return f"{micros // 60_000_000}.{micros // 1_000_000 % 60:02d}.{micros // 1000 % 1000:03d}.{micros % 1000:03d}"
+
+
+class Log:
+    """A llama-server log, line by line, as this build writes it at the default verbosity."""
+
+    def __init__(self, slots: int, ctx: int = 4096) -> None:
+        self.entries: list[tuple[float, str]] = []
+        self.add(0.0, "I", "srv  llama_server: initializing ...")
+        self.add(
+            0.3, "I", f"srv    load_model: initializing, n_slots = {slots}, n_ctx_slot = {ctx}, kv_unified = 'false'"
+        )
+        self.add(0.31, "I", "srv  llama_server: model loaded")
+
+    def add(self, at: float, level: str, text: str) -> None:
+        self.entries.append((at, f"{stamp(at)} {level} {text}"))
+
+    @property
+    def lines(self) -> list[str]:
+        """In time order, as the server wrote them (lines of one instant in the order they were added)."""
+        return [line for _, line in sorted(self.entries, key=lambda entry: entry[0])]
+
+    def task(
+        self,
+        task: int,
+        slot: int,
+        *,
+        launch: float,
+        prompt: int,
+        prompt_ms: float,
+        wait_s: float = 0.0,
+        output: int = 8,
+        eval_ms: float = 200.0,
+        cached: int = 0,
+        truncated: bool = False,
+        shift_at: float | None = None,
+    ) -> float:
+        """One task's lines; returns its release time."""
+        self.add(launch - 0.0001, "I", f"slot get_availabl: id  {slot} | task -1 | selected slot by LRU, t_last = -1")
+        self.add(launch, "I", f"slot launch_slot_: id  {slot} | task {task} | processing task, is_child = 0")
+        release = launch + wait_s + prompt_ms / 1000 + eval_ms / 1000
+        if shift_at is not None:
+            self.add(
+                shift_at,
+                "W",
+                f"slot   operator(): id  {slot} | task {task} | slot context shift, n_keep = 0, n_left = 4095, "
+                "n_discard = 2047",
+            )
+        self.add(
+            release,
+            "I",
+            f"slot print_timing: id  {slot} | task {task} | prompt eval time =  {prompt_ms:9.2f} ms / {prompt:5d} "
+            f"tokens (    1.00 ms per token,  1000.00 tokens per second)",
+        )
+        self.add(
+            release,
+            "I",
+            f"slot print_timing: id  {slot} | task {task} |        eval time =  {eval_ms:9.2f} ms / {output:5d} "
+            "tokens (   25.00 ms per token,    40.00 tokens per second)",
+        )
+        n_tokens = cached + prompt + output - 1
+        self.add(
+            release + 0.0001,
+            "I",
+            f"slot      release: id  {slot} | task {task} | stop processing: n_tokens = {n_tokens}, "
+            f"truncated = {int(truncated)}",
+        )
+        return release + 0.0001
+
+    def evict(self, at: float) -> None:
+        self.add(
+            at,
+            "W",
+            "srv         alloc:  - making room for prompt cache entry, removing oldest entry (size = 7.031 MiB)",
+        )
+
+
+def figures(finding: object) -> dict[str, float | None]:
+    return {f.name: f.value for f in finding.figures}  # type: ignore[attr-defined]
+
+
+def test_every_slot_busy_counts_the_requests_launched_as_a_slot_freed_and_for_how_long() -> None:
+    log = Log(slots=1)
+    free = log.task(1, 0, launch=1.0, prompt=300, prompt_ms=1500)  # busy 1.0 .. 2.7
+    free = log.task(2, 0, launch=free + 0.002, prompt=300, prompt_ms=1500)  # launched in the same iteration
+    free = log.task(3, 0, launch=free + 0.002, prompt=300, prompt_ms=1500)
+    log.task(4, 0, launch=free + 2.0, prompt=300, prompt_ms=1500)  # came later: the slot was free
+    diagnosis = diagnose_log(log.lines)
+    queueing = diagnosis.finding("queueing")
+    assert queueing is not None
+    by_name = figures(queueing)
+    assert by_name["queued"] == 2 and by_name["slots"] == 1
+    # The one slot was busy from task 1's launch to task 3's release, and during task 4.
+    assert by_name["all_slots_busy_s"] == pytest.approx(3 * 1.7 + 1.7, abs=0.01)
+    assert [e.tasks for e in queueing.evidence] == [[2], [3]]
+    assert queueing.fixes[0].knob == "n_parallel"
+    assert "2 requests waited for a free slot" in queueing.summary
+
+
+def test_a_slot_freed_with_another_slot_idle_is_no_queueing() -> None:
+    log = Log(slots=2)
+    free = log.task(1, 0, launch=1.0, prompt=300, prompt_ms=1500)
+    log.task(2, 0, launch=free + 0.002, prompt=300, prompt_ms=1500)  # slot 1 was idle: it had no wait
+    assert diagnose_log(log.lines).finding("queueing") is None
+
+
+def test_prompt_cache_evictions_are_counted_and_a_returning_conversation_prefilled_again_is_named() -> None:
+    log = Log(slots=1)
+    free = log.task(1, 0, launch=1.0, prompt=1200, prompt_ms=3000)
+    log.evict(free + 1.0)
+    log.evict(free + 1.5)
+    # The conversation returns: nothing of it cached after the evictions.
+    log.task(2, 0, launch=free + 2.0, prompt=1300, prompt_ms=3200)
+    diagnosis = diagnose_log(log.lines)
+    sources = diagnosis.finding("long_prefills")
+    assert sources is not None
+    by_name = figures(sources)
+    assert by_name["prompt_cache_evictions"] == 2
+    assert by_name["first_turn_count"] == 1 and by_name["after_evictions_count"] == 1
+    assert by_name["after_evictions_tokens"] == 1300
+    assert "evicted 2 entries" in sources.summary
+    (fix,) = sources.fixes
+    assert fix.knob == "cache_ram" and "2 evictions" in fix.action
+
+
+def test_truncated_prompts_and_context_shifts_are_their_own_source_with_the_context_fix() -> None:
+    log = Log(slots=2, ctx=2048)
+    log.task(1, 0, launch=1.0, prompt=2048, prompt_ms=4000, truncated=True)
+    log.task(2, 1, launch=1.5, prompt=1500, prompt_ms=3000, output=900, eval_ms=9000, shift_at=8.0)
+    log.task(3, 0, launch=20.0, prompt=1100, prompt_ms=2000)  # a long first turn, neither cut
+    diagnosis = diagnose_log(log.lines)
+    sources = diagnosis.finding("long_prefills")
+    assert sources is not None
+    by_name = figures(sources)
+    assert by_name["truncated_count"] == 2 and by_name["truncated_tokens"] == 2048 + 1500
+    assert by_name["first_turn_count"] == 1
+    assert [f.knob for f in sources.fixes] == ["kv_unified"]
+    # A short prompt cut, alone: no long prefill, so no finding of where long prefills come from.
+    short = Log(slots=1, ctx=512)
+    short.task(1, 0, launch=1.0, prompt=512, prompt_ms=500, truncated=True)
+    assert diagnose_log(short.lines).finding("long_prefills") is None  # no long prefill: nothing to say of sources
+
+
+def test_a_vllm_metrics_scrape_is_read_per_series_summed_over_labels_and_timestamps_are_not_values() -> None:
+    recorded = read_metrics_scrape((TRANSCRIPTS / "vllm-metrics-after.txt").read_text().splitlines())
+    assert recorded["vllm:num_preemptions_total"] == 7
+    assert recorded["vllm:request_queue_time_seconds_sum"] == 6.0
+    assert recorded["vllm:request_queue_time_seconds_count"] == 70
+    assert recorded["vllm:num_requests_waiting"] == 2
+    cpu = read_metrics_scrape((TRANSCRIPTS / "vllm-cpu-metrics-after.txt").read_text().splitlines())
+    # The waiting gauge by reason is its own series; the plain gauge is not their sum.
+    assert cpu["vllm:num_requests_waiting"] == 0.0
+    assert "vllm:num_requests_waiting_by_reason" in cpu
+    text = [
+        "# TYPE vllm:num_preemptions_total counter",
+        'vllm:num_preemptions_total{engine="0",model_name="a b"} 3 1700000000000',
+        'vllm:num_preemptions_total{engine="1",model_name="x}y"} 4',
+        "vllm:kv_cache_usage_perc NaN",
+        "not a metric line",
+    ]
+    assert read_metrics_scrape(text) == {"vllm:num_preemptions_total": 7.0}
+
+
+def vllm_stats(waiting: int, count: int = 12) -> list[str]:
+    return [
+        f"INFO 11-29 10:00:{10 * i:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 500.0 tokens/s, Avg "
+        f"generation throughput: 90.0 tokens/s, Running: 4 reqs, Waiting: {waiting if i % 2 else 0} reqs, GPU KV "
+        "cache usage: 50.0%, Prefix cache hit rate: 10.0%"
+        for i in range(count // 2)
+    ]
+
+
+def test_the_scrape_adds_the_mean_queue_time_and_preemptions_the_stats_lines_did_not_show(tmp_path: Path) -> None:
+    stats = tmp_path / "vllm.log"
+    stats.write_text("\n".join(vllm_stats(waiting=2)) + "\n")
+    without = diagnose_log(stats)
+    assert without.finding("vllm_kv_pressure") is None
+    assert any("--metrics FILE" in note for note in without.notes)
+    diagnosis = diagnose_log(stats, metrics_scrape=TRANSCRIPTS / "vllm-metrics-after.txt")
+    queueing = diagnosis.finding("vllm_queueing")
+    assert queueing is not None and figures(queueing)["queue_time_mean_s"] == pytest.approx(6.0 / 70)
+    pressure = diagnosis.finding("vllm_kv_pressure")
+    assert pressure is not None and figures(pressure)["preemptions"] == 7
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "diagnose",
+            str(stats),
+            "--metrics",
+            str(TRANSCRIPTS / "vllm-metrics-after.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "7 preemptions" in done.stdout and "mean queue time" in done.stdout
+
+
+def test_a_streams_tokens_across_a_long_prefills_end_are_counted_one_per_logged_iteration() -> None:
+    """A stream at 33 tok/s, then beside a 2,000-token prefill in 32 iterations of 0.25 s (one token each),
+    then at 50 tok/s: its rate line before the prefill's end and the one after it straddle the end, and the
+    usual speed would count 25 of that stretch's tokens inside the prefill where 8 were."""
+    log = Log(slots=2)
+    head = "slot print_timing: id  0 | task 1 |"
+    log.add(0.9999, "I", "slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1")
+    log.add(1.0, "I", "slot launch_slot_: id  0 | task 1 | processing task, is_child = 0")
+    # Decoding from 1.1 s: 33 tok/s until the long prompt's prefill starts at 7.5 s (n = 212 there), one token
+    # per iteration until it ends at 15.5 s (n = 244), then 50 tok/s.
+    for at, n, rate in ((4.1, 100, 33.0), (7.1, 199, 33.0), (10.5, 224, 3.5), (13.5, 236, 4.0), (16.5, 294, 19.3)):
+        log.add(at, "I", f"{head} n_gen = {n:6d}, tg = {rate:6.2f} t/s, tg_3s = {rate:6.2f} t/s")
+    log.add(
+        17.0,
+        "I",
+        f"{head} prompt eval time =     100.00 ms /    40 tokens (    2.50 ms per token,   400.00 tokens per second)",
+    )
+    log.add(
+        17.0,
+        "I",
+        f"{head}        eval time =   15900.00 ms /   319 tokens (   49.84 ms per token,    20.06 tokens per second)",
+    )
+    log.add(17.0001, "I", "slot      release: id  0 | task 1 | stop processing: n_tokens = 358, truncated = 0")
+    long_head = "slot print_timing: id  1 | task 2 |"
+    log.add(7.4999, "I", "slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1")
+    log.add(7.5, "I", "slot launch_slot_: id  1 | task 2 | processing task, is_child = 0")
+    for k in range(12, 32):  # progress lines once the prefill has run 3 s, one per iteration of 62 tokens
+        at = 7.5 + 0.25 * k
+        log.add(
+            at,
+            "I",
+            f"{long_head} prompt processing, n_tokens = {62 * k:6d}, progress = {k / 32:.2f}, "
+            f"t = {0.25 * k:6.2f} s / 248.00 tokens per second",
+        )
+    log.add(
+        15.6,
+        "I",
+        f"{long_head} prompt eval time =    8000.00 ms /  2000 tokens (4.00 ms per token, 250.00 tokens per second)",
+    )
+    log.add(
+        15.6,
+        "I",
+        f"{long_head}        eval time =     100.00 ms /     4 tokens (25.00 ms per token, 40.00 tokens per second)",
+    )
+    log.add(15.6001, "I", "slot      release: id  1 | task 2 | stop processing: n_tokens = 2003, truncated = 0")
+    stall = diagnose_log(log.lines).finding("stalls")
+    assert stall is not None
+    # 12 tokens from 7.5 s to 10.5 s (the usual speed's share of the stretch before it), 12, and 8: 32 in 8 s.
+    assert figures(stall)["stall_tok_s"] == pytest.approx(32 / 8, rel=0.05)
+
+
+def test_streams_that_keep_most_of_their_speed_beside_a_long_prefill_are_no_finding() -> None:
+    """A long prompt prefilled beside a stream whose rate lines show it kept its 40 tok/s: no stall."""
+    log = Log(slots=2)
+    log.task(1, 0, launch=0.5, prompt=40, prompt_ms=40, output=400, eval_ms=10_000)
+    for k in range(1, 10):
+        log.add(
+            0.54 + k,
+            "I",
+            f"slot print_timing: id  0 | task 1 | n_gen = {1 + 40 * k:6d}, tg =  40.00 t/s, tg_3s =  40.00 t/s",
+        )
+    log.task(2, 1, launch=3.0, prompt=2000, prompt_ms=4000, output=4, eval_ms=200)
+    diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
+    assert diagnosis.finding("stalls") is None, diagnosis.findings

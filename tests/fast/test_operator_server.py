@@ -1,0 +1,199 @@
+"""Whose command line starts the server decides what a trial writes and what `auto` means: the operator's
+unit (systemd `keep`) keeps its own program, model, address and port, and the trial carries the tuned
+knobs alone; the study's own command on another host needs the host's paths; only a server started here
+may use this machine's build. No real part: the engines' launches and the rules that read a unit back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_tuner
+from tuner.config import PluginSpec
+from tuner.deployers.base import check_launch, server_command
+from tuner.engines import create_engine
+from tuner.engines.llama_server import LLAMA_SERVER_LISTEN
+from tuner.engines.ollama import OLLAMA_LISTEN
+from tuner.engines.vllm import VLLM_LISTEN
+from tuner.errors import ConfigError
+from tuner.models import OperatorServer, ServerCommand
+from tuner.transports.local import LocalTransport
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+def spec(table: Mapping[str, object]) -> PluginSpec:
+    return PluginSpec.model_validate(table)
+
+
+# ---- reading the operator's server back from its command line and environment ---------------------
+
+
+def test_llama_server_flags_win_over_its_variables_and_the_defaults_fill_the_rest() -> None:
+    argv = ["/opt/llama/bin/llama-server", "-m", "/srv/models/a.gguf", "--host", "0.0.0.0", "--port=9001"]
+    environ = {"LLAMA_ARG_HOST": "127.0.0.1", "LLAMA_ARG_PORT": "8081", "LLAMA_ARG_MODEL": "/srv/other.gguf"}
+    server = LLAMA_SERVER_LISTEN.read(argv, environ)
+    assert server == OperatorServer(
+        program="/opt/llama/bin/llama-server", model="/srv/models/a.gguf", host="0.0.0.0", port=9001
+    )
+    assert server.reach_host == "127.0.0.1"  # every interface: reached on the host's loopback
+    by_environment = LLAMA_SERVER_LISTEN.read(["/opt/llama/bin/llama-server"], environ)
+    assert (by_environment.host, by_environment.port, by_environment.model) == ("127.0.0.1", 8081, "/srv/other.gguf")
+    bare = LLAMA_SERVER_LISTEN.read(["llama-server"], {})
+    assert (bare.host, bare.port, bare.model) == ("127.0.0.1", 8080, None)
+
+
+@pytest.mark.parametrize(
+    ("ollama_host", "host", "port"),
+    [
+        (None, "127.0.0.1", 11434),
+        ("0.0.0.0", "0.0.0.0", 11434),
+        ("0.0.0.0:8000", "0.0.0.0", 8000),
+        (" 0.0.0.0:1234 ", "0.0.0.0", 1234),  # Ollama trims spaces
+        ("http://10.1.2.3:9000", "10.1.2.3", 9000),
+        ("http://0.0.0.0", "0.0.0.0", 80),  # a scheme without a port: its own port, as Ollama does
+        ("https://gpu1.example/", "gpu1.example", 443),
+        ("[::1]:9000", "::1", 9000),
+        ("::1", "::1", 11434),  # a bare IPv6 address is the host, whole
+        ("http://[::1]:x", "::1", 80),  # a port that is no number: the default, as Ollama does
+        (":9000", "127.0.0.1", 9000),
+    ],
+)
+def test_ollama_reads_its_address_from_ollama_host_as_ollama_does(
+    ollama_host: str | None, host: str, port: int
+) -> None:
+    environ = {} if ollama_host is None else {"OLLAMA_HOST": ollama_host}
+    server = OLLAMA_LISTEN.read(["/usr/local/bin/ollama", "serve"], environ)
+    assert (server.host, server.port) == (host, port)
+
+
+def test_an_ipv6_address_is_written_and_reached_in_brackets() -> None:
+    server = LLAMA_SERVER_LISTEN.read(["llama-server", "--host", "::1", "--port", "9000"], {})
+    assert server.address == "[::1]:9000" and server.reach_host == "::1"
+    assert asyncio.run(LocalTransport().reach("::1", 9000)) == "http://[::1]:9000"
+
+
+def test_vllm_takes_the_model_after_serve_and_listens_everywhere_by_default() -> None:
+    server = VLLM_LISTEN.read(["/opt/vllm/bin/vllm", "serve", "Qwen/Qwen3-8B", "--max-num-seqs", "64"], {})
+    assert (server.model, server.host, server.port, server.reach_host) == (
+        "Qwen/Qwen3-8B",
+        "0.0.0.0",
+        8000,
+        "127.0.0.1",
+    )
+
+
+@pytest.mark.parametrize("port", ["http", "99999", "0", "-1"])
+def test_a_port_that_is_no_port_number_is_refused(port: str) -> None:
+    with pytest.raises(ValueError):
+        LLAMA_SERVER_LISTEN.read(["llama-server", "--port", port], {})
+
+
+def test_a_flag_given_last_without_its_value_leaves_the_default() -> None:
+    assert LLAMA_SERVER_LISTEN.read(["llama-server", "--port"], {}).port == 8080
+
+
+# ---- whose command: decided by the deploy kind and where the host is ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("deploy", "local_host", "expected"),
+    [
+        ({"kind": "systemd", "unit": "llama-server.service"}, False, ServerCommand.UNIT),
+        ({"kind": "systemd", "unit": "llama-server.service"}, True, ServerCommand.UNIT),
+        ({"kind": "systemd", "unit": "llama-server.service", "exec_start": "replace"}, False, ServerCommand.REMOTE),
+        ({"kind": "systemd", "unit": "llama-server.service", "exec_start": "replace"}, True, ServerCommand.LOCAL),
+        ({"kind": "container", "container": "vllm"}, True, ServerCommand.REMOTE),
+        ({"kind": "process"}, True, ServerCommand.LOCAL),
+        ({"kind": "process"}, False, ServerCommand.REMOTE),
+    ],
+)
+def test_the_deploy_says_whose_command_starts_the_server(
+    deploy: dict[str, object], local_host: bool, expected: ServerCommand
+) -> None:
+    assert server_command(spec(deploy), local_host=local_host) is expected
+
+
+# ---- what a trial carries --------------------------------------------------------------------------
+
+
+def test_with_the_units_command_a_trial_carries_the_tuned_knobs_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SERVE_TUNER_TEST_KEY", "sk-test-0123456789abcdef")
+    engine = create_engine(
+        spec({"kind": "llama-server", "api_key_env": "SERVE_TUNER_TEST_KEY", "settings": {"ctx_size": 4096}}),
+        command=ServerCommand.UNIT,
+    )
+    launch = engine.launch_spec({"n_batch": 128, "n_ubatch": 128})
+    assert launch.env == {"LLAMA_ARG_CTX_SIZE": "4096", "LLAMA_ARG_BATCH": "128", "LLAMA_ARG_UBATCH": "128"}
+    assert launch.secret_env == {}  # the unit's own key stays; the requests still carry the study's
+    assert engine.request_headers() == {"Authorization": "Bearer sk-test-0123456789abcdef"}
+    assert launch.listen == LLAMA_SERVER_LISTEN
+    assert engine.host_files() == {}  # nothing of the study's to look for on the host
+    ollama = create_engine(spec({"kind": "ollama", "model": "llama3.2:3b"}), command=ServerCommand.UNIT)
+    assert ollama.launch_spec({"num_parallel": 4}).env == {"OLLAMA_NUM_PARALLEL": "4"}
+
+
+def test_a_server_started_here_still_gets_its_model_address_and_metrics() -> None:
+    engine = create_engine(spec({"kind": "llama-server", "binary": "/bin/true", "model": "/srv/m.gguf"}))
+    env = engine.launch_spec({"n_batch": 64}).env
+    assert env["LLAMA_ARG_MODEL"] == "/srv/m.gguf" and env["LLAMA_ARG_HOST"] == "127.0.0.1"
+    assert env["LLAMA_ARG_ENDPOINT_METRICS"] == "1" and env["LLAMA_ARG_BATCH"] == "64"
+
+
+@pytest.mark.parametrize("key", ["binary", "model", "host", "port"])
+def test_the_operators_program_model_and_address_are_refused_in_the_study_with_keep(key: str) -> None:
+    value: object = 8080 if key == "port" else "/opt/x" if key != "host" else "0.0.0.0"
+    with pytest.raises(ConfigError, match=rf'engine\.{key} is the operator\'s own: .*remove engine\.{key}.*"replace"'):
+        create_engine(spec({"kind": "llama-server", key: value}), command=ServerCommand.UNIT)
+
+
+@pytest.mark.parametrize("key", ["binary", "model"])
+def test_auto_is_refused_for_a_command_run_on_another_host(key: str) -> None:
+    table = {"kind": "llama-server", "binary": "/opt/llama/bin/llama-server", "model": "/srv/m.gguf", key: "auto"}
+    with pytest.raises(ConfigError, match=rf'engine\.{key} = "auto" means a file of this machine\'s'):
+        create_engine(spec(table), command=ServerCommand.REMOTE)
+    relative = table | {key: "models/m.gguf"}
+    with pytest.raises(
+        ConfigError, match=rf"engine\.{key} = 'models/m\.gguf' is relative: .*absolute path on the host"
+    ):
+        create_engine(spec(relative), command=ServerCommand.REMOTE)
+    adapters = {"kind": "llama-server", "lora_adapters": {"style": "auto"}}
+    with pytest.raises(ConfigError, match=r'engine\.lora_adapters\.style = "auto"'):
+        create_engine(spec(adapters), command=ServerCommand.UNIT)
+
+
+def test_a_vllm_command_that_systemd_cannot_run_is_refused_naming_engine_command() -> None:
+    deploy = spec({"kind": "systemd", "unit": "vllm.service", "exec_start": "replace"})
+    engine = create_engine(spec({"kind": "vllm", "model": "Qwen/Qwen3-8B"}), command=ServerCommand.REMOTE)
+    with pytest.raises(ConfigError, match=r"absolute path on the host.*engine\.command"):
+        check_launch(deploy, engine.launch_spec({}))
+    absolute = create_engine(
+        spec({"kind": "vllm", "model": "Qwen/Qwen3-8B", "command": ["/opt/vllm/bin/vllm", "serve"]}),
+        command=ServerCommand.REMOTE,
+    )
+    check_launch(deploy, absolute.launch_spec({}))
+
+
+def test_a_launch_systemd_cannot_run_is_refused_before_the_host_is_reached(tmp_path: Path) -> None:
+    """vLLM's default command is `vllm serve`, which ExecStart= cannot run without a path: `tuner run`
+    says so in one line, exit 2, with no run directory, and never reaches the host (a closed port)."""
+    (tmp_path / "w.jsonl").write_text((DATA / "quick.jsonl").read_text())
+    (tmp_path / "vllm.toml").write_text(
+        'name = "v"\n[engine]\nkind = "vllm"\nmodel = "Qwen/Qwen3-8B"\n[engine.settings]\nmax_num_seqs = 16\n'
+        "max_num_batched_tokens = 2048\n"
+        f'[workload]\npath = "w.jsonl"\n[search]\nspace = "{SPACES / "vllm.toml"}"\nparams = ["max_num_seqs"]\n'
+        '[[objectives]]\nmetric = "ttft_p95_s"\ndirection = "minimize"\n'
+        '[host]\nkind = "ssh"\nhost = "127.0.0.1"\nport = 1\n'
+        '[deploy]\nkind = "systemd"\nunit = "vllm.service"\nexec_start = "replace"\n'
+    )
+    done = run_tuner("run", str(tmp_path / "vllm.toml"), "--runs-dir", str(tmp_path / "runs"))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "absolute path on the host" in line and "engine.command" in line
+    assert not (tmp_path / "runs").exists()

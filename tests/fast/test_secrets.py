@@ -1,0 +1,122 @@
+"""P12: the server's API key (a canary here) never appears in anything the tool prints or writes: error
+messages of a failed run, launches; also not when the server itself quotes the key back (a stand-in that
+refuses it, tests/data/leaky_server.py), and not when the key is pasted where the name of its variable
+belongs. The run against the real llama-server is in tests/real/test_api_key_real_server.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.study_record import RECORD_KEY
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TINY = DATA / "tiny-study.toml"
+# Fixed, so that the parametrized test ids are the same in every process (pytest-xdist compares them).
+CANARY = "sk-canary-3b2a1f0e9d8c47b6a5f4e3d2c1b0a998"
+
+
+def everything_under(directory: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file())
+
+
+def test_an_api_key_variable_that_is_not_set_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
+
+    monkeypatch.delenv("SERVE_TUNER_UNSET_KEY", raising=False)
+    with pytest.raises(ConfigError, match="SERVE_TUNER_UNSET_KEY"):
+        LlamaServerEngine(LlamaServerOptions(api_key_env="SERVE_TUNER_UNSET_KEY"))
+
+
+def test_a_launch_never_shows_its_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
+
+    monkeypatch.setenv("SERVE_TUNER_TEST_KEY", CANARY)
+    engine = LlamaServerEngine(LlamaServerOptions(api_key_env="SERVE_TUNER_TEST_KEY", binary="/x", model="/y", port=1))
+    launch = engine.launch_spec({})
+    assert launch.secret_values() == {"LLAMA_API_KEY": CANARY}
+    assert CANARY not in repr(launch) and CANARY not in launch.model_dump_json()
+    assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
+
+
+LEAKY = DATA / "leaky_server.py"
+
+
+def stand_in_binary(tmp_path: Path) -> Path:
+    """llama-server's place taken by the stand-in that quotes the key it refuses."""
+    binary = tmp_path / "leaky-llama-server"
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{LEAKY}" "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "where_the_server_is_quoted"),
+    [
+        # The warm-up request gets `401 invalid api key Bearer <key>`: the loadgen's record, the trial's
+        # fail_reason and the error line all quote the body.
+        ("refused", ["gate.enabled=false"], '401, "message": "invalid api key Bearer <redacted>", "type"'),
+        # The server logs its key and exits: the failed start quotes its log's last error line.
+        ("dies", ['engine.extra_args=["--fail-at-start"]'], "server log: error: key <redacted> is not accepted"),
+    ],
+)  # fmt: skip
+def test_a_key_the_server_quotes_back_is_never_printed_logged_or_stored(
+    tmp_path: Path, case: str, overrides: list[str], where_the_server_is_quoted: str
+) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"a stand-in's model")
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "tuner", "--log-level", "debug", "run", str(TINY), "--runs-dir", str(runs)]
+    for override in [
+        f'engine.binary="{stand_in_binary(tmp_path)}"',
+        f'engine.model="{model}"',
+        'engine.api_key_env="SERVE_TUNER_TEST_KEY"',
+        "budget.trials=0",
+        "confirm.top=0",
+        *overrides,
+    ]:
+        command += ["--set", override]
+    env = {**os.environ, "SERVE_TUNER_TEST_KEY": CANARY}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=env)
+
+    assert done.returncode == 1, done.stderr[-2000:]
+    error_line = done.stderr.strip().splitlines()[-1]
+    assert (
+        error_line.startswith("error: the baseline could not be measured: ")
+        and where_the_server_is_quoted in error_line
+    )
+    assert "trial 0 FAIL " in done.stdout and where_the_server_is_quoted in done.stdout  # the marker, not nothing
+    assert "DEBUG" in done.stderr  # the debug log really ran
+    assert CANARY not in done.stdout + done.stderr
+    assert CANARY.encode() not in everything_under(runs)
+    journal = (runs / "tiny" / "optuna.journal").read_text().splitlines()
+    stored = [json.loads(line) for line in journal]
+    records = [entry["user_attr"][RECORD_KEY] for entry in stored if RECORD_KEY in entry.get("user_attr", {})]
+    reasons = [record["fail_reason"] for record in records if record.get("fail_reason") is not None]
+    assert len(reasons) == 1 and where_the_server_is_quoted in reasons[0]
+
+
+@pytest.mark.parametrize(
+    "pasted",
+    [CANARY, "hf_5d4c3b2a19f84e7d6c5b4a3928170f6e", "0f1e2d3c4b5a69788796a5b4c3d2e1f00a1b2c3d", f"Bearer {CANARY}"],
+)
+def test_a_key_pasted_where_its_variables_name_belongs_is_refused_without_echoing_it(
+    tmp_path: Path, pasted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+
+    override = f"engine.api_key_env={json.dumps(pasted)}"
+    assert main(["run", str(TINY), "--runs-dir", str(tmp_path), "--set", override]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and "api_key_env: must name the environment variable" in printed.err
+    assert (
+        "not the key" in printed.err and "export the key as a variable and put the variable's name here" in printed.err
+    )
+    assert pasted not in printed.out + printed.err and pasted[-12:] not in printed.out + printed.err
+    assert not list(tmp_path.rglob("*")) or pasted.encode() not in everything_under(tmp_path)

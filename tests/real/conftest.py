@@ -1,0 +1,215 @@
+"""The real parts, as fixtures: every test in tests/real/ needs at least one of them (or asks for one itself
+with `need_real_part`, marked `real_part` or `real_server`), and no test in tests/fast/ can have them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.support import DATA, free_port
+from tests.support.real_parts import need_real_part
+from tuner import assets
+
+if TYPE_CHECKING:
+    from tests.support.browser import Browser
+    from tests.support.systemd_host import SystemdHost
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """The real llama-server and its model (`tuner setup`)."""
+    binary, model = assets.find_llama_server(), assets.find_model()
+    if binary is None or model is None:
+        why = os.environ.get("SERVE_TUNER_SETUP_ERROR") or "run `tuner setup` (scripts/test.sh does it)"
+        need_real_part("llama-server", why)
+    return binary
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyRun:
+    """`tuner run tests/data/tiny-study.toml` against the real llama-server, once per test process."""
+
+    runs_dir: Path
+    result: subprocess.CompletedProcess[str]
+    servers_before: list[int]
+    servers_after: list[int]
+
+    @property
+    def run_path(self) -> Path:
+        return self.runs_dir / "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """A real run shared by the tests that read one (its leaderboard, its report in a browser): the study
+    takes a few minutes on 2 cores, so it runs once."""
+    from tests.support import run_tuner
+
+    runs_dir = tmp_path_factory.mktemp("tiny-runs")
+    before = llama_server_processes(llama_server_binary)
+    result = run_tuner("run", str(DATA / "tiny-study.toml"), "--runs-dir", str(runs_dir))
+    return TinyRun(
+        runs_dir=runs_dir,
+        result=result,
+        servers_before=before,
+        servers_after=llama_server_processes(llama_server_binary),
+    )
+
+
+def llama_server_processes(binary: Path) -> list[int]:
+    """PIDs of running processes of this binary, to check that nothing was left running."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "exe")) == binary.resolve():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@dataclass(frozen=True)
+class SshHost:
+    """A real sshd on loopback with a throwaway host key, pinned in a test known_hosts file."""
+
+    port: int
+    known_hosts: Path
+    client_key: Path
+    host_key: Path
+    workdir: Path
+
+    def options(self, **extra: object) -> dict[str, object]:
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": "root",
+            "known_hosts": str(self.known_hosts),
+            "client_keys": [str(self.client_key)],
+            **extra,
+        }
+
+
+@pytest.fixture(scope="session")
+def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
+    import asyncssh
+
+    sshd = Path("/usr/sbin/sshd")
+    if not sshd.exists():
+        need_real_part(
+            "sshd", "/usr/sbin/sshd is not installed (scripts/test.sh installs it where apt-get and root allow)"
+        )
+    if os.geteuid() != 0:
+        need_real_part("root", "the test sshd logs in as root and needs to run as root")
+    workdir = tmp_path_factory.mktemp("sshd")
+    host_key, client_key = workdir / "host_key", workdir / "client_key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(host_key))
+    client = asyncssh.generate_private_key("ssh-ed25519")
+    client.write_private_key(str(client_key))
+    (workdir / "authorized_keys").write_bytes(client.export_public_key())
+    for key in (host_key, client_key, workdir / "authorized_keys"):
+        key.chmod(0o600)
+    port = free_port()
+    config = workdir / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {workdir}/authorized_keys\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        f"StrictModes no\nUsePAM no\nPidFile {workdir}/sshd.pid\nLogLevel VERBOSE\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    public = asyncssh.read_private_key(str(host_key)).export_public_key("openssh").decode().strip()
+    known_hosts = workdir / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {public}\n")
+    log = (workdir / "sshd.log").open("w")
+    process = subprocess.Popen([str(sshd), "-D", "-e", "-f", str(config)], stderr=log)
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if process.poll() is not None or time.monotonic() > deadline:
+            log.close()
+            pytest.fail(f"the test sshd did not start: {(workdir / 'sshd.log').read_text()[-500:]}")
+        time.sleep(0.05)
+    try:
+        yield SshHost(port=port, known_hosts=known_hosts, client_key=client_key, host_key=host_key, workdir=workdir)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def systemd_host(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHost]:
+    """A real systemd as PID 1 of a PID namespace on an overlay root, laid out as a production host (its
+    own paths for the server and model, two operator units: tests/support/systemd_host.py), reached by its sshd.
+    Missing only where this machine refuses the namespaces, mounts or cgroups it needs (then it says
+    which); a boot that times out or a failing systemctl is a failure."""
+    from tests.support.systemd_host import HostRefused, boot_systemd_host, systemd_host_unavailable
+
+    why = systemd_host_unavailable()
+    if why is not None:
+        need_real_part("systemd host", why)
+    if not Path("/usr/sbin/sshd").exists():
+        need_real_part("sshd", "the systemd host is reached through an sshd unit, and /usr/sbin/sshd is not installed")
+    model = assets.find_model()
+    assert model is not None
+    # The operator's server and model are copied to the host's own paths; the controller's cache, where
+    # `tuner setup` put them here, is hidden inside the host.
+    booting = boot_systemd_host(
+        tmp_path_factory.mktemp("systemd-host"),
+        binary=llama_server_binary,
+        model=model,
+        adapter=assets.find_test_lora(),
+        hide=[assets.cache_root()],
+    )
+    try:
+        host = booting.__enter__()
+    except HostRefused as exc:
+        need_real_part("systemd host", f"this machine refused it: {exc}")
+    try:
+        yield host
+    finally:
+        booting.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium, headless, driven over the DevTools protocol (tests/support/browser.py). One per test
+    process; each `open_page` is a fresh tab. A chromium that is there but does not start is a failure."""
+    from tests.support.browser import chromium_path, start_browser
+
+    if chromium_path() is None:
+        need_real_part(
+            "chromium", "`chromium` is not on PATH (scripts/test.sh installs it where apt-get and root allow)"
+        )
+    with start_browser() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL, started for the test session in a temporary directory (tests/support/postgres.py). Not
+    under pytest's own temporary directory: each pytest session makes that 0700 again, and the cluster's
+    files belong to the postgres user when the suite runs as root."""
+    import shutil
+    import tempfile
+
+    from tests.support.postgres import find_postgres_bin, running_postgres
+
+    if find_postgres_bin() is None:
+        need_real_part("postgresql", "initdb is not installed (Debian's postgresql)")
+    base = Path(tempfile.mkdtemp(prefix="serve-tuner-postgres-"))
+    try:
+        with running_postgres(base / "cluster") as url:
+            yield url
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
