@@ -104,11 +104,13 @@ def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were(
     study = Path(__file__).resolve().parents[1] / "data" / "tiny-study.toml"
     run = ["run", str(study), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/bin/false"']
     run += ["--set", 'deploy.kind="process"', "--set", "deploy.start_timeout_s=5"]
+    # SIGINT as the caller has it: Python's default, unless a test before this one in the worker left it otherwise.
+    caller_sigint = signal.getsignal(signal.SIGINT)
     before = signal.signal(signal.SIGTERM, mine)
     try:
         assert cli.main(run) == 1
         assert cli.main(["kinds"]) == 0
         assert signal.getsignal(signal.SIGTERM) is mine
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is caller_sigint
     finally:
         signal.signal(signal.SIGTERM, before)
