@@ -16,12 +16,11 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 from tuner.config import ParamValue, SearchSpace, StudySpec
-from tuner.deployers.base import Deployer
 from tuner.engines.base import Engine
 from tuner.errors import DeployError, MeasurementError, TransportError
 from tuner.gate import ask_probes
@@ -35,6 +34,9 @@ from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.transports.base import Transport
 from tuner.workloads import Trace, synthesize_sessions
+
+if TYPE_CHECKING:  # the search loop imports this module; only a server's runner is handed a deployer
+    from tuner.deployers.base import Deployer
 
 __all__ = [
     "PreparedStudy",
