@@ -79,16 +79,12 @@ def status(args: argparse.Namespace, console: Console) -> int:
 
 def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
     """A fleet's hosts, read from the storage the run directory records (None: not a fleet's run)."""
-    import json
+    from tuner.runs import RunDirectory
 
-    try:
-        spec = json.loads((run_path / "spec.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(spec, dict) or not spec.get("hosts"):
+    spec = RunDirectory(run_path).read_spec()
+    if spec is None or not spec.get("hosts"):
         return None
     from tuner.fleet import fleet_summary
-    from tuner.runs import RunDirectory
     from tuner.storage import open_optuna_study_readonly
 
     try:

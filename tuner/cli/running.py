@@ -42,6 +42,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from tuner.progress import Plan, ProgressTracker
     from tuner.progress_file import progress_file
     from tuner.report import leaderboard_frame
+    from tuner.runs import RunDirectory
     from tuner.search import run_study
 
     run_path = args.runs_dir / spec.name
@@ -59,12 +60,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     started = time.monotonic()
     run_stoppable(main(), received)
     board = show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
-    write_atomic(run_path / "leaderboard.csv", leaderboard_frame(board).to_csv(index=False).encode())
+    leaderboard_csv = RunDirectory(run_path).leaderboard_path
+    write_atomic(leaderboard_csv, leaderboard_frame(board).to_csv(index=False).encode())
     report.write()  # as after every trial: a page that cannot be written is said, the run's outcome stands
     written = "" if report.failed else f", the report in {run_path / REPORT_NAME}"
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     console.print(
-        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {run_path / 'leaderboard.csv'}{written}",
+        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {leaderboard_csv}{written}",
         markup=False,
     )
     raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143

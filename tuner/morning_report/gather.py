@@ -100,18 +100,13 @@ class Gathered:
     version: str  # the serve-tuner making the page
     memo: ReportMemo
 
-    def trial_dir(self, number: int) -> Path:
-        return self.run_path / "trials" / f"{number:04d}"
-
     def server_log(self, number: int) -> Path:
-        return self.trial_dir(number) / "server.log"
+        return RunDirectory(self.run_path).server_log_path(number)
 
     def pictured_rounds(self, number: int) -> Iterator[RoundFile]:
         """The trial's search rounds in order, read one at a time (the caller stops at the one it needs);
         those too big to read whole, torn or foreign are passed over."""
-        for path in sorted(self.trial_dir(number).glob("round-*.jsonl")):
-            if path.name.endswith(".server.jsonl"):
-                continue
+        for path in RunDirectory(self.run_path).round_paths(number):
             try:
                 size = path.stat().st_size
             except OSError:
@@ -124,7 +119,8 @@ class Gathered:
 
     def workload_round(self) -> tuple[RoundFile | None, Absent | None, int]:
         """The baseline's first round with its records, else why it is absent; and the file's size."""
-        path = self.trial_dir(0) / "round-1.jsonl"
+        baselines = [n for n, record in self.records.items() if record.baseline]
+        path = RunDirectory(self.run_path).round_path(min(baselines, default=0), 1)
         size = path.stat().st_size if path.is_file() else 0
         too_big = path.is_file() and size > MAX_PICTURED_BYTES
         round_file = None if too_big else _read_round(path)
@@ -153,11 +149,7 @@ def gather_run(run_path: Path, memo: ReportMemo) -> Gathered:
 
 
 def _spec(run_path: Path) -> dict[str, Any]:
-    try:
-        loaded = json.loads((run_path / "spec.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+    return RunDirectory(run_path).read_spec() or {}
 
 
 def _host_facts(run_path: Path) -> dict[str, str | None]:
@@ -204,14 +196,14 @@ def _read_round(path: Path) -> RoundFile | None:
 
 def _round_spans(run_path: Path, spans: FileMemo[float | None]) -> list[RoundSpan]:
     found = []
-    for directory in sorted((run_path / "trials").glob("[0-9][0-9][0-9][0-9]")):
+    for directory in RunDirectory(run_path).trial_dirs():
         for path in directory.glob("*.jsonl"):
             if path.name.endswith(".server.jsonl"):
                 continue
             span = spans.get(path, _span_s)
             if span is None:
                 continue
-            found.append(RoundSpan(confirm=path.name.startswith("confirm-"), span_s=span, mtime=path.stat().st_mtime))
+            found.append(RoundSpan(confirm=RunDirectory.is_confirmation(path), span_s=span, mtime=path.stat().st_mtime))
     return found
 
 

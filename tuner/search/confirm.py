@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.config import ParamValue
 from tuner.observers import StudyObserver
+from tuner.runs import RunDirectory
 from tuner.scoring import difference_ci, median_metrics, score_round
 from tuner.server_reuse import Servers
 from tuner.study_record import Confirmation as Confirmed
@@ -93,7 +94,7 @@ class Confirmation:
         pairs = self.spec.confirm.pairs
         label = f"pair {pair + 1}/{pairs}" + (" (baseline)" if number == baseline.number else "")
         self.observer.round_started(number=number, label=label, index=2 * pair + position + 1, total=2 * pairs)
-        name = f"confirm-{candidate}{self.peers.file_suffix}"
+        name = RunDirectory.confirmation_name(candidate, self.peers.host)
         variant = await self.servers.deploy(settings, number=number, log_name=f"{name}-server.log")
         measured = await self.runner.measure_round(
             settings=settings,

@@ -155,14 +155,14 @@ async def _search_on_host(
     observer: StudyObserver,
     deadline: float | None,
     *,
-    state_file: str,
+    state_path: Path,
 ) -> None:
-    """The host reached, its deployer ready (remembering its state in `state_file` where it recovers), and
+    """The host reached, its deployer ready (remembering its state in `state_path` where it recovers), and
     the loop searched on it; the observer told of the restore that the deployer's exit does."""
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)
         if isinstance(deployer, RecoveringDeployer):
-            deployer.remember_in(run_dir.path / state_file)
+            deployer.remember_in(state_path)
         async with deployer:
             runner = ServerTrialRunner(
                 loop.prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer
@@ -199,7 +199,7 @@ async def _run_fleet_study(
             host_spec = specs[loop.host]
             await check_host_files(host_spec, loop.prepared.engine)
             await _search_on_host(
-                loop, host_spec, run_dir, observer, deadline, state_file=f"deployer-state-{loop.host}.json"
+                loop, host_spec, run_dir, observer, deadline, state_path=run_dir.deployer_state_path(loop.host)
             )
 
         await run_fleet(loops, drive)
@@ -233,5 +233,5 @@ async def run_study(
         study = open_optuna_study(run_dir, spec, prepared.space, storage=storage)
         loop = StudyRun(prepared, run_dir, study, observer)
         loop.begin()
-        await _search_on_host(loop, spec, run_dir, observer, deadline, state_file="deployer-state.json")
+        await _search_on_host(loop, spec, run_dir, observer, deadline, state_path=run_dir.deployer_state_path(None))
         return study

@@ -74,7 +74,6 @@ class FleetPeers:
         self.fleet = fleet
         self.host: str | None = fleet.name
         self.name = fleet.name
-        self.file_suffix = f"-{fleet.name}"  # a fleet's hosts each confirm the same candidate
         self.leased: dict[int, optuna.Trial] = {}  # the trials this loop has running, whose leases it renews
         self.checked_at = -math.inf  # when silent peers were last looked for
         self.failed_in_a_row: list[_Failed] = []  # this host's trials that failed since its last measured one

@@ -233,7 +233,7 @@ class StudyRun:
             prompts_index=round_index,
             prompts_variant=variant,
             label=label,
-            records_name=f"round-{round_index + 1}",
+            records_name=RunDirectory.round_name(round_index + 1),
         )
         metrics = measured.metrics
         pending.rounds.append(metrics)

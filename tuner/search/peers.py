@@ -51,7 +51,6 @@ class Peers(Protocol):
     """The loop's hooks; a method returning a reason (`str`) has ended the trial as skipped with it."""
 
     host: str | None  # the host this loop measures on (None: the study's only one)
-    file_suffix: str  # told apart from the peers' files of the same trial in the run directory
 
     def begin(self) -> None:
         """A (re)start's housekeeping before the host is reached: interrupted trials, the baseline queued."""
@@ -83,7 +82,6 @@ class SoloPeers:
     """A single host's loop: no peers, so no leases, no wait and nothing measured elsewhere."""
 
     host: str | None = None
-    file_suffix = ""
 
     def __init__(self, study: optuna.Study, prepared: PreparedStudy) -> None:
         self.study = study
