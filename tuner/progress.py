@@ -24,6 +24,7 @@ from tuner.errors import StudyError, TunerError
 from tuner.files import write_atomic
 from tuner.observers import NullObserver
 from tuner.progress_file import PHASES, BestTrial, CurrentRound, Progress, RunState, read_progress
+from tuner.text import settings_text
 
 if TYPE_CHECKING:
     from tuner.config import StudySpec
@@ -162,7 +163,7 @@ _ENDINGS: dict[str, tuple[RunState, str]] = {
 
 
 def _settings_text(settings: Mapping[str, ParamValue]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "baseline"
+    return settings_text(settings, empty="baseline")
 
 
 class ProgressTracker(NullObserver):

@@ -30,15 +30,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
-
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal._storage import JournalOperation
+from typing import IO, TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError, StudyError
 from tuner.files import write_atomic
 from tuner.models import RequestRecord, TaskTimeline
+
+if TYPE_CHECKING:  # optuna is imported where the journal is opened: `tuner status` reads files without it
+    from optuna.storages import JournalStorage
 
 __all__ = ["RunDirectory", "spec_differences"]
 
@@ -275,6 +274,9 @@ class RunDirectory:
                     f"note: the last record of {self.journal} is incomplete (a full disk?); the study is read "
                     "without it, and the next `tuner run` moves it aside"
                 )
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
         try:
             return JournalStorage(JournalFileBackend(str(self.journal)))
         except _REPLAY_ERRORS as exc:
@@ -297,6 +299,8 @@ class RunDirectory:
             return b""
         except OSError as exc:
             raise StudyError(f"cannot read {self.journal}: {exc.strerror or exc}; {self._recovery()}") from None
+        from optuna.storages.journal._storage import JournalOperation
+
         whole, _, tail = content.rpartition(b"\n")
         known = {op.value for op in JournalOperation}
         for number, line in enumerate(whole.split(b"\n") if whole or content.startswith(b"\n") else [], start=1):

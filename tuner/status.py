@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner.errors import ConfigError, StudyError
 from tuner.progress_file import PROGRESS_FILE, Progress, controller_files, controller_hosts, read_progress
+from tuner.text import duration_text
 
 __all__ = ["RunStatus", "controller_statuses", "duration_text", "held_by", "run_status"]
 
@@ -37,18 +38,6 @@ def held_by(run_path: Path, lock: str = ".lock") -> str | None:
 
 def _clock_text(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-
-
-def duration_text(seconds: float) -> str:
-    """45 s, 3m05s, 2h04m."""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 @dataclass(frozen=True, kw_only=True)

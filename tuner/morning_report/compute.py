@@ -21,6 +21,7 @@ from tuner.models import RequestRecord
 from tuner.morning_report.gather import Absent, Gathered
 from tuner.redact import redact
 from tuner.report import LeaderboardRow
+from tuner.study_view import trials_done
 
 __all__ = [
     "MIN_TRIALS_FOR_IMPORTANCE",
@@ -203,7 +204,7 @@ def _when(g: Gathered) -> When:
     ends = [t.datetime_complete for t in g.trials.values() if t.datetime_complete is not None]
     budget = g.spec.get("budget", {}).get("trials") if isinstance(g.spec.get("budget"), dict) else None
     return When(
-        done=sum(1 for r in g.records.values() if r.deployed and not r.baseline),
+        done=trials_done(g.records.values()),
         budget=budget,
         started=min(starts) if starts else None,
         ended=max(ends) if ends else None,

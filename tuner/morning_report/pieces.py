@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from tuner import text
 from tuner.config import ParamValue
 from tuner.models import RequestRecord
 from tuner.morning_report.compute import Distribution, Window
@@ -94,7 +95,7 @@ def section(anchor: str, title: str, body: str) -> str:
 
 
 def settings_text(settings: Mapping[str, ParamValue]) -> str:
-    return ", ".join(f"{k} = {v}" for k, v in sorted(settings.items()))
+    return text.settings_text(settings, separator=", ", equals=" = ")
 
 
 def fmt(value: float | None) -> str:
@@ -114,12 +115,7 @@ def ratio_text(ratio: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if minutes < 120:
-        return f"{minutes:.0f} min"
-    return f"{minutes / 60:.1f} h"
+    return text.duration_text(seconds, style="rough")
 
 
 def distribution_text(values: Distribution | None) -> str:

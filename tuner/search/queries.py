@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import ParamValue
 from tuner.observers import StudyObserver
 from tuner.study_record import TrialRecord
+from tuner.study_view import trials_done
 
 __all__ = [
     "BestSoFar",
@@ -40,8 +41,7 @@ def own_baseline(study: optuna.Study, host: str | None) -> FrozenTrial | None:
 
 def deployed_trials(study: optuna.Study) -> int:
     """Trials after the baseline that were deployed, on any host."""
-    records = map(TrialRecord.of, study.get_trials(deepcopy=False))
-    return sum(1 for record in records if record.deployed and not record.baseline)
+    return trials_done(map(TrialRecord.of, study.get_trials(deepcopy=False)))
 
 
 def claimed_trials(study: optuna.Study) -> int:
