@@ -41,8 +41,8 @@ class Applied:
     host: str | None = None  # a fleet's host; None for a one-host study
 
 
-def _chosen_row(run_path: Path, trial: int | None) -> LeaderboardRow:
-    board = build_leaderboard(StudyView.open(RunDirectory(run_path)))
+def _chosen_row(run_path: Path, trial: int | None, storage_url: str | None) -> LeaderboardRow:
+    board = build_leaderboard(StudyView.open(RunDirectory(run_path), storage_url))
     if trial is None:
         if board.recommendation.row is None:
             raise StudyError(
@@ -109,6 +109,7 @@ async def apply_to_hosts(
     hosts: Sequence[str] | None,
     say: Callable[[str], None],
     applied: Callable[[Applied], None],
+    storage_url: str | None = None,
 ) -> list[Applied]:
     """Makes the chosen trial (the recommendation, or `trial`) the host's own after a verification run, or
     a fleet's hosts' (those named, else every one), one after another, as a rollout. The trial is chosen
@@ -116,7 +117,7 @@ async def apply_to_hosts(
     first host where it fails is back on its baseline and stops the rollout: the error (a failed
     verification run) or a line said before it (anything else, Ctrl-C included) names the hosts that keep
     the trial and those not tried."""
-    row = _chosen_row(run_path, trial)
+    row = _chosen_row(run_path, trial, storage_url)
     if not spec.hosts and not hosts:
         plans = [_plan(spec, base_dir, run_path, row, None)]
     else:

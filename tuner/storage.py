@@ -26,7 +26,6 @@ __all__ = [
     "holds_study",
     "open_optuna_study_readonly",
     "open_storage",
-    "override_storage",
     "recorded_storage",
     "remember_url",
     "shown_url",
@@ -43,8 +42,6 @@ _SCHEMA_TRIES = 5
 # run directory records is the latter, and a reader in this process (the leaderboard at the end of a run,
 # the morning report rewritten after each trial) opens the storage with the former. Memory only.
 _KNOWN_URLS: dict[str, str] = {}
-# `--storage URL` of leaderboard, report and status: read instead of the URL the run directory records.
-_OVERRIDE: list[str] = []
 
 
 def remember_url(url: str) -> str:
@@ -52,12 +49,6 @@ def remember_url(url: str) -> str:
     shown = shown_url(url)
     _KNOWN_URLS[shown] = url
     return shown
-
-
-def override_storage(url: str) -> None:
-    """The storage that readers of a run directory open instead of the one it records (`--storage URL`)."""
-    remember_url(url)
-    _OVERRIDE[:] = [url]
 
 
 def _parse(url: str) -> Any:
@@ -150,12 +141,14 @@ def recorded_storage(run_path: Path) -> tuple[str | None, str | None]:
     storage = stored.get("storage")
     name = stored.get("name") if isinstance(stored.get("name"), str) else None
     url = storage.get("url") if isinstance(storage, dict) and isinstance(storage.get("url"), str) else None
-    return (_OVERRIDE[0] if _OVERRIDE else url), name
+    return url, name
 
 
-def holds_study(run_path: Path) -> bool:
-    """Whether a run directory holds a study: its journal, or a spec.json naming the storage that holds it."""
-    return RunDirectory(run_path).journal.is_file() or recorded_storage(run_path)[0] is not None
+def holds_study(run_path: Path, storage_url: str | None = None) -> bool:
+    """Whether a run directory holds a study: its journal, or a storage holding it (`storage_url`, the
+    `--storage` a reader was given, or the one its spec.json names)."""
+    run_dir = RunDirectory(run_path)
+    return run_dir.journal.is_file() or storage_url is not None or recorded_storage(run_path)[0] is not None
 
 
 def has_measured_trials(

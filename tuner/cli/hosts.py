@@ -23,12 +23,12 @@ def apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.config import load_study
     from tuner.search import fleet_hosts
 
-    use_storage(args)
+    storage_url = use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
     if args.hosts:
         fleet_hosts(spec, args.hosts)  # a wrong --host is the user's mistake (exit 2), run directory or not
     run_path = args.runs_dir / spec.name
-    if not holds_study(run_path):
+    if not holds_study(run_path, storage_url):
         raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
 
     received: list[int] = []
@@ -50,7 +50,14 @@ def apply(args: argparse.Namespace, console: Console) -> int:
     async def main() -> list[Applied]:
         stop_on_signals(received)
         return await apply_to_hosts(
-            spec, base_dir, run_path, trial=args.trial, hosts=args.hosts, say=console.print, applied=applied
+            spec,
+            base_dir,
+            run_path,
+            trial=args.trial,
+            hosts=args.hosts,
+            say=console.print,
+            applied=applied,
+            storage_url=storage_url,
         )
 
     done = run_stoppable(main(), received)

@@ -24,18 +24,21 @@ if TYPE_CHECKING:
 __all__ = ["holds_study", "leaderboard", "report", "show", "status", "use_storage"]
 
 
-def use_storage(args: argparse.Namespace) -> None:
-    """`--storage URL` for the commands that read a run directory: its password becomes a secret at once."""
-    if getattr(args, "storage", None):
-        from tuner.storage import override_storage
+def use_storage(args: argparse.Namespace) -> str | None:
+    """`--storage URL` of the commands that read a run directory, read instead of the storage it records;
+    its password becomes a secret at once."""
+    url: str | None = getattr(args, "storage", None)
+    if url:
+        from tuner.storage import remember_url
 
-        override_storage(args.storage)
+        remember_url(url)
+    return url or None
 
 
-def holds_study(run_path: Path) -> bool:
+def holds_study(run_path: Path, storage_url: str | None = None) -> bool:
     from tuner.storage import holds_study as stored_study
 
-    return stored_study(run_path)
+    return stored_study(run_path, storage_url)
 
 
 def status(args: argparse.Namespace, console: Console) -> int:
@@ -43,12 +46,12 @@ def status(args: argparse.Namespace, console: Console) -> int:
 
     from tuner.status import controller_statuses, run_status
 
-    use_storage(args)
+    storage_url = use_storage(args)
     status = run_status(args.run_dir)
     # A fleet's controllers sharing the directory (`--host`): each one's own progress, beside the directory's
     # one controller's where a run without --host left it.
     controllers = controller_statuses(args.run_dir, now=status.now)
-    fleet = _fleet_status(args.run_dir)
+    fleet = _fleet_status(args.run_dir, storage_url)
     if args.json:
         own = status.as_json()
         if controllers and status.progress is None and not status.running:
@@ -77,7 +80,7 @@ def status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
+def _fleet_status(run_path: Path, storage_url: str | None) -> list[dict[str, Any]] | None:
     """A fleet's hosts, read from the storage the run directory records (None: not a fleet's run)."""
     from tuner.runs import RunDirectory
 
@@ -88,7 +91,7 @@ def _fleet_status(run_path: Path) -> list[dict[str, Any]] | None:
     from tuner.storage import open_optuna_study_readonly
 
     try:
-        return fleet_summary(open_optuna_study_readonly(RunDirectory(run_path)))
+        return fleet_summary(open_optuna_study_readonly(RunDirectory(run_path), storage_url))
     except StudyError:
         return None
 
@@ -102,6 +105,7 @@ def show(
     wide: bool = False,
     as_json: bool = False,
     show_all: str = "--wide shows all",
+    storage_url: str | None = None,
 ) -> Leaderboard:
     """Shows the leaderboard (a table, or JSON on stdout) and writes the report files asked for; their
     paths are checked before the study is read, so a bad one is refused with nothing shown or written."""
@@ -116,7 +120,7 @@ def show(
             check_report_path(flag, path, study_files=study_files)
     if csv is not None and parquet is not None and check_output(csv) == check_output(parquet):
         raise ConfigError(f"--csv and --parquet both name {csv}: one would replace the other; pass two file names")
-    study = open_optuna_study_readonly(RunDirectory(run_path))
+    study = open_optuna_study_readonly(RunDirectory(run_path), storage_url)
     board = build_leaderboard(study)
     if as_json:
         console.file.write(leaderboard_document(board).model_dump_json(indent=2) + "\n")
@@ -133,16 +137,24 @@ def show(
 
 
 def leaderboard(args: argparse.Namespace, console: Console) -> int:
-    use_storage(args)
-    if not holds_study(args.run_dir):
+    storage_url = use_storage(args)
+    if not holds_study(args.run_dir, storage_url):
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
-    show(args.run_dir, console, csv=args.csv, parquet=args.parquet, wide=args.wide, as_json=args.json)
+    show(
+        args.run_dir,
+        console,
+        csv=args.csv,
+        parquet=args.parquet,
+        wide=args.wide,
+        as_json=args.json,
+        storage_url=storage_url,
+    )
     return 0
 
 
 def report(args: argparse.Namespace, console: Console) -> int:
-    use_storage(args)
-    if not holds_study(args.run_dir):
+    storage_url = use_storage(args)
+    if not holds_study(args.run_dir, storage_url):
         raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
     out = args.out if args.out is not None else args.run_dir / "report.html"
     study_files = [args.run_dir / name for name in STUDY_FILES]  # never to be overwritten by a report
@@ -151,5 +163,5 @@ def report(args: argparse.Namespace, console: Console) -> int:
     check_not_in_run_directory(out, args.run_dir)
     from tuner.morning_report import write_report
 
-    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files)}", markup=False)
+    console.print(f"wrote {write_report(args.run_dir, out, inputs=study_files, storage_url=storage_url)}", markup=False)
     return 0

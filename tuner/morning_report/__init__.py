@@ -29,17 +29,23 @@ REPORT_NAME = "report.html"
 
 
 def write_report(
-    run_path: Path, out: Path | None = None, *, inputs: Iterable[Path] = (), memo: ReportMemo | None = None
+    run_path: Path,
+    out: Path | None = None,
+    *,
+    inputs: Iterable[Path] = (),
+    memo: ReportMemo | None = None,
+    storage_url: str | None = None,
 ) -> Path:
     """Writes the report atomically (a reader never sees half a page) and returns its path. `memo`: what an
-    earlier page of the same run already read (`ReportWriter` keeps one)."""
+    earlier page of the same run already read (`ReportWriter` keeps one); `storage_url`: `--storage`, read
+    instead of the storage the run directory records."""
     target = out if out is not None else run_path / REPORT_NAME
-    write_atomic(target, render_report(run_path, memo=memo).encode(), inputs=inputs)
+    write_atomic(target, render_report(run_path, memo=memo, storage_url=storage_url).encode(), inputs=inputs)
     return target
 
 
-def render_report(run_path: Path, *, memo: ReportMemo | None = None) -> str:
-    return page(compute_report(gather_run(run_path, memo if memo is not None else ReportMemo())))
+def render_report(run_path: Path, *, memo: ReportMemo | None = None, storage_url: str | None = None) -> str:
+    return page(compute_report(gather_run(run_path, memo if memo is not None else ReportMemo(), storage_url)))
 
 
 class ReportWriter(NullObserver):

@@ -129,8 +129,8 @@ class Gathered:
         return None, ("too big" if too_big else "unreadable" if path.exists() else "missing"), size
 
 
-def gather_run(run_path: Path, memo: ReportMemo) -> Gathered:
-    study = open_optuna_study_readonly(RunDirectory(run_path))
+def gather_run(run_path: Path, memo: ReportMemo, storage_url: str | None = None) -> Gathered:
+    study = open_optuna_study_readonly(RunDirectory(run_path), storage_url)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     return Gathered(
         run_path=run_path,
