@@ -4,7 +4,7 @@ morning report names without loading the deployers).
 
 The plugins behind these names import pydantic, httpx, asyncssh, numpy, pandas or scipy, seconds on a
 small machine; `tuner --help`, a command's `--help`, `tuner kinds` and a mistyped flag need only the
-names. So they live here, importing nothing, and tests/test_startup.py checks them against the
+names. So they live here, importing nothing, and tests/fast/test_startup.py checks them against the
 registries: a plugin registered without its name here fails that test.
 """
 

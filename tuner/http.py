@@ -15,6 +15,6 @@ __all__ = ["tls_context"]
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    import httpx  # on use: `tuner --help` imports no httpx (tests/test_startup.py)
+    import httpx  # on use: `tuner --help` imports no httpx (tests/fast/test_startup.py)
 
     return httpx.create_ssl_context()

@@ -2,7 +2,7 @@
 and the function that runs it, named as `module:function` and imported only when the command runs.
 
 The parser is built from this table alone (`tuner.cli.parser`), so `tuner --help` and a mistyped flag load
-none of the commands' modules; tests/test_startup.py checks it.
+none of the commands' modules; tests/fast/test_startup.py checks it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Read-only questions about a study's trials: a host's baseline, the trials the budget counts, the settings
-measured before, the trials the confirmation re-measures; and the best so far that the observer is told."""
+measured before; and the best so far that the observer is told (the confirmation's candidates are
+`tuner.study_view`'s)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def measured_settings(study: optuna.Study) -> dict[tuple[tuple[str, Any], ...], 
 
 class BestSoFar:
     """Tells the observer the best measured trial whenever it changes: the highest finite score of the
-    completed trials that break no constraint, the baseline aside (what the confirmation picks from)."""
+    completed trials that break no constraint, the baseline aside."""
 
     def __init__(self, study: optuna.Study, observer: StudyObserver) -> None:
         self.study = study
