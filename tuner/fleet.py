@@ -33,8 +33,8 @@ from tuner.study_record import (
     INTERRUPTED,
     LEASE_KEY,
     TrialRecord,
+    end_trial,
     new_trial_attrs,
-    update_trial_record,
 )
 from tuner.study_view import StudyView
 
@@ -91,8 +91,7 @@ def _fail(study: optuna.Study, trial: FrozenTrial, reason: str, *, again: bool) 
     """Fails one RUNNING trial with `reason`; True if this call did (a peer may have been first)."""
     live = optuna.Trial(study, trial._trial_id)
     try:
-        update_trial_record(live, fail_reason=reason)
-        study.tell(live, state=TrialState.FAIL)
+        end_trial(study, live, state=TrialState.FAIL, fail_reason=reason)
     except (ValueError, RuntimeError):  # finished meanwhile, by its controller or by a peer
         return False
     record = TrialRecord.of(trial)

@@ -10,17 +10,19 @@ of being read wrongly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Self, TypeVar
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from tuner.config import ParamValue
 from tuner.errors import StudyError
+from tuner.faults import crash_point
 
 __all__ = [
+    "end_trial",
     "HOST_KEY_PREFIX",
     "INTERRUPTED",
     "LEASE_KEY",
@@ -256,3 +258,24 @@ def _legacy_fields(model: type[_Record], attrs: Mapping[str, Any]) -> dict[str, 
             if key.startswith(_LEGACY_CONFIRMATION) and key.removeprefix(_LEGACY_CONFIRMATION).isdigit()
         }
     return fields
+
+
+def end_trial(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    values: float | Sequence[float] | None = None,
+    *,
+    state: TrialState | None = None,
+    first_score: float | None = None,
+    **record: Any,
+) -> None:
+    """Writes `record` to the trial's record, then tells Optuna `values` or `state` (as `Study.tell`).
+    `first_score`: reported as the trial's step 0 before the tell (the baseline's, which the pruner
+    compares later first rounds with)."""
+    if record:
+        update_trial_record(trial, **record)
+    if "score" in record:  # a measured outcome, written and not yet told: what the crash tests interrupt
+        crash_point("before-tell")
+    if first_score is not None:
+        trial.report(first_score, step=0)
+    study.tell(trial, values, state=state)

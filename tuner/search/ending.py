@@ -1,49 +1,25 @@
-"""The one place a trial ends: its outcome written to its record (one journal write), then told to Optuna.
-
-Every way a trial ends goes through `end_trial`: measured and scored (`finish_measured`), failed, pruned
-after its first round, skipped before deployment, told an earlier trial's values, or interrupted."""
+"""How the loop's trials end: measured and scored (`finish_measured`), failed, pruned after their first
+round, skipped before deployment, told an earlier trial's values, or interrupted, each through
+`tuner.study_record.end_trial` (the record written, then told to Optuna), as a fleet's stale trials are."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.config import StudySpec
 from tuner.errors import MeasurementError
-from tuner.faults import crash_point
 from tuner.scoring import median_metrics, noisy_metrics, objective_terms, score_round
-from tuner.study_record import update_trial_record
+from tuner.study_record import end_trial
 
 __all__ = ["Finished", "end_trial", "finish_measured", "record_constraints", "skip_trial"]
 
 Metrics = Mapping[str, float | None]
-
-
-def end_trial(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    values: float | Sequence[float] | None = None,
-    *,
-    state: TrialState | None = None,
-    first_score: float | None = None,
-    **record: Any,
-) -> None:
-    """Writes `record` to the trial's record, then tells Optuna `values` or `state` (as `Study.tell`).
-    `first_score`: reported as the trial's step 0 before the tell (the baseline's, which the pruner
-    compares later first rounds with)."""
-    if record:
-        update_trial_record(trial, **record)
-    if "score" in record:  # a measured outcome, written and not yet told: what the crash tests interrupt
-        crash_point("before-tell")
-    if first_score is not None:
-        trial.report(first_score, step=0)
-    study.tell(trial, values, state=state)
 
 
 def skip_trial(study: optuna.Study, trial: optuna.Trial, reason: str) -> str:
