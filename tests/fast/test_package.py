@@ -140,7 +140,9 @@ def test_the_search_loop_imports_neither_the_fleet_nor_the_deployers() -> None:
     # a deployer is the trial runner's, handed to it. Checked on what importing the loop loads, not its lines.
     code = "import sys, tuner.search.loop; print(' '.join(sorted(sys.modules)))"
     loaded = set(
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        ).stdout.split()
     )
     assert {"tuner.search.loop", "tuner.search.peers", "tuner.trial_runner"} <= loaded
     assert not {m for m in loaded if m in ("tuner.fleet", "tuner.search.fleet_peers", "tuner.search.entry")}
