@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of the pure modules (tuner/scoring.py, tuner/metrics.py, tuner/config.py and the
+# Mutation testing of the pure modules (tuner/scoring.py, tuner/metrics.py, tuner/config/ and the
 # unit-file rendering functions of tuner/deployers/systemd/unit_file.py) with mutmut, then the score per
 # module.
 #

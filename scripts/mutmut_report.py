@@ -30,7 +30,9 @@ MIN_SCORE = 0.85
 SCOPE: dict[str, frozenset[str] | None] = {
     "tuner/scoring.py": None,
     "tuner/metrics.py": None,
-    "tuner/config.py": None,
+    "tuner/config/reading.py": None,
+    "tuner/config/study.py": None,
+    "tuner/config/space.py": None,
     "tuner/deployers/systemd/unit_file.py": frozenset(
         {
             "quote_unit_word",
