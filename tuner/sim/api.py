@@ -10,7 +10,9 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.sim.model import SimSettings, SimTask, SimulatedLlamaServer
+from tuner.sim.inputs import SimSettings
+from tuner.sim.model import SimulatedLlamaServer
+from tuner.sim.slots import SimTask
 
 __all__ = [
     "final_answer",

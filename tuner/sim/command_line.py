@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.sim.model import NoiseModel, SimSettings, load_cost_model
+from tuner.sim.inputs import NoiseModel, SimSettings, load_cost_model
 
 __all__ = ["USAGE", "CommandLine", "CommandLineError", "Fault", "parse_command_line", "parse_fault"]
 
