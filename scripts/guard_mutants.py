@@ -13,7 +13,7 @@ Each catalogue entry:
     [[mutant]]
     name = "systemd-verify-pending-reload"         # unique, kebab-case
     guard = "a trial with a pending daemon-reload is refused"
-    file = "tuner/deployers/systemd.py"
+    file = "tuner/deployers/systemd/start.py"
     find = 'if after["NeedDaemonReload"] != "no":'  # must occur exactly once in the file
     replace = "if False:"
     tests = ["tests/real/test_systemd_deployer.py::test_the_verification_refuses_..."]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of the pure modules (tuner/scoring.py, tuner/metrics.py, tuner/config.py and the
-# unit-file rendering functions of tuner/deployers/systemd.py) with mutmut, then the score per module.
+# Mutation testing of the pure modules (tuner/scoring.py, tuner/metrics.py, tuner/config/ and the
+# unit-file rendering functions of tuner/deployers/systemd/unit_file.py) with mutmut, then the score per
+# module.
 #
 #   source scripts/bootstrap.sh dev && scripts/mutmut.sh            # a fresh run and the report
 #   scripts/mutmut.sh --diffs                                        # the report with each survivor's diff

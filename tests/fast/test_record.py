@@ -526,7 +526,7 @@ def test_a_full_disk_while_recording_is_its_own_line_not_a_listen_failure(
     def full_disk(path: Path, data: bytes, **_: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr("tuner.record.write_atomic", full_disk)
+    monkeypatch.setattr("tuner.record.proxy.write_atomic", full_disk)
     options = RecorderOptions(
         upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0, checkpoint_s=0.05
     )

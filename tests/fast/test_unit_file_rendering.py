@@ -1,7 +1,7 @@
 """The systemd deployer's unit-file text, without a host: what our drop-in and secrets file say, how a
 value is quoted so systemd reads back exactly it, and how `systemctl show` output is read back.
 
-These are the pure functions of `tuner/deployers/systemd.py`; the deployer's tests against a real
+These are the pure functions of `tuner/deployers/systemd/unit_file.py`; the deployer's tests against a real
 systemd (tests/real/test_systemd_deployer.py) check that systemd reads this text as meant. Here each rule
 is pinned on its own, so that scripts/mutmut.sh can tell which one a change broke.
 """

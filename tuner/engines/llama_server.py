@@ -7,8 +7,6 @@ without a tokenizer round trip, and `ignore_eos` makes every answer exactly as l
 from __future__ import annotations
 
 import copy
-import json
-import json.scanner
 import os
 import re
 import socket
@@ -23,200 +21,52 @@ from pydantic_core import PydanticCustomError
 
 from tuner import assets
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import (
-    ENGINES,
-    HttpCall,
-    Knob,
-    KnobbedEngine,
-    StreamEvent,
-    check_paths_for,
-    render_env_value,
+from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for, render_env_value
+from tuner.engines.llama_server_api import (
+    completion_body,
+    flush_requests,
+    parse_probe_answer,
+    parse_stream_line,
+    parse_version,
+    probe_body,
+    round_counters,
+)
+from tuner.engines.llama_server_knobs import (
+    LLAMA_SERVER_KNOBS,
+    LLAMA_SERVER_LISTEN,
+    LLAMA_SERVER_METRICS,
+    LORA_POLICIES,
 )
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.metrics import MetricInfo
-from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
+from tuner.models import LaunchSpec, ReplayRequest, ServerCommand, TaskTimeline
 from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
-# common/arg.cpp, when a flag and its environment variable are both given.
-_OVERWRITTEN_BY_FLAG = re.compile(
-    r"(?P<env>LLAMA_ARG_\w+) environment variable is set, but will be overwritten by command line argument "
-    r"(?P<flag>\S+)"
-)
-
-__all__ = ["LLAMA_SERVER_KNOBS", "LORA_POLICIES", "SIMULATED", "LlamaServerEngine", "LlamaServerOptions"]
+__all__ = [
+    "LLAMA_SERVER_KNOBS",
+    "LLAMA_SERVER_LISTEN",
+    "LLAMA_SERVER_METRICS",
+    "LORA_POLICIES",
+    "SIMULATED",
+    "LlamaServerEngine",
+    "LlamaServerOptions",
+]
 
 # `engine.binary = "simulated"`: the simulated llama-server (tuner.sim), installed beside the controller's
 # Python as a program of the same package; it runs where the controller runs (a local host).
 SIMULATED = "simulated"
 _SIMULATOR_PROGRAM = "tuner-sim-llama-server"
 
-LORA_POLICIES = ("as_recorded", "all_on", "all_off")
-
-LLAMA_SERVER_KNOBS: dict[str, Knob] = {
-    knob.name: knob
-    for knob in (
-        Knob(
-            name="n_batch",
-            value_type="int",
-            env="LLAMA_ARG_BATCH",
-            flag="-b",
-            other_flags=("--batch-size",),
-            minimum=1,
-            description="Logical batch: most tokens per server loop iteration, all slots together.",
-        ),
-        Knob(
-            name="n_ubatch",
-            value_type="int",
-            env="LLAMA_ARG_UBATCH",
-            flag="-ub",
-            other_flags=("--ubatch-size",),
-            minimum=1,
-            description="Physical micro-batch.",
-        ),
-        Knob(
-            name="n_parallel",
-            value_type="int",
-            env="LLAMA_ARG_N_PARALLEL",
-            flag="-np",
-            other_flags=("--parallel",),
-            minimum=1,
-            description="Slots: requests served at once.",
-        ),
-        Knob(
-            name="kv_unified",
-            value_type="bool",
-            env="LLAMA_ARG_KV_UNIFIED",
-            flag="--kv-unified",
-            other_flags=(
-                "-kvu",
-                "-no-kvu",
-                "--no-kv-unified",
-            ),
-            description="One KV buffer shared by all slots.",
-        ),
-        Knob(
-            name="cache_ram",
-            value_type="int",
-            env="LLAMA_ARG_CACHE_RAM",
-            flag="--cache-ram",
-            other_flags=("-cram",),
-            minimum=-1,
-            description="Host-RAM prompt cache in MiB (-1 no limit, 0 off).",
-        ),
-        Knob(
-            name="ctx_size",
-            value_type="int",
-            env="LLAMA_ARG_CTX_SIZE",
-            flag="-c",
-            other_flags=("--ctx-size",),
-            minimum=0,
-            description="Total KV tokens over all slots.",
-        ),
-        Knob(
-            name="threads",
-            value_type="int",
-            env="LLAMA_ARG_THREADS",
-            flag="-t",
-            other_flags=("--threads",),
-            minimum=-1,
-            description="Generation threads.",
-        ),
-        Knob(
-            name="cont_batching",
-            value_type="bool",
-            env="LLAMA_ARG_CONT_BATCHING",
-            flag="-cb",
-            other_flags=(
-                "--cont-batching",
-                "-nocb",
-                "--no-cont-batching",
-            ),
-            description="Mix prefill into decode iterations.",
-        ),
-        Knob(
-            name="cache_prompt",
-            value_type="bool",
-            env="LLAMA_ARG_CACHE_PROMPT",
-            flag="--cache-prompt",
-            other_flags=("--no-cache-prompt",),
-            description="Reuse the common prefix of a slot's previous prompt.",
-        ),
-        Knob(
-            name="flash_attn",
-            value_type="str",
-            env="LLAMA_ARG_FLASH_ATTN",
-            flag="-fa",
-            other_flags=("--flash-attn",),
-            choices=("on", "off", "auto"),
-            description="Flash attention.",
-        ),
-        Knob(
-            name="cache_type_k",
-            value_type="str",
-            env="LLAMA_ARG_CACHE_TYPE_K",
-            flag="-ctk",
-            other_flags=("--cache-type-k",),
-            choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
-            description="KV cache type for K.",
-        ),
-        Knob(
-            name="cache_type_v",
-            value_type="str",
-            env="LLAMA_ARG_CACHE_TYPE_V",
-            flag="-ctv",
-            other_flags=("--cache-type-v",),
-            choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
-            description="KV cache type for V.",
-        ),
-        Knob(
-            name="lora_policy",
-            value_type="str",
-            choices=LORA_POLICIES,
-            scope="request",
-            description="as_recorded: each request's own adapters; all_on: every request gets the workload's "
-            "most common adapter setting; all_off: no request gets an adapter. Slots whose settings differ "
-            "cannot share a batch.",
-        ),
-    )
-}
-
-# What `round_counters` adds to a round, from llama-server's /metrics.
-LLAMA_SERVER_METRICS: dict[str, MetricInfo] = {
-    info.name: info
-    for info in (
-        MetricInfo(
-            name="server_decode_calls",
-            unit="",
-            better="lower",
-            description="Server loop iterations (llama_decode calls) during the round, from /metrics.",
-        ),
-        MetricInfo(
-            name="server_tokens_per_decode",
-            unit="tok",
-            better="higher",
-            description="Prompt and generated tokens per decode call: the average batch the server ran.",
-        ),
-    )
-}
-
-
-# A partial chunk as this build sends it (keys in this order), read without a JSON parser: one arrives per
-# token, and at a thousand streams parsing them is most of the client's work. Anything else (the final
-# chunk, errors, another key order) goes through the JSON parser. Quotes inside `content` are escaped,
-# so the pattern cannot match text the model wrote.
-_PARTIAL_CHUNK = re.compile(
-    r'data: ?\{"index":\d+,"content":"(?:[^"\\]|\\.)*","tokens":\[([\d,]*)\],"stop":false,"id_slot":-?\d+,'
-    r'"tokens_predicted":(\d+),"tokens_evaluated":\d+\}\s*$'
-)
-
-# One event per streamed token: the C scanner without json.loads' wrapper takes half the time.
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed names it oddly
-
 # Ids below 100 hold SmolLM2's and most vocabularies' special tokens; 30000 fits any vocabulary of
 # 32K or more, so synthesized prompts never contain a control token.
 _PROMPT_TOKEN_RANGE = (100, 30000)
+# common/arg.cpp, when a flag and its environment variable are both given.
+_OVERWRITTEN_BY_FLAG = re.compile(
+    r"(?P<env>LLAMA_ARG_\w+) environment variable is set, but will be overwritten by command line argument "
+    r"(?P<flag>\S+)"
+)
 _N_SLOTS = re.compile(r"load_model: initializing, n_slots = (\d+)")
 # The line the server writes once its model is loaded and it serves, stamped minutes.seconds.ms.us since start.
 _LISTENING = re.compile(r"(?:^|\s)(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) I srv +\w+: listening on ", re.MULTILINE)
@@ -281,19 +131,6 @@ def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: st
     return str(found)
 
 
-# What llama-server reads its model and address from (common/arg.cpp): a flag wins over its variable.
-LLAMA_SERVER_LISTEN = ListenRule(
-    host_flags=("--host",),
-    port_flags=("--port",),
-    model_flags=("-m", "--model"),
-    host_env="LLAMA_ARG_HOST",
-    port_env="LLAMA_ARG_PORT",
-    model_env="LLAMA_ARG_MODEL",
-    default_host="127.0.0.1",
-    default_port=8080,
-)
-
-
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -331,6 +168,10 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     @property
     def _unit_command(self) -> bool:
         return self._command is ServerCommand.UNIT
+
+    @property
+    def _adapters(self) -> list[str]:
+        return list(self._options.lora_adapters)  # an adapter's id in a request is its place here
 
     def request_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
@@ -379,9 +220,8 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
                 continue
             assert knob.env is not None
             env[knob.env] = render_env_value(knob, value)
-        # The adapter flags have no environment variable. Each adapter is loaded at global scale 0, so a
-        # request without a `lora` field runs without it, as on a server that hosts adapters for some
-        # clients. (--lora-init-without-apply does not do that: the global scale stays 1.0, tested.)
+        # The adapter flags have no environment variable; each adapter is loaded at global scale 0, applied
+        # only by a request's own `lora` field (docs/architecture.md, "The llama-server engine").
         lora_args: list[str] = []
         for name, configured in self._options.lora_adapters.items():
             if self.simulated and configured == "auto":
@@ -470,10 +310,6 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         most_common = used.most_common(1)[0][0]
         return [r.model_copy(update={"lora": most_common}) for r in requests]
 
-    def _lora_field(self, lora: tuple[tuple[str, float], ...]) -> list[dict[str, object]]:
-        ids = {name: index for index, name in enumerate(self._options.lora_adapters)}
-        return [{"id": ids[name], "scale": scale} for name, scale in lora]
-
     def ignored_settings(self, startup_log: str) -> str | None:
         by_env = {knob.env: knob for knob in self.knobs.values() if knob.env}
         for match in _OVERWRITTEN_BY_FLAG.finditer(startup_log):
@@ -486,12 +322,8 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return None
 
     def reuse_refusal(self, settings: Mapping[str, ParamValue]) -> str | None:
-        # A slot's cache is cleared by a request with an unrelated prompt (`flush_requests`): the slot keeps
-        # no token of the earlier prompt. The host-RAM prompt cache (cache_ram, on by default) is not: the
-        # server saves each displaced slot into it and no endpoint empties it. What it holds is of no use to
-        # a reused round, which replays a variant of its prompts that begins with none of its earlier
-        # rounds' tokens (`tuner.server_reuse.Servers.deploy`): the server restores a cached prompt only where at
-        # least a quarter of its tokens begin the new one (server_prompt_cache::load).
+        # `flush_requests` clears every slot; what the host-RAM prompt cache keeps, a reused round's variant
+        # of its prompts cannot use (docs/architecture.md, "The llama-server engine").
         return None
 
     def startup_s(self, log: str) -> float | None:
@@ -506,24 +338,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return int(found[-1]) if found else None
 
     def flush_requests(self, slots: int) -> list[ReplayRequest]:
-        # Token ids no synthesized round starts with in the same place (the warm-up uses the first 16):
-        # each shares at most a chance token with a round's prompt, below the slot-similarity threshold,
-        # so each goes to the least recently used idle slot and replaces what it held, from position 0.
-        low, high = self.prompt_token_range()
-        requests = []
-        for index in range(slots):
-            first = low + (16 * (index + 1)) % max(16, high - low - 16)
-            requests.append(
-                ReplayRequest(
-                    request_id=f"slot-flush-{index}",
-                    session=f"slot-flush-{index}",
-                    offset_s=0.0,
-                    prompt_token_ids=tuple(range(first, first + 16)),
-                    output_tokens=1,
-                    tag="slot-flush",
-                )
-            )
-        return requests
+        return flush_requests(slots, self.prompt_token_range())
 
     def check_lora_adapters(self, names: set[str]) -> None:
         missing = sorted(names - set(self._options.lora_adapters))
@@ -534,45 +349,21 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             )
 
     def build_request(self, request: ReplayRequest) -> HttpCall:
-        body: dict[str, object] = {
-            "prompt": list(request.prompt_token_ids),
-            "n_predict": request.output_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "cache_prompt": True,
-            "temperature": 0.0,
-        }
-        if request.lora is not None:
-            body["lora"] = self._lora_field(request.lora)
-        return HttpCall(method="POST", path="/completion", json=body)
+        return HttpCall(method="POST", path="/completion", json=completion_body(request, self._adapters))
 
     def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
-        body: dict[str, object] = {
-            "prompt": prompt,
-            "n_predict": tokens,
-            "temperature": 0.0,
-            "stream": False,
-            # Computed afresh whatever a slot or the host-RAM prompt cache holds: a cached state of the same
-            # prompt may have been computed under another adapter setting (the LoRA answer check asks each
-            # probe under two), and the server matches cached prompts by their tokens alone.
-            "cache_prompt": False,
-            "return_tokens": True,
-        }
-        if lora is not None:
-            body["lora"] = self._lora_field(lora)
+        body = probe_body(prompt, tokens=tokens, adapters=self._adapters, lora=lora)
         return HttpCall(method="POST", path="/completion", json=body)
 
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
-        tokens = body.get("tokens")
-        return tuple(int(t) for t in tokens) if isinstance(tokens, list) else ()
+        return parse_probe_answer(body)
 
     @property
     def version_path(self) -> str:
         return "/props"
 
     def parse_version(self, body: Mapping[str, Any]) -> str | None:
-        build = body.get("build_info")  # "b11434-abcdef0"; the startup log does not say it at -lv 3
-        return build if isinstance(build, str) and build else None
+        return parse_version(body)
 
     def parse_log(self, lines: Iterable[str]) -> list[TaskTimeline]:
         return parse_llama_server_log(lines)
@@ -582,59 +373,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return "/metrics"
 
     def round_counters(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
-        def delta(name: str) -> float | None:
-            key = f"llamacpp:{name}"
-            return after[key] - before.get(key, 0.0) if key in after else None
-
-        decodes, prompt, predicted = (
-            delta("n_decode_total"),
-            delta("prompt_tokens_total"),
-            delta("tokens_predicted_total"),
-        )
-        per_decode = (
-            (prompt + predicted) / decodes if decodes and prompt is not None and predicted is not None else None
-        )
-        return {"server_decode_calls": decodes, "server_tokens_per_decode": per_decode}
+        return round_counters(before, after)
 
     def parse_stream_line(self, line: str) -> StreamEvent | None:
-        if not line.startswith("data:"):
-            return None
-        partial = _PARTIAL_CHUNK.match(line)
-        if partial is not None:
-            ids = tuple(map(int, partial[1].split(","))) if partial[1] else ()
-            return StreamEvent(tokens=len(ids), tokens_so_far=int(partial[2]), token_ids=ids)
-        payload = line[5:].strip()
-        if not payload or payload == "[DONE]":
-            return None
-        try:
-            chunk, end = _scan_json(payload, 0)
-        except (StopIteration, json.JSONDecodeError):
-            end = -1
-        if end != len(payload) or not isinstance(chunk, dict):
-            return StreamEvent(error=f"unreadable stream chunk: {payload[:80]}")
-        if "error" in chunk:
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            return StreamEvent(error=str(message), done=True)
-        tokens = chunk.get("tokens")
-        ids = tuple(tokens) if isinstance(tokens, list) else ()
-        count = len(ids) if isinstance(tokens, list) else (1 if chunk.get("content") else 0)
-        so_far = chunk.get("tokens_predicted")
-        so_far = so_far if isinstance(so_far, int) else None
-        if not chunk.get("stop"):
-            return StreamEvent(tokens=count, tokens_so_far=so_far, token_ids=ids)
-        timings = chunk.get("timings") or {}
-        return StreamEvent(
-            tokens=count,
-            tokens_so_far=so_far,
-            token_ids=ids,
-            done=True,
-            timings=ServerTimings(
-                cache_n=int(timings.get("cache_n", 0)),
-                prompt_n=int(timings.get("prompt_n", 0)),
-                prompt_ms=float(timings.get("prompt_ms", 0.0)),
-                predicted_n=int(timings.get("predicted_n", 0)),
-                predicted_ms=float(timings.get("predicted_ms", 0.0)),
-            ),
-            extra={"stop_type": chunk.get("stop_type"), "id_slot": chunk.get("id_slot")},
-        )
+        return parse_stream_line(line)

@@ -14,7 +14,7 @@ from tuner.errors import ConfigError
 from tuner.metrics import engine_metrics
 from tuner.models import LaunchSpec
 from tuner.search.samplers import check_sampler
-from tuner.sim.server import CommandLineError, parse_command_line
+from tuner.sim.command_line import CommandLineError, parse_command_line
 from tuner.transports.base import TRANSPORTS, Transport, create_transport
 from tuner.trial_runner import PreparedStudy
 from tuner.workloads import load_trace, thin_sessions

@@ -25,8 +25,9 @@ from tuner.files import write_atomic
 from tuner.models import ReplayRequest, RequestRecord, RequestStatus
 from tuner.observers import NullObserver, StudyObserver
 from tuner.runs import RunDirectory
+from tuner.sim.api import text_tokens
+from tuner.sim.command_line import Fault, parse_command_line, parse_fault
 from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, answer_tokens, format_log_line, load_cost_model
-from tuner.sim.server import Fault, _parse_fault, _text_tokens, parse_command_line
 from tuner.sim.virtual import replay_virtual
 from tuner.trial_runner import (
     PreparedStudy,
@@ -48,7 +49,7 @@ _REQUESTS: dict[_RequestsKey, tuple[PreparedStudy, list[ReplayRequest]]] = {}
 
 def parse_faults(specs: Sequence[str]) -> tuple[Fault, ...]:
     """The simulated server's `--sim-fault` specs, e.g. `n_batch=64:die-after=3`."""
-    return tuple(_parse_fault(spec) for spec in specs)
+    return tuple(parse_fault(spec) for spec in specs)
 
 
 @dataclass(kw_only=True)
@@ -162,9 +163,7 @@ class SimulatedTrialRunner:
             body = engine.probe_request(prompt, tokens=tokens, lora=lora).json or {}
             field = body.get("lora")
             pairs = [(int(i["id"]), float(i["scale"])) for i in field] if isinstance(field, list) else None
-            answers.append(
-                tuple(answer_tokens(_text_tokens(str(body["prompt"])), server.normalize_lora(pairs), tokens))
-            )
+            answers.append(tuple(answer_tokens(text_tokens(str(body["prompt"])), server.normalize_lora(pairs), tokens)))
         return answers
 
     async def measure_round(

@@ -11,20 +11,17 @@ from tuner.workloads.synthetic import (
     synthesis_requests,
     synthesize_trace,
 )
-from tuner.workloads.trace import (
+from tuner.workloads.trace import Trace, TraceBuilder
+from tuner.workloads.trace_file import dump_trace, load_trace, trace_lines
+from tuner.workloads.trace_format import (
     MAX_PROMPT_TOKENS,
     TRACE_FORMAT,
     TRACE_VERSION,
     LoraUse,
     PrefixBlock,
     PromptShape,
-    Trace,
-    TraceBuilder,
     TraceHeader,
     TraceRequest,
-    dump_trace,
-    load_trace,
-    trace_lines,
 )
 
 __all__ = [

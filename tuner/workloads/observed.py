@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workloads.trace import (
+from tuner.workloads.trace import Trace
+from tuner.workloads.trace_format import (
     TRACE_FORMAT,
     TRACE_VERSION,
     LoraUse,
     PrefixBlock,
     PromptShape,
-    Trace,
     TraceHeader,
     TraceRequest,
 )

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from tuner.models import AnswerSpan, ReplayRequest
-from tuner.workloads.trace import Trace, TraceRequest
+from tuner.workloads.trace import Trace
+from tuner.workloads.trace_format import TraceRequest
 
 __all__ = ["synthesize_requests", "synthesize_sessions", "thin_sessions"]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from tuner.errors import ConfigError
 from tuner.registry import Registry
-from tuner.workloads.trace import (
+from tuner.workloads.trace import Trace
+from tuner.workloads.trace_format import (
     TRACE_FORMAT,
     TRACE_VERSION,
     PrefixBlock,
     PromptShape,
-    Trace,
     TraceHeader,
     TraceRequest,
 )

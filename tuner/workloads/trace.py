@@ -1,132 +1,31 @@
-"""The trace format (JSONL, version 1): a header line, then one request per line.
-
-    {"format": "serve-tuner-trace", "version": 1, "name": "stall", "description": "..."}
-    {"id": "chat-1.1", "offset_s": 42.0, "session": "chat-1", "turn": 1, "think_s": 8.5,
-     "prompt": {"shared_prefix": [{"block": "system", "tokens": 64}], "history_tokens": 480, "new_tokens": 90},
-     "output_tokens": 300, "lora": [{"adapter": "support", "scale": 1.0}], "tag": "chat"}
-
-Only shapes are stored (token counts, block ids, timings), never message text.
-"""
+"""A trace held as columns (`Trace`: about 100 bytes a request, so that a million-request day fits in a few
+hundred MB), filled a request at a time by `TraceBuilder`; the format of its lines is `trace_format.py`,
+reading and writing its file `trace_file.py`."""
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, ValidationError, model_validator
-from pydantic_core import to_json
 
-from tuner.catalog import MAX_PROMPT_TOKENS
-from tuner.config import StrictModel
-from tuner.errors import WorkloadError
-from tuner.files import special_file
+from tuner.workloads.trace_format import (
+    LoraUse,
+    PrefixBlock,
+    PromptShape,
+    TraceHeader,
+    TraceRequest,
+    shape_problem,
+)
 
-__all__ = [
-    "MAX_PROMPT_TOKENS",
-    "TRACE_FORMAT",
-    "TRACE_VERSION",
-    "PrefixBlock",
-    "PromptShape",
-    "LoraUse",
-    "Trace",
-    "TraceBuilder",
-    "TraceHeader",
-    "TraceRequest",
-    "dump_trace",
-    "load_trace",
-    "trace_lines",
-]
-
-TRACE_FORMAT: Literal["serve-tuner-trace"] = "serve-tuner-trace"
+__all__ = ["Floats", "Ints", "Small", "Trace", "TraceBuilder"]
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Small = npt.NDArray[np.int32]  # token counts, turns, codes: 4 bytes a request
-TRACE_VERSION = 1
-
-# The token limit lives in tuner/catalog.py, where the command line checks it without loading pydantic.
-_MAX_TOKENS = MAX_PROMPT_TOKENS
-# A trace spans at most a year of arrivals.
-MAX_OFFSET_S = 366 * 86_400.0
-
-
-class TraceHeader(StrictModel):
-    format: Literal["serve-tuner-trace"]
-    version: int
-    name: str
-    description: str = ""
-
-
-class PrefixBlock(StrictModel):
-    """A run of tokens shared by every request that names the same block id (a system prompt)."""
-
-    block: str
-    tokens: int = Field(gt=0, le=_MAX_TOKENS)
-
-
-class PromptShape(StrictModel):
-    """A prompt in the order the server sees it: shared prefix blocks, then session history, then new tokens."""
-
-    shared_prefix: list[PrefixBlock] = Field(default_factory=list)
-    history_tokens: int = Field(
-        default=0,
-        ge=0,
-        le=_MAX_TOKENS,
-        description="The session's earlier turns (their prompts and answers) repeated in this prompt: what the "
-        "server can reuse from the cache of the slot that served the previous turn.",
-    )
-    new_tokens: int = Field(
-        ge=0, le=_MAX_TOKENS, description="Tokens no other request has: the part that must be prefilled."
-    )
-
-    @property
-    def prefix_tokens(self) -> int:
-        return sum(b.tokens for b in self.shared_prefix)
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prefix_tokens + self.history_tokens + self.new_tokens
-
-
-class LoraUse(StrictModel):
-    """One adapter applied to a request, by the name the study's engine options map to a file."""
-
-    adapter: str = Field(min_length=1)
-    scale: float = 1.0
-
-
-class TraceRequest(StrictModel):
-    id: str
-    offset_s: float = Field(ge=0, le=MAX_OFFSET_S, description="Arrival time from the start of the trace.")
-    session: str
-    turn: int = Field(default=0, ge=0, le=2**31 - 1)
-    think_s: float = Field(
-        default=0.0, ge=0, le=MAX_OFFSET_S, description="Pause after the session's previous turn ended."
-    )
-    prompt: PromptShape
-    output_tokens: int = Field(gt=0, le=_MAX_TOKENS)
-    lora: list[LoraUse] = Field(default_factory=list, description="Adapters applied; empty: none.")
-    tag: str = "chat"
-    duration_s: float | None = Field(
-        default=None, ge=0, description="How long the request took when recorded; shown, never replayed."
-    )
-    content: dict[str, Any] | None = Field(
-        default=None,
-        description="The request's messages or prompt, only when recorded with --keep-content; kept for the "
-        "user, never replayed (the replay synthesizes prompts of the recorded shape).",
-    )
-
-    @model_validator(mode="after")
-    def _has_prompt(self) -> TraceRequest:
-        if self.prompt.total_tokens == 0:
-            raise ValueError("a prompt needs at least one token")
-        return self
 
 
 class _Strings(Sequence[str]):
@@ -646,132 +545,8 @@ def _row_chunks(count: int) -> list[range]:
     return [range(start, min(start + _CHUNK_ROWS, count)) for start in range(0, count, _CHUNK_ROWS)]
 
 
-def shape_problem(
-    *, offset_s: float, new_tokens: int, output_tokens: int, blocks: Sequence[tuple[str, int]] = ()
-) -> str | None:
-    """What keeps a request of these values out of a trace (the limits `TraceRequest` holds), or None."""
-    if not 0 <= offset_s <= MAX_OFFSET_S:
-        return f"arrives {offset_s:g} s after the trace's first request; a trace spans at most 366 days"
-    for name, value, least in (("output tokens", output_tokens, 1), ("new prompt tokens", new_tokens, 0)):
-        if type(value) is not int:  # the columns hold whole numbers; checked before any is written
-            return f"{value!r} {name}: a whole number"
-        if not least <= value <= _MAX_TOKENS:
-            return f"{value} {name}: a request has {least} to {_MAX_TOKENS:,}"
-    for block, tokens in blocks:
-        if type(tokens) is not int or not 1 <= tokens <= _MAX_TOKENS:
-            return f"block {block} of {tokens} tokens: a block has 1 to {_MAX_TOKENS:,}"
-    if new_tokens == 0 and not blocks:
-        return "a prompt needs at least one token"
-    return None
-
-
 def _view(columns: dict[str, array[Any]], name: str, dtype: type[np.generic]) -> Any:
     """The builder's column as a numpy array over the same memory (no copy: a million requests' columns
     are held once). The column leaves the builder, which must never grow it again."""
     values = columns.pop(name)
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
-
-
-def load_trace(path: Path) -> Trace:
-    """Reads a trace, a line at a time (a million requests fit in a few hundred MB); every problem is
-    reported with the file and line number. Values are not coerced (`"new_tokens": "90"` is refused),
-    and NaN or infinite numbers are refused."""
-    special = special_file(path)
-    if special is not None:
-        raise WorkloadError(f"{path} is {special}, not a trace file; check workload.path")
-    try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: workload file not found; check workload.path") from None
-    except IsADirectoryError:
-        raise WorkloadError(f"{path} is a directory; name the trace file (JSONL) in it") from None
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
-    builder: TraceBuilder | None = None
-    with handle:
-        try:
-            # A binary file is named as one before any line of it is read as text.
-            binary = b"\x00" in handle.read(8192)
-            handle.seek(0)
-            for number, raw in enumerate(handle, start=1):
-                if binary or b"\x00" in raw:
-                    raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check workload.path")
-                try:
-                    # A BOM before the header is harmless here.
-                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                except UnicodeDecodeError:
-                    raise WorkloadError(
-                        f"{path}:{number}: not UTF-8 text; a trace is JSONL written by serve-tuner"
-                    ) from None
-                if not line.strip():
-                    continue
-                if builder is None:
-                    header = _parse_line(path, number, line, TraceHeader)
-                    if header.version != TRACE_VERSION:
-                        raise WorkloadError(
-                            f"{path}:{number}: trace version {header.version} is not supported (this tool reads "
-                            f"version {TRACE_VERSION}); convert the file or upgrade serve-tuner"
-                        )
-                    builder = TraceBuilder(header)
-                    continue
-                builder.add(_parse_line(path, number, line, TraceRequest))
-        except OSError as exc:
-            raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
-    if builder is None:
-        raise WorkloadError(f"{path}: empty; expected a header line and requests")
-    if not len(builder):
-        raise WorkloadError(f"{path}: has a header but no requests")
-    trace = builder.build()
-    repeated = _repeated_id(trace.ids)
-    if repeated is not None:
-        raise WorkloadError(f"{path}: request id {repeated!r} appears twice; ids must be unique")
-    return trace.in_arrival_order()
-
-
-def _repeated_id(ids: Sequence[str]) -> str | None:
-    """An id that appears more than once, or None. Compared by hash first (8 bytes an id, where a set of
-    a million ids takes 90 MB), then exactly among ids of equal hash."""
-    hashes = np.fromiter((hash(i) for i in ids), dtype=np.int64, count=len(ids))
-    order = np.argsort(hashes, kind="stable")
-    ordered = hashes[order]
-    equal = np.flatnonzero(ordered[1:] == ordered[:-1])
-    pairs = zip(order[equal].tolist(), order[equal + 1].tolist(), strict=True)
-    repeated = [min(a, b) for a, b in pairs if ids[a] == ids[b]]
-    return ids[min(repeated)] if repeated else None
-
-
-ModelT = TypeVar("ModelT", bound=StrictModel)
-
-
-def _parse_line(path: Path, number: int, line: str, model: type[ModelT]) -> ModelT:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise WorkloadError(f"{path}:{number}: nested too deeply to be a trace line") from None
-    if not isinstance(data, dict):
-        raise WorkloadError(f"{path}:{number}: expected a JSON object")
-    try:
-        return model.model_validate_json(line, strict=True)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(line)"
-        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        shown = "" if first["type"] in ("extra_forbidden", "missing") else f" (got {first.get('input')!r:.60})"
-        raise WorkloadError(f"{path}:{number}: {where}: {problem}{shown}") from None
-
-
-def dump_trace(trace: Trace) -> str:
-    """The trace as JSONL text: the header line, then one request per line."""
-    return b"".join(trace_lines(trace)).decode()
-
-
-def trace_lines(trace: Trace, *, batch: int = 2000) -> Iterator[bytes]:
-    """The trace's JSONL, a batch of lines at a time: what a writer streams to the file. Each line is
-    what the request's model writes (`model_dump_json(exclude_defaults=True)`), made from the columns
-    without the model: for a million requests the models would take most of the time."""
-    yield trace.header.model_dump_json(exclude_defaults=False).encode() + b"\n"
-    for start in range(0, len(trace), batch):
-        indices = range(start, min(start + batch, len(trace)))
-        yield b"".join(to_json(row) + b"\n" for row in trace.stored_rows(indices))

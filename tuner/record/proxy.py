@@ -1,17 +1,6 @@
-"""`tuner record`: a transparent proxy that writes the traffic's shape as a trace.
-
-It sits between an application and its server and passes every byte of a response on as soon as it
-arrives, streaming included. Of each completion request (the OpenAI routes, llama-server's `/completion`
-and Ollama's native `/api/chat` and `/api/generate`) it keeps only shape: arrival and end times, token
-counts from the server's answer, a salted hash chain of the messages (from which sessions, history and
-shared system prompts are rebuilt), LoRA use and a tag from a request header. Message text, headers and
-API keys are never stored. The trace is rewritten atomically every few seconds and at the end, so an
-interrupted recording leaves the last complete trace, never a torn file.
-
-When a streaming chat client did not ask for usage, the proxy asks the server for it and removes that
-extra chunk from what the client receives, so the client sees the stream it would have seen directly.
-Ollama's native answers carry their counts in their final object, so they pass through untouched.
-"""
+"""`Recorder`: the proxy of `tuner record` (the package's docstring says what it keeps): an h11 server in
+front of an httpx client, passing every response on as it arrives, and the trace of what it learnt
+(`exchange.py`) rewritten atomically every few seconds and at the end."""
 
 from __future__ import annotations
 
@@ -21,25 +10,26 @@ import errno
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import h11
 import httpx
 
 from tuner.errors import ConfigError, OutputError
 from tuner.files import check_writable, write_atomic
-from tuner.workloads import LoraUse, dump_trace
-from tuner.workloads.observed import (
-    ObservedRequest,
-    RequestShape,
-    build_trace,
-    hash_chain,
-    message_text,
-    request_shape,
+from tuner.record.exchange import (
+    Exchange,
+    complete_lines,
+    read_body,
+    read_event,
+    read_ollama_line,
+    split_events,
+    start_exchange,
 )
+from tuner.workloads import LoraUse, dump_trace
+from tuner.workloads.observed import ObservedRequest, build_trace, hash_chain
 
 __all__ = ["Recorder", "RecorderOptions"]
 
@@ -58,11 +48,6 @@ _HOP_BY_HOP = {
     "accept-encoding",
     "content-encoding",
 }
-# Which API a recorded request speaks: the OpenAI routes (and llama-server's /completion), or Ollama's own.
-_Api = Literal["openai", "ollama-chat", "ollama-generate"]
-_CHAT_PATHS = {"/v1/chat/completions", "/chat/completions"}
-_COMPLETION_PATHS = {"/v1/completions", "/completions", "/completion"}
-_OLLAMA_PATHS: dict[str, _Api] = {"/api/chat": "ollama-chat", "/api/generate": "ollama-generate"}
 _MAX_BODY = 64 * 1024 * 1024
 
 
@@ -77,29 +62,6 @@ class RecorderOptions:
     checkpoint_s: float = 5.0
     max_requests: int | None = None
     keep_content: bool = False  # also write each request's messages or prompt (off: shape only)
-
-
-@dataclass(kw_only=True)
-class _Exchange:
-    """What the proxy learns of one completion request while passing it through."""
-
-    arrival_s: float
-    api: _Api
-    chain: tuple[str, ...]
-    system_messages: int
-    system_share: float
-    system_text: str | None
-    lora_ids: tuple[tuple[int, float], ...]
-    tag: str
-    content: dict[str, Any] | None = None
-    answer: list[str] = field(default_factory=list)
-    chunks_with_output: int = 0
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    # Ollama's answer counts once its final object (`done: true`) came: a failure met mid-answer sends an
-    # error object in its place, with the status still 200.
-    answered: bool = True
-    answer_chain: str | None = None  # /api/generate: the hash of the `context` its final object returned
 
 
 class Recorder:
@@ -243,7 +205,15 @@ class Recorder:
         arrival = time.time()
         path = request.target.decode("latin-1")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
-        exchange, body, hide_usage = self._start_exchange(path.split("?")[0], headers, body, arrival)
+        exchange, body, hide_usage = start_exchange(
+            path.split("?")[0],
+            headers,
+            body,
+            arrival,
+            salt=self._salt,
+            tag_header=self.options.tag_header,
+            keep_content=self.options.keep_content,
+        )
         upstream_headers = [(k, v) for k, v in headers.items() if k not in _HOP_BY_HOP and k != self.options.tag_header]
         upstream_headers.append(("accept-encoding", "identity"))
         try:
@@ -265,8 +235,8 @@ class Recorder:
                     await _send(writer, connection, h11.Data(data=chunk))
                     whole += chunk
                     if b"\n" in chunk:
-                        for line in _complete_lines(whole):
-                            self._read_ollama_line(exchange, line)
+                        for line in complete_lines(whole):
+                            read_ollama_line(exchange, line, salt=self._salt)
                     continue
                 if not streaming or exchange is None:
                     if exchange is not None:
@@ -274,8 +244,8 @@ class Recorder:
                     await _send(writer, connection, h11.Data(data=chunk))
                     continue
                 pending += chunk
-                events, pending = _split_events(pending)
-                passed = b"".join(event for event in events if not self._read_event(exchange, event, hide_usage))
+                events, pending = split_events(pending)
+                passed = b"".join(event for event in events if not read_event(exchange, event, hide_usage))
                 if passed:
                     await _send(writer, connection, h11.Data(data=passed))
             if pending:
@@ -283,123 +253,15 @@ class Recorder:
             await _send(writer, connection, h11.EndOfMessage())
             if exchange is not None and response.status_code == 200:
                 if exchange.api != "openai":
-                    self._read_ollama_line(exchange, bytes(whole))  # a body without a final newline
+                    read_ollama_line(exchange, bytes(whole), salt=self._salt)  # a body without a final newline
                 elif not streaming:
-                    self._read_body(exchange, bytes(whole))
+                    read_body(exchange, bytes(whole))
                 if exchange.answered:
                     await self._finish_exchange(exchange, time.time())
         finally:
             await response.aclose()
 
-    def _start_exchange(
-        self, path: str, headers: Mapping[str, str], body: bytes, arrival: float
-    ) -> tuple[_Exchange | None, bytes, bool]:
-        api: _Api | None = "openai" if path in _CHAT_PATHS | _COMPLETION_PATHS else _OLLAMA_PATHS.get(path)
-        if api is None:
-            return None, body, False
-        try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return None, body, False
-        if not isinstance(payload, dict):
-            return None, body, False
-        chat = path in _CHAT_PATHS or api == "ollama-chat"
-        if api == "ollama-generate":
-            shape = _generate_shape(self._salt, payload)
-        else:
-            shape = request_shape(self._salt, payload, chat=chat)
-        lora = payload.get("lora") if api == "openai" else None  # Ollama has no adapters per request
-        lora_ids = tuple(
-            (int(item["id"]), float(item.get("scale", 1.0)))
-            for item in (lora if isinstance(lora, list) else [])
-            if isinstance(item, dict) and isinstance(item.get("id"), int) and float(item.get("scale", 1.0)) != 0.0
-        )
-        default_tag = "chat" if chat else "completion"
-        exchange = _Exchange(
-            arrival_s=arrival,
-            api=api,
-            chain=shape.chain,
-            system_messages=shape.system_messages,
-            system_share=shape.system_share,
-            system_text=shape.system_text,
-            lora_ids=lora_ids,
-            tag=headers.get(self.options.tag_header, default_tag)[:64] or default_tag,
-            content=_content(payload, chat=chat) if self.options.keep_content else None,
-            answered=api == "openai",
-        )
-        hide_usage = False
-        if payload.get("stream") and path in _CHAT_PATHS | {"/v1/completions", "/completions"}:
-            options = payload.get("stream_options")
-            if not (isinstance(options, dict) and options.get("include_usage")):
-                payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-                body = json.dumps(payload).encode()
-                hide_usage = True
-        return exchange, body, hide_usage
-
-    def _read_event(self, exchange: _Exchange, event: bytes, hide_usage: bool) -> bool:
-        """Learns what an SSE event says; True when it is the usage chunk the client did not ask for."""
-        data = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-        if not data or data == b"[DONE]":
-            return False
-        try:
-            chunk = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return False
-        if not isinstance(chunk, dict):
-            return False
-        self._read_chunk(exchange, chunk)
-        return hide_usage and chunk.get("choices") == [] and "usage" in chunk
-
-    def _read_body(self, exchange: _Exchange, body: bytes) -> None:
-        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
-            chunk = json.loads(body)
-            if isinstance(chunk, dict):
-                self._read_chunk(exchange, chunk)
-
-    def _read_ollama_line(self, exchange: _Exchange, line: bytes) -> None:
-        """Learns what one object of Ollama's answer says: a piece of it, or the final one with the counts."""
-        try:
-            chunk = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return
-        if not isinstance(chunk, dict):
-            return
-        message = chunk.get("message") if exchange.api == "ollama-chat" else chunk
-        if isinstance(message, dict):
-            piece = message.get("content" if exchange.api == "ollama-chat" else "response")
-            thinking = message.get("thinking")
-            if isinstance(piece, str) and piece:
-                exchange.answer.append(piece)  # the next turn sends back the answer, not the thinking
-            if (isinstance(piece, str) and piece) or (isinstance(thinking, str) and thinking):
-                exchange.chunks_with_output += 1
-        if chunk.get("done") is not True:
-            return
-        exchange.answered = True
-        exchange.prompt_tokens = _int(chunk.get("prompt_eval_count"), exchange.prompt_tokens)
-        exchange.output_tokens = _int(chunk.get("eval_count"), exchange.output_tokens)
-        context = chunk.get("context")
-        if exchange.api == "ollama-generate" and isinstance(context, list) and context:
-            exchange.answer_chain = hash_chain(self._salt, [_context_link(context)])[0]
-
-    @staticmethod
-    def _read_chunk(exchange: _Exchange, chunk: Mapping[str, Any]) -> None:
-        for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or choice.get("message") or {}).get("content") or choice.get("text")
-            if isinstance(piece, str) and piece:
-                exchange.answer.append(piece)
-                exchange.chunks_with_output += 1
-        if isinstance(chunk.get("content"), str) and chunk["content"]:  # llama-server's /completion
-            exchange.answer.append(chunk["content"])
-            exchange.chunks_with_output += 1
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            exchange.prompt_tokens = _int(usage.get("prompt_tokens"), exchange.prompt_tokens)
-            exchange.output_tokens = _int(usage.get("completion_tokens"), exchange.output_tokens)
-        exchange.prompt_tokens = _int(chunk.get("tokens_evaluated"), exchange.prompt_tokens)
-        if chunk.get("stop") is True:
-            exchange.output_tokens = _int(chunk.get("tokens_predicted"), exchange.output_tokens)
-
-    async def _finish_exchange(self, exchange: _Exchange, end: float) -> None:
+    async def _finish_exchange(self, exchange: Exchange, end: float) -> None:
         answer = "".join(exchange.answer)
         if exchange.api == "ollama-generate":
             answer_chain = exchange.answer_chain  # the next turn sends the returned `context`, not the answer
@@ -428,7 +290,7 @@ class Recorder:
         if self.options.max_requests is not None and len(self._observed) >= self.options.max_requests:
             self._done.set()
 
-    async def _count_system_tokens(self, exchange: _Exchange) -> int | None:
+    async def _count_system_tokens(self, exchange: Exchange) -> int | None:
         """Tokens of the system prompt, counted once per prompt by the server's /tokenize when it has one."""
         if exchange.system_text is None or not exchange.chain:
             return None
@@ -457,66 +319,6 @@ class Recorder:
                     stem = Path(str(item["path"])).name.removesuffix(".gguf")
                     self._lora_names[int(item["id"])] = stem or f"adapter-{item['id']}"
         return self._lora_names.get(adapter_id, f"adapter-{adapter_id}")
-
-
-def _content(payload: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
-    if chat:
-        return {"messages": payload.get("messages")}
-    system = payload.get("system")  # Ollama's /api/generate: the system prompt is beside the prompt
-    return {"prompt": payload.get("prompt"), **({"system": system} if system else {})}
-
-
-def _generate_shape(salt: str, payload: Mapping[str, Any]) -> RequestShape:
-    """The hash chain of an Ollama /api/generate request: its deprecated `context` (an earlier prompt and
-    answer as token ids, which Ollama puts first), its `system` and its prompt, each hashed as the
-    message it becomes. The system prompt is a shared prefix only when it leads the prompt; after a
-    `context`, the earlier turn's prefix is the one the prompt begins with."""
-    links: list[str] = []
-    context = payload.get("context")
-    if isinstance(context, list) and context:
-        links.append(_context_link(context))
-    system = payload.get("system")
-    leading_system = isinstance(system, str) and bool(system) and not links
-    if isinstance(system, str) and system:
-        links.append(message_text({"role": "system", "content": system}))
-    links.append(message_text({"role": "user", "content": payload.get("prompt"), "images": payload.get("images")}))
-    return RequestShape(
-        chain=hash_chain(salt, links),
-        system_messages=1 if leading_system else 0,
-        system_share=len(links[0]) / sum(len(link) for link in links) if leading_system else 0.0,
-        system_text=str(system) if leading_system else None,
-    )
-
-
-def _context_link(context: list[Any]) -> str:
-    """The link of Ollama's `context`: the same whether it was returned or is sent back as the next turn's."""
-    return f"context\x1f{json.dumps(context)}"
-
-
-def _int(value: object, fallback: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else fallback
-
-
-def _complete_lines(buffer: bytearray) -> list[bytes]:
-    """Takes the complete NDJSON lines out of `buffer`, leaving the incomplete rest in it."""
-    cut = buffer.rfind(b"\n")
-    if cut < 0:
-        return []
-    lines = bytes(buffer[:cut]).splitlines()
-    del buffer[: cut + 1]
-    return lines
-
-
-def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """Complete SSE events (each with its blank-line terminator) and the incomplete rest."""
-    events: list[bytes] = []
-    while True:
-        cut = min((i for i in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if i >= 0), default=-1)
-        if cut < 0:
-            return events, buffer
-        end = cut + (4 if buffer[cut : cut + 4] == b"\r\n\r\n" else 2)
-        events.append(buffer[:end])
-        buffer = buffer[end:]
 
 
 async def _send(writer: asyncio.StreamWriter, connection: h11.Connection, event: h11.Event) -> None:

@@ -1,0 +1,46 @@
+"""Where a trial's server answers: with `exec_start = "keep"` the unit's own server (program, model,
+address), read once from its running process or its ExecStart= and Environment=; else the launch's."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tuner.deployers.systemd.unit import SystemdUnit, UnitState
+from tuner.errors import DeployError
+from tuner.models import LaunchSpec, OperatorServer
+
+__all__ = ["UnitServer"]
+
+
+class UnitServer:
+    def __init__(self, unit: SystemdUnit, *, exec_start: Literal["keep", "replace"]) -> None:
+        self._unit = unit
+        self._exec_start = exec_start
+        self.operator: OperatorServer | None = None  # with `keep`: the unit's own server, once read
+
+    async def operator_server(self, launch: LaunchSpec, state: UnitState | None = None) -> OperatorServer:
+        """The unit's own server (program, model, address), read from its running process, or from its
+        ExecStart= and Environment= where it is not running; with `keep` a trial listens where it does."""
+        if self.operator is not None:
+            return self.operator
+        unit = self._unit.name
+        if launch.listen is None:
+            raise DeployError(f"{unit}: this engine cannot say where the unit's server listens")
+        state = state or await self._unit.state()
+        argv, environ = await self._unit.command_line(state)
+        if not argv:
+            raise DeployError(f"cannot read {unit}'s command line (ExecStart=); check `systemctl cat {unit}`")
+        try:
+            self.operator = launch.listen.read(argv, environ)
+        except ValueError:
+            raise DeployError(
+                f"{unit} sets a port that is not a port number (1-65535); check its ExecStart= and Environment="
+            ) from None
+        return self.operator
+
+    async def address(self, launch: LaunchSpec) -> str:
+        """Where this controller reaches the server: the unit's own address with `keep`, else the launch's."""
+        if self._exec_start == "keep" and launch.listen is not None:
+            server = await self.operator_server(launch)
+            return await self._unit.transport.reach(server.reach_host, server.port)
+        return await self._unit.transport.reach(launch.host, launch.port)

@@ -1,0 +1,309 @@
+"""Decode stalls: streams beside another slot's long prefill, their speed there against elsewhere, and
+the n_batch that would shorten the stall."""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tuner.diagnose.analyses.base import Worst, analysis, bucket, fmt_speed, median
+from tuner.diagnose.reader import ReadContext, Task
+from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyConstraint, StudyObjective, counted
+
+__all__ = ["Stalls"]
+
+
+@dataclass(slots=True)
+class _Window:
+    task: int
+    slot: int
+    start_s: float
+    end_s: float
+    prompt_n: int
+    prompt_ms: float
+    lines: tuple[int, int]
+    longest_iteration_s: float | None
+    stall_cost_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Overlap:
+    window: tuple[int, int]  # (epoch, task) of the long prefill
+    stream: int
+    slot: int
+    start_s: float
+    end_s: float
+    speed: float  # the stream's progress over the overlap, tok/s
+    tg_3s: list[float]  # its tg_3s samples lying mostly inside the window
+    line: int
+
+
+@analysis("stalls")
+class Stalls:
+    """Streams beside another slot's long prefill: their speed there against elsewhere."""
+
+    kind = "stalls"
+
+    def __init__(self) -> None:
+        self.normal = array("d")  # tg_3s samples outside every long prefill
+        self.alone = array("d")  # decode speeds (eval time lines) of requests with no long prefill beside them
+        self.by_width: dict[int, array[float]] = {}
+        self.windows: dict[tuple[int, int], _Window] = {}
+        self.overlaps: list[_Overlap] = []
+        self.chunks: dict[int, list[float]] = {}  # bucket -> [batches, tokens, seconds]
+        self.max_chunk = 0
+
+    def observe(self, task: Task, neighbours: Sequence[Task], context: ReadContext) -> None:
+        if not task.complete:
+            return
+        longest = self._chunks(task)
+        long_others = [
+            n
+            for n in neighbours
+            if n.complete and (n.prompt_n or 0) >= context.long_prompt_tokens and n.prefill_start_s < n.decode_start_s
+        ]
+        if (task.prompt_n or 0) >= context.long_prompt_tokens and task.prompt_ms:
+            self.windows[(task.epoch, task.task)] = _Window(
+                task=task.task,
+                slot=task.slot,
+                start_s=task.prefill_start_s,
+                end_s=task.decode_start_s,
+                prompt_n=task.prompt_n or 0,
+                prompt_ms=task.prompt_ms,
+                lines=(task.launch_line, task.release_line or task.launch_line),
+                longest_iteration_s=longest,
+            )
+        decode = (task.decode_start_s, task.end_s)
+        beside_long = any(min(decode[1], o.decode_start_s) > max(decode[0], o.prefill_start_s) for o in long_others)
+        if not beside_long and task.eval_ms and (task.eval_n or 0) > 1:
+            self.alone.append((task.eval_n or 0) * 1000.0 / task.eval_ms)
+        usual = median(
+            [
+                tg
+                for a, b, tg in task.intervals()
+                if not any(min(b, o.decode_start_s) > max(a, o.prefill_start_s) for o in long_others)
+            ]
+        )
+        for other in long_others:
+            start, end = max(decode[0], other.prefill_start_s), min(decode[1], other.decode_start_s)
+            if end - start < context.min_overlap_s:
+                continue
+            inside = [tg for a, b, tg in task.intervals() if (min(b, end) - max(a, start)) >= 0.5 * (b - a)]
+            self.overlaps.append(
+                _Overlap(
+                    window=(other.epoch, other.task),
+                    stream=task.task,
+                    slot=task.slot,
+                    start_s=start,
+                    end_s=end,
+                    speed=task.tokens_inside(start, end, usual, other) / (end - start),
+                    tg_3s=inside,
+                    line=task.launch_line,
+                )
+            )
+        decoding = [n for n in neighbours if n.complete]
+        for a, b, tg in task.intervals():
+            if any(min(b, o.decode_start_s) > max(a, o.prefill_start_s) for o in long_others):
+                continue
+            self.normal.append(tg)
+            middle = (a + b) / 2
+            width = 1 + sum(1 for n in decoding if n.decode_start_s <= middle <= n.end_s)
+            self.by_width.setdefault(width, array("d")).append(tg)
+
+    def _chunks(self, task: Task) -> float | None:
+        longest = None
+        for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
+            step, seconds = n1 - n0, t1 - t0
+            if step <= 0 or seconds <= 0:
+                continue
+            self.max_chunk = max(self.max_chunk, step)
+            row = self.chunks.setdefault(bucket(step), [0.0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += step
+            row[2] += seconds
+            longest = seconds if longest is None else max(longest, seconds)
+        return longest
+
+    def n_batch(self) -> int | None:
+        return bucket(self.max_chunk) if self.max_chunk >= 16 else None
+
+    def chunk_speed(self, size: int) -> float | None:
+        row = self.chunks.get(size)
+        return row[1] / row[2] if row is not None and row[0] >= 2 and row[2] > 0 else None
+
+    def profile(self) -> list[Figure]:
+        figures = [
+            Figure(
+                name=f"prefill_tok_s_chunk_{size}",
+                label=f"prefill speed, chunks of {size // 2 + 1}-{size} tokens ({int(row[0])} batches)",
+                value=row[1] / row[2],
+                unit="tok/s",
+                group="prefill speed by chunk size",
+            )
+            for size, row in sorted(self.chunks.items(), reverse=True)
+            if row[2] > 0
+        ]
+        figures += [
+            Figure(
+                name=f"decode_tok_s_width_{width}",
+                label=f"decode speed with {width} slot{'s' if width > 1 else ''} decoding ({len(values)} rate lines)",
+                value=median(values),
+                unit="tok/s",
+                group="decode speed by batch width",
+            )
+            for width, values in sorted(self.by_width.items())
+        ]
+        return figures
+
+    def findings(self, context: ReadContext, results: dict[str, object]) -> list[Finding]:
+        results["stalls"] = self
+        if not self.overlaps:
+            return []
+        normal, elsewhere = median(self.normal), "rate lines outside long prefills"
+        if normal is None:  # a short log: the streams printed no rate line outside the prefill
+            normal, elsewhere = median(self.alone), "requests that decoded with no long prefill beside them"
+        stall = median([o.speed for o in self.overlaps])
+        assert stall is not None
+        samples = [tg for o in self.overlaps for tg in o.tg_3s]
+        stall_tg = median(samples)
+        if normal is None or stall >= 0.5 * normal:
+            return []  # no speed elsewhere to compare with, or streams kept most of it: no finding
+        worst = Worst()
+        lost_total = 0.0
+        for overlap in self.overlaps:
+            window = self.windows.get(overlap.window)
+            seconds = overlap.end_s - overlap.start_s
+            lost = seconds * max(0.0, 1.0 - overlap.speed / normal) if normal else 0.0
+            lost_total += lost
+            if window is None:
+                continue
+            window.stall_cost_s += lost
+            speed = window.prompt_n / (window.prompt_ms / 1000.0)
+
+            def evidence(o: _Overlap = overlap, w: _Window = window, s: float = speed) -> Evidence:
+                return Evidence(
+                    start_s=round(o.start_s, 3),
+                    end_s=round(o.end_s, 3),
+                    tasks=[w.task, o.stream],
+                    slots=sorted({w.slot, o.slot}),
+                    lines=sorted({w.lines[0], w.lines[1], o.line}),
+                    note=f"task {o.stream} (slot {o.slot}) decoded at {fmt_speed(o.speed)} tok/s for "
+                    f"{o.end_s - o.start_s:.1f} s while task {w.task} (slot {w.slot}) prefilled "
+                    f"{w.prompt_n:,} tokens at {fmt_speed(s)} tok/s",
+                )
+
+            worst.add(lost if normal else seconds, evidence)
+        used = [w for w in self.windows.values() if any(o.window[1] == w.task for o in self.overlaps)]
+        prefill_ms = sum(w.prompt_ms for w in used)
+        prefill = sum(w.prompt_n for w in used) / (prefill_ms / 1000.0) if prefill_ms > 0 else None
+        iterations = [w.longest_iteration_s for w in used if w.longest_iteration_s is not None]
+        figures = [
+            Figure(
+                name="stall_tok_s",
+                label="streams' decode speed during another slot's long prefill",
+                value=stall,
+                unit="tok/s",
+            ),
+            Figure(
+                name="stall_tg_3s",
+                label="their tg_3s samples inside those prefills, median",
+                value=stall_tg,
+                unit="tok/s",
+            ),
+            Figure(name="stall_tg_3s_samples", label="tg_3s samples inside long prefills", value=float(len(samples))),
+            Figure(
+                name="unstalled_tok_s",
+                label=f"decode speed elsewhere ({elsewhere}), median",
+                value=normal,
+                unit="tok/s",
+            ),
+            Figure(name="overlaps", label="stream/prefill overlaps", value=float(len(self.overlaps))),
+            Figure(name="long_prefills", label="long prefills beside a stream", value=float(len(used))),
+            Figure(
+                name="long_prefill_tokens_max",
+                label="largest of those prompts",
+                value=float(max((w.prompt_n for w in used), default=0)),
+                unit="tokens",
+            ),
+            Figure(name="prefill_tok_s", label="their prefill speed", value=prefill, unit="tok/s"),
+            Figure(
+                name="longest_iteration_s",
+                label="longest loop iteration during them (a stream's longest wait for a token)",
+                value=max(iterations) if iterations else None,
+                unit="s",
+            ),
+            Figure(
+                name="stalled_s",
+                label="stream-seconds spent beside a long prefill",
+                value=sum(o.end_s - o.start_s for o in self.overlaps),
+                unit="s",
+            ),
+            Figure(
+                name="user_seconds_lost",
+                label="time the streams lost against their usual speed",
+                value=lost_total,
+                unit="s",
+            ),
+        ]
+        ratio = (
+            f", {normal / stall:,.0f}x slower than their {fmt_speed(normal)} tok/s elsewhere"
+            if normal and stall > 0
+            else ""
+        )
+        summary = (
+            f"streams decoded at {fmt_speed(stall)} tok/s while another slot prefilled a long prompt{ratio} "
+            f"({counted(len(self.overlaps), 'overlap')} beside {counted(len(used), 'prefill')} of up to "
+            f"{max((w.prompt_n for w in used), default=0):,} tokens)"
+        )
+        return [
+            Finding(
+                kind="stalls",
+                title="decode stalls during long prefills",
+                summary=summary,
+                user_seconds_lost=round(lost_total, 3) if normal else None,
+                figures=figures,
+                evidence=worst.items(),
+                fixes=[self._fix(stall, prefill)],
+            )
+        ]
+
+    def _fix(self, stall: float, prefill: float | None) -> Fix:
+        current = self.n_batch()
+        target = max(32, current // 4) if current is not None else 512
+        speed_now = self.chunk_speed(current) if current is not None else None
+        speed_then = self.chunk_speed(target)
+        base = speed_now or prefill
+        estimate = None
+        if base is not None and base > 0:
+            at_target = speed_then or base
+            now = f"now {fmt_speed(stall)} tok/s" + (f" at n_batch {current}" if current else "")
+            estimate = (
+                f"n_batch {target} would give about {fmt_speed(at_target / target)} tok/s during prefills at this "
+                f"server's {fmt_speed(at_target)} tok/s of prefill ({now}): a stream gets one token per iteration, "
+                f"and an iteration carries up to n_batch prompt tokens"
+            )
+        if speed_now and speed_then:
+            cost = (
+                f"prefill at chunks of {target} ran at {fmt_speed(speed_then)} tok/s in this log against "
+                f"{fmt_speed(speed_now)} at {current} ({speed_then / speed_now - 1:+.0%})"
+            )
+        else:
+            cost = (
+                "the log has no prefill at that chunk size, so the study measures it (prefill_tok_s, held to 80% "
+                "of the baseline's)"
+            )
+        return Fix(
+            knob="n_batch",
+            action=f"lower n_batch (LLAMA_ARG_BATCH) to about {target}, with n_ubatch at most as large",
+            estimate=estimate,
+            trade_off=f"long prompts prefill more slowly in smaller chunks: {cost}",
+            study_params=["n_batch", "n_ubatch"],
+            objectives=[
+                StudyObjective(metric="stall_tok_s", direction="maximize", weight=1.0),
+                StudyObjective(metric="prefill_tok_s", direction="maximize", weight=1.0),
+                StudyObjective(metric="ttft_p95_s", direction="minimize", weight=0.5),
+            ],
+            constraints=[StudyConstraint(metric="prefill_tok_s", min_vs_baseline=0.8)],
+        )
