@@ -21,11 +21,12 @@ __all__ = ["apply", "restore", "trust_host"]
 def apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
-    from tuner.search import fleet_hosts
 
     storage_url = use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
     if args.hosts:
+        from tuner.search import fleet_hosts
+
         fleet_hosts(spec, args.hosts)  # a wrong --host is the user's mistake (exit 2), run directory or not
     run_path = args.runs_dir / spec.name
     if not holds_study(run_path, storage_url):
