@@ -40,11 +40,7 @@ __all__ = [
 
 MIN_TRIALS_FOR_IMPORTANCE = 5  # below this, an importance ranks noise
 
-# What a trial's settings change in its log, and so explain its score: waits before prefill (a LoRA
-# policy, the slots), queueing for a slot, the cost of switching adapters. Where the long prefills come
-# from is the workload's, the same for every trial: said once, from the baseline's log. Stalls are left
-# to the client's measurement (stall_tok_s and the picture): a log's rate lines come seconds apart, too
-# coarse to place a stream's few tokens within a prefill.
+# The log findings a trial's settings change, shown beside its score (docs/architecture.md: "A trial's findings").
 TRIAL_FINDINGS = ("waits", "queueing", "lora_switch")
 
 
