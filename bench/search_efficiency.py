@@ -1,6 +1,6 @@
 """Search efficiency: real trials until the study finds, and until it recommends, a near-optimal config.
 
-On the simulated llama-server with noise on (tests/sim_study.NOISE), one study per seed and sampler, for
+On the simulated llama-server with noise on (tests/support/sim_study.NOISE), one study per seed and sampler, for
 the demo's space (n_batch x n_ubatch) and the five-knob space (n_batch x n_ubatch x n_parallel x cache_ram
 x kv_unified), the study's sampler (tpe) against grid search (every valid config once, in a seeded random
 order) and random search (the study's "random" sampler). docs/benchmarks.md shows the figures.
@@ -156,7 +156,7 @@ def run_study(
     stop_at: set[Key] | None = None,
     after: int = 0,
 ) -> Outcome:
-    """One simulated study (the study's own loop, as tests/sim_study.run_simulated runs it); grid search
+    """One simulated study (the study's own loop, as tests/support/sim_study.run_simulated runs it); grid search
     replaces the sampler, which the study's file cannot name."""
     runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise)
     observer = _Deployed(stop_at, after)

@@ -6,8 +6,9 @@ docs/architecture.md.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner.lazy import lazy_exports
 
 # Imported on first use: a program that needs one part (the simulated server, `tuner --help`) does not pay
 # for pandas, optuna and the rest.
@@ -56,11 +57,7 @@ if TYPE_CHECKING:
     from tuner.workloads import load_trace
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -12,17 +12,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.config import ParamValue, StudySpec
-from tuner.deployers.base import DEPLOYERS, PersistentDeployer, create_deployer
 from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
-from tuner.report import LeaderboardRow, build_leaderboard
+from tuner.report import LeaderboardRow, row_to_apply
 from tuner.runs import RunDirectory
-from tuner.search import PreparedStudy, fleet_hosts, prepare_study
-from tuner.study_view import StudyView
 from tuner.text import settings_text
-from tuner.transports.base import create_transport
-from tuner.trial_runner import ServerTrialRunner
+
+if TYPE_CHECKING:
+    from tuner.search import PreparedStudy
+
+# The search loop's preparation, the deployers and the trial runner are imported where a host is reached, so
+# choosing the trial (`row_to_apply`, which may refuse) loads neither (tests/fast/test_reading_commands.py).
 
 __all__ = ["Applied", "apply_to_hosts", "restore_hosts", "restore_settings"]
 
@@ -41,23 +43,6 @@ class Applied:
     host: str | None = None  # a fleet's host; None for a one-host study
 
 
-def _chosen_row(run_path: Path, trial: int | None, storage_url: str | None) -> LeaderboardRow:
-    board = build_leaderboard(StudyView.open(RunDirectory(run_path), storage_url))
-    if trial is None:
-        if board.recommendation.row is None:
-            raise StudyError(
-                f"nothing to apply: {board.recommendation.message} (pass --trial N to apply a trial anyway)"
-            )
-        return board.recommendation.row
-    row = next((r for r in board.rows if r.number == trial), None)
-    if row is None or row.state != "COMPLETE":
-        done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
-        if not done:
-            raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
-        raise ConfigError(f"trial {trial} did not complete in {run_path}; choose one of: {done}")
-    return row
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Plan:
     """What `tuner apply` will do on one host, checked before any host is touched."""
@@ -72,11 +57,15 @@ class _Plan:
 
 def _writes_the_hosts_config(spec: StudySpec) -> bool:
     """Whether the study's deploy kind can make a trial the host's own (`PersistentDeployer`)."""
+    from tuner.deployers.base import DEPLOYERS
+
     factory = DEPLOYERS.get(spec.deploy.kind)
     return all(callable(getattr(factory, name, None)) for name in ("persist", "remove_persisted"))
 
 
 def _plan(spec: StudySpec, base_dir: Path, run_path: Path, row: LeaderboardRow, host: str | None) -> _Plan:
+    from tuner.search import prepare_study
+
     prepared = prepare_study(spec, base_dir)
     engine = prepared.engine
     try:
@@ -117,7 +106,9 @@ async def apply_to_hosts(
     first host where it fails is back on its baseline and stops the rollout: the error (a failed
     verification run) or a line said before it (anything else, Ctrl-C included) names the hosts that keep
     the trial and those not tried."""
-    row = _chosen_row(run_path, trial, storage_url)
+    row = row_to_apply(run_path, trial, storage_url)
+    from tuner.search import fleet_hosts
+
     if not spec.hosts and not hosts:
         plans = [_plan(spec, base_dir, run_path, row, None)]
     else:
@@ -155,6 +146,8 @@ async def restore_hosts(
     """Removes what `tuner apply` wrote on the study's host, or on a fleet's hosts (those named, else every
     one). A rollback: every host is tried; `restored` hears of each (the path removed, or None where there
     was nothing), and the hosts that could not be restored are named at the end (`StudyError`)."""
+    from tuner.search import fleet_hosts
+
     targets = (
         [(None, spec)]
         if not spec.hosts and not hosts
@@ -181,6 +174,10 @@ async def restore_hosts(
 
 
 async def _apply(plan: _Plan, run_path: Path, *, say: Callable[[str], None]) -> Applied:
+    from tuner.deployers.base import PersistentDeployer, create_deployer
+    from tuner.transports.base import create_transport
+    from tuner.trial_runner import ServerTrialRunner
+
     spec, prepared, row, server, host = plan.spec, plan.prepared, plan.row, plan.server, plan.host
     log_path = RunDirectory(run_path).apply_log_path(time.strftime("%Y%m%dT%H%M%S"), host)
     async with create_transport(spec.host) as transport:
@@ -222,6 +219,10 @@ async def _apply(plan: _Plan, run_path: Path, *, say: Callable[[str], None]) -> 
 
 async def restore_settings(spec: StudySpec, base_dir: Path) -> str | None:
     """Removes what `tuner apply` wrote on one host; returns its path, or None if the host had none."""
+    from tuner.deployers.base import PersistentDeployer, create_deployer
+    from tuner.search import prepare_study
+    from tuner.transports.base import create_transport
+
     prepared = prepare_study(spec, base_dir)
     async with create_transport(spec.host) as transport:
         deployer = create_deployer(spec.deploy, transport=transport)

@@ -25,6 +25,7 @@ from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
 from tuner.models import CheckLine, TunedKnob
 from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
+from tuner.text import duration_text
 from tuner.transports.base import Transport, create_transport
 
 __all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_LOCAL_RESTART_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
@@ -210,8 +211,7 @@ def _duration_line(
         source = f"{round_s:.0f} s a round: the replay, {restart} and the warm-up"
     rounds, seconds = estimate_duration_s(spec, round_s=round_s, hosts=hosts)
     seconds += _STUDY_OVERHEAD_S + restart_s
-    hours, rest = divmod(round(seconds), 3600)
-    took = f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+    took = duration_text(seconds, style="estimate")
     return CheckLine("duration", True, f"about {took}: {rounds} rounds (each a server restart) at {source}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -16,6 +17,8 @@ from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.config import ParamValue
+from tuner.errors import ConfigError, StudyError
+from tuner.runs import RunDirectory
 from tuner.scoring import Verdict, verdict
 from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord
 from tuner.study_view import StudyView, TrialView, is_scored, recommendable
@@ -32,6 +35,7 @@ __all__ = [
     "leaderboard_document",
     "leaderboard_frame",
     "leaderboard_parquet",
+    "row_to_apply",
 ]
 
 
@@ -185,6 +189,24 @@ def build_leaderboard(study: optuna.Study | StudyView) -> Leaderboard:
         pruning_saved_s=sum(t.record.saved_s for t in trials),
         hosts=_host_spread(baselines, view.record.objectives, dropped),
     )
+
+
+def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = None) -> LeaderboardRow:
+    """`tuner apply`'s choice, read from the run alone: the recommendation, or `trial` if it completed."""
+    board = build_leaderboard(StudyView.open(RunDirectory(run_path), storage_url))
+    if trial is None:
+        if board.recommendation.row is None:
+            raise StudyError(
+                f"nothing to apply: {board.recommendation.message} (pass --trial N to apply a trial anyway)"
+            )
+        return board.recommendation.row
+    row = next((r for r in board.rows if r.number == trial), None)
+    if row is None or row.state != "COMPLETE":
+        done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
+        if not done:
+            raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
+        raise ConfigError(f"trial {trial} did not complete in {run_path}; choose one of: {done}")
+    return row
 
 
 def _recommend(

@@ -1,7 +1,8 @@
 """How settings and durations are written for people: one formatter for each, shared by every output.
 
 The outputs that existed before this module differ (a table's `n_batch=512 n_ubatch=256`, a sentence's
-`n_batch=512, n_ubatch=256`; `3m05s` in progress lines, `3 min` in the report, `1h02m03s` in a diagnosis):
+`n_batch=512, n_ubatch=256`; `3m05s` in progress lines, `3 min` in the report, `1h02m03s` in a diagnosis,
+`75m03s` for how long `tuner run` took, `0m45s` in `--check`'s estimate):
 each keeps its text through the parameters, so that one rule decides how a value is spelled.
 """
 
@@ -20,12 +21,14 @@ def settings_text(settings: Mapping[str, object], *, separator: str = " ", equal
     return separator.join(f"{name}{equals}{value}" for name, value in sorted(settings.items())) or empty
 
 
-DurationStyle = Literal["clock", "exact", "rough"]
+DurationStyle = Literal["clock", "exact", "rough", "estimate", "stopwatch"]
 
 
 def duration_text(seconds: float, *, style: DurationStyle = "clock") -> str:
     """`clock` (progress, status): `45 s`, `3m05s`, `2h04m`; `exact` (a diagnosis's times, to the second):
-    `3.2s`, `3m05s`, `1h02m03s`; `rough` (the report's totals): `45 s`, `90 min`, `2.5 h`."""
+    `3.2s`, `3m05s`, `1h02m03s`; `rough` (the report's totals): `45 s`, `90 min`, `2.5 h`; `estimate` (`tuner
+    run --check`'s): `clock`'s but `0m45s` under a minute; `stopwatch` (how long `tuner run` took): minutes and
+    seconds however long, `0m45s`, `75m03s`."""
     if style == "rough":
         if seconds < 120:
             return f"{seconds:.0f} s"
@@ -39,9 +42,11 @@ def duration_text(seconds: float, *, style: DurationStyle = "clock") -> str:
             return f"{hours}h{minutes:02d}m{secs:02d}s"
         return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
     whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
     minutes, secs = divmod(whole, 60)
+    if style == "stopwatch":
+        return f"{minutes}m{secs:02d}s"
+    if whole < 60 and style == "clock":
+        return f"{whole} s"
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)

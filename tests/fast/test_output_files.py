@@ -4,7 +4,8 @@ the replaced file, and no temporary file outlives a write, whatever ended it.
 
 Through the CLI where a user meets it (`workload synth`, `workload import`), as a separate process;
 the signal tests stop that process at the moment its temporary file exists (its `os.replace` waits),
-so nothing here depends on timing.
+so nothing here depends on timing. The cases that need root (a character device at `--out`, another user's
+file replaced) are in tests/real/test_devices_owners_and_full_disks.py.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import one_error_line, run_tuner
-from tests.support.real_parts import need_real_part
 from tuner.files import write_atomic
 from tuner.workloads import load_trace
 
@@ -34,27 +33,8 @@ def temporaries(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
-@pytest.fixture
-def char_device(tmp_path: Path) -> Iterator[Path]:
-    """A copy of /dev/null (same major and minor): what `--out /dev/null` would meet, harmlessly."""
-    if os.geteuid() != 0:
-        need_real_part("root", "making a character device (a copy of /dev/null) needs root")
-    device = tmp_path / "null-copy"
-    os.mknod(device, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
-    yield device
-
-
 def synth_into(out: Path) -> subprocess.CompletedProcess[str]:
     return run_tuner("workload", "synth", "chat", "--users", "2", "--turns", "1", "--out", str(out))
-
-
-def test_a_character_device_at_out_is_refused_and_stays_a_device(char_device: Path) -> None:
-    result = synth_into(char_device)
-    assert result.returncode == 2
-    line = one_error_line(result)
-    assert f"{char_device} is a character device, not a regular file; nothing was written" in line
-    assert stat.S_ISCHR(os.lstat(char_device).st_mode)
-    assert temporaries(char_device.parent) == []
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket", "directory"])
@@ -201,17 +181,6 @@ def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_write_but_a_liv
         assert not stale.exists()
         assert live.exists() and other.exists()
     assert out.read_text().strip()
-
-
-def test_a_replaced_file_keeps_its_owner_when_root_writes_it(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        need_real_part("root", "giving a file to another user needs root")
-    out = tmp_path / "theirs.jsonl"
-    out.write_text("a user's trace\n")
-    os.chown(out, 4242, 4343)
-    assert synth_into(out).returncode == 0
-    assert (out.stat().st_uid, out.stat().st_gid) == (4242, 4343)
-    assert len(load_trace(out).requests) == 2
 
 
 def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ LAYERS = [
         "streaming_http",
         "svg",
         "text",
+        "lazy",
     },
     {"models", "config"},
     {

@@ -1,6 +1,6 @@
-"""The commands that only read a run directory (`tuner report`, `leaderboard`, `status`) load neither the
-search loop nor the deployers: each runs in a process of its own on a finished run, and the modules it
-imported are checked, as tests/fast/test_startup.py checks the light commands'.
+"""The commands that only read a run directory (`tuner report`, `leaderboard`, `status`, and `tuner apply` up to
+its choice of a trial) load neither the search loop nor the deployers: each runs in a process of its own on a
+finished run, and the modules it imported are checked, as tests/fast/test_startup.py checks the light commands'.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sim_study import fleet_overrides, prepare_simulated, run_simulated, run_simulated_fleet
+from tests.support.sim_study import DEMO, fleet_overrides, prepare_simulated, run_simulated, run_simulated_fleet
 from tuner.morning_report import REPORT_NAME
 from tuner.progress import Plan, ProgressTracker
 from tuner.progress_file import PROGRESS_FILE
@@ -81,6 +81,18 @@ def test_tuner_leaderboard_imports_neither_the_search_loop_nor_the_deployers(
     code, modules, said = imported_by(["leaderboard", str(finished_run), "--json"], tmp_path)
     assert code == 0, said
     assert "tuner.report" in modules
+    assert loop_or_deployer(modules) == set()
+
+
+def test_tuner_apply_chooses_its_trial_without_the_search_loop_or_the_deployers(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    # A trial that did not complete is refused by the reading step, before any host is planned or reached.
+    argv = ["apply", str(DEMO), "--runs-dir", str(finished_run.parent), "--trial", "99", "--set", "budget.trials=3"]
+    code, modules, said = imported_by([*argv, "--set", 'engine.binary="simulated"'], tmp_path)
+    assert code == 2, said
+    assert "trial 99 did not complete" in " ".join(said.split())
+    assert "tuner.apply" in modules and "tuner.report" in modules
     assert loop_or_deployer(modules) == set()
 
 

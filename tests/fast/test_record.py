@@ -13,7 +13,6 @@ import errno
 import hashlib
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import busy_port, free_port
 from tuner.errors import OutputError
 from tuner.record import Recorder, RecorderOptions
 from tuner.workloads import load_trace
@@ -497,9 +497,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_listens(where:
     else:
         blocker.write_text("a file, not a directory")
         out, expected = blocker / "rec.jsonl", "cannot be written: Not a directory; pass a path in a directory you"
-    with socket.socket() as probe:  # a free port: were it opened, the error would not be --out's
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # were it opened, the error would not be --out's
     result = record_cli("--listen", f"127.0.0.1:{port}", "--out", str(out), "--duration", "5")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
@@ -509,10 +507,8 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_listens(where:
 
 
 def test_a_busy_listen_address_is_still_named_as_such(tmp_path: Path) -> None:
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        result = record_cli("--listen", f"127.0.0.1:{busy.getsockname()[1]}", "--out", str(tmp_path / "r.jsonl"))
+    with busy_port() as port:
+        result = record_cli("--listen", f"127.0.0.1:{port}", "--out", str(tmp_path / "r.jsonl"))
     assert result.returncode == 2
     assert "cannot listen on 127.0.0.1:" in result.stderr and "pick another --listen" in result.stderr
 

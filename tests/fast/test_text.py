@@ -31,3 +31,14 @@ def test_a_duration_is_written_in_the_style_its_output_always_had(
     assert duration_text(seconds) == clock  # progress and `tuner status`
     assert duration_text(seconds, style="exact") == exact  # a diagnosis's times
     assert duration_text(seconds, style="rough") == rough  # the morning report's totals
+
+
+@pytest.mark.parametrize(
+    ("seconds", "estimate", "stopwatch"),
+    [(44.6, "0m45s", "0m45s"), (185, "3m05s", "3m05s"), (4503, "1h15m", "75m03s"), (7440, "2h04m", "124m00s")],
+)
+def test_the_checks_estimate_and_the_runs_own_duration_keep_their_minutes(
+    seconds: float, estimate: str, stopwatch: str
+) -> None:
+    assert duration_text(seconds, style="estimate") == estimate  # `tuner run --check`'s duration line
+    assert duration_text(seconds, style="stopwatch") == stopwatch  # "this run took ..."

@@ -3,12 +3,12 @@ run (the torn bytes moved aside into a file it names); the leaderboard reads it 
 changing it; a journal that is binary or damaged elsewhere is one line naming the file and the way back.
 
 The journals are written by real Optuna studies on the project's own storage (`RunDirectory.storage`),
-trials asked and told the way a study run does it; no server is needed.
+trials asked and told the way a study run does it; no server is needed. The tear made by a real full disk (a
+small tmpfs, which needs root to mount) is in tests/real/test_devices_owners_and_full_disks.py.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +16,6 @@ import optuna
 import pytest
 
 from tests.support import one_error_line, run_tuner
-from tests.support.real_parts import need_real_part
 from tuner.errors import StudyError
 from tuner.runs import RunDirectory
 from tuner.study_record import update_study_record, update_trial_record
@@ -166,45 +165,6 @@ def test_a_binary_spec_json_on_resume_is_one_line_naming_it(journal: bytes, tmp_
     with RunDirectory(run) as run_dir, pytest.raises(StudyError, match=r"spec.json is unreadable") as refused:
         run_dir.check_spec({"name": "torn"}, measured=True)
     assert refused.value.exit_code == 1
-
-
-def test_a_journal_torn_by_a_real_full_disk_is_repaired_once_there_is_space_again(tmp_path: Path) -> None:
-    """The issue's reproduction: the run directory on a 64 KiB tmpfs, filled up; the study appends
-    until a record no longer fits and is written only in part (ENOSPC); space is freed; the next run
-    moves the part aside and goes on with every trial that was told before the disk filled."""
-    if os.geteuid() != 0:
-        need_real_part("root", "mounting a small tmpfs for the run directory needs root")
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)], check=True)
-    try:
-        run = runs / "torn"
-        make_study(run)
-        with open(runs / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
-            while True:
-                filler.write(b"\0" * 4096)
-        told: list[int] = []
-        with RunDirectory(run) as run_dir, pytest.raises(OSError, match="No space left"):
-            study = optuna.load_study(study_name="torn", storage=run_dir.storage())
-            for n_batch in range(100, 2000):  # the records fill the journal's last page, then one is torn
-                study.enqueue_trial({"n_batch": n_batch})
-                measure(study, n_batch, 0.1)
-                told.append(n_batch)
-        assert not run_dir.journal.read_bytes().endswith(b"\n")  # a real torn line
-        (runs / "filler").unlink()
-        notices: list[str] = []
-        with RunDirectory(run, notice=notices.append) as run_dir:
-            assert len(notices) == 1 and "moved aside into" in notices[0]
-            assert [p["n_batch"] for _, p in completed(run_dir)] == [2048, 256, 64, *told]
-            study = optuna.load_study(study_name="torn", storage=run_dir.storage())
-            study.enqueue_trial({"n_batch": 8})
-            # A trial enqueued before the disk filled, whose ask was the torn record, waits ahead of it (where
-            # the tear falls depends on the records' sizes).
-            while study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
-                measure(study, 8, 0.2)
-        assert [p["n_batch"] for _, p in completed(RunDirectory(run, notice=pytest.fail))][-1] == 8
-    finally:
-        subprocess.run(["umount", "-l", str(runs)], check=False)
 
 
 def test_optunas_lock_left_by_a_controller_killed_mid_append_is_cleared_by_the_next_run(

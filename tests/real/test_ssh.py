@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.real.conftest import SshHost
+from tests.support import free_port
 from tuner.config import PluginSpec
 from tuner.errors import TransportError
 from tuner.transports import create_transport
@@ -181,7 +182,8 @@ def test_a_host_gone_for_longer_than_the_reconnect_window_fails_with_the_reason(
         async with transport:
             assert transport._connection is not None
             transport._connection.abort()
-            transport._options = transport._options.model_copy(update={"port": _closed_port()})
+            gone = free_port()  # nothing listens there: every reconnect is refused
+            transport._options = transport._options.model_copy(update={"port": gone})
             started = time.monotonic()
             with pytest.raises(TransportError, match=r"could not re-open it within 1\.5 s"):
                 await transport.run(["true"], timeout_s=5)
@@ -191,17 +193,9 @@ def test_a_host_gone_for_longer_than_the_reconnect_window_fails_with_the_reason(
     asyncio.run(scenario())
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_server_on_the_hosts_loopback_is_reached_through_a_forwarded_port(sshd_host: SshHost, tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text("through the tunnel")
-    port = _closed_port()
+    port = free_port()
 
     async def scenario() -> str:
         async with ssh(sshd_host) as transport:

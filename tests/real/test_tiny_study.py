@@ -5,7 +5,6 @@ a full disk, its client and server measurements agree, and the same config measu
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import optuna
 import pytest
 
 from tests.real.conftest import TinyRun, llama_server_processes
-from tests.support import one_error_line, run_tuner
+from tests.support import busy_port, one_error_line, run_tuner
 from tests.support.quick import QUICK_ROUNDS
 from tests.support.real_parts import need_real_part
 from tuner.report import build_leaderboard
@@ -29,10 +28,8 @@ TINY = DATA / "tiny-study.toml"
 
 @pytest.fixture
 def occupied_port() -> Iterator[int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
+    with busy_port() as port:
+        yield port
 
 
 @pytest.mark.real_server

@@ -1,4 +1,4 @@
-"""What every test file shares: a free loopback port, `tuner` run as a user runs it (a subprocess), and
+"""What every test file shares: a free loopback port and a busy one, `tuner` run as a user runs it (a subprocess), and
 `tuner` run in this process (its `main`, with pytest's captured output). The other support modules here
 stand up the real parts and the stand-ins (systemd_host, stand_in, postgres, browser, ...)."""
 
@@ -7,14 +7,25 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["CLI_DEADLINE_S", "DATA", "ROOT", "Outcome", "free_port", "one_error_line", "run_cli", "run_tuner"]
+__all__ = [
+    "CLI_DEADLINE_S",
+    "DATA",
+    "ROOT",
+    "Outcome",
+    "busy_port",
+    "free_port",
+    "one_error_line",
+    "run_cli",
+    "run_tuner",
+]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DATA = ROOT / "tests" / "data"
@@ -30,6 +41,15 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextmanager
+def busy_port() -> Iterator[int]:
+    """A loopback port something listens on (and never answers) while the block runs."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield int(busy.getsockname()[1])
 
 
 def run_tuner(

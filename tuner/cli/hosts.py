@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from tuner.cli.reading import holds_study, use_storage
 from tuner.cli.signals import run_stoppable, stop_on_signals
 from tuner.errors import StudyError
+from tuner.text import settings_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,11 +22,12 @@ __all__ = ["apply", "restore", "trust_host"]
 def apply(args: argparse.Namespace, console: Console) -> int:
     from tuner.apply import Applied, apply_to_hosts
     from tuner.config import load_study
-    from tuner.search import fleet_hosts
 
     storage_url = use_storage(args)
     spec, base_dir = load_study(args.study, args.overrides)
     if args.hosts:
+        from tuner.search import fleet_hosts
+
         fleet_hosts(spec, args.hosts)  # a wrong --host is the user's mistake (exit 2), run directory or not
     run_path = args.runs_dir / spec.name
     if not holds_study(run_path, storage_url):
@@ -34,7 +36,7 @@ def apply(args: argparse.Namespace, console: Console) -> int:
     received: list[int] = []
 
     def applied(result: Applied) -> None:  # each host as it is done: a rollout may stop at the next
-        settings = ", ".join(f"{k}={v}" for k, v in sorted(result.server_settings.items())) or "(the baseline's)"
+        settings = settings_text(result.server_settings, separator=", ", empty="(the baseline's)")
         stall, ttft = result.metrics.get("stall_tok_s"), result.metrics.get("ttft_p95_s")
         on = "" if result.host is None else f" on {result.host}"
         console.print(
@@ -44,7 +46,7 @@ def apply(args: argparse.Namespace, console: Console) -> int:
         )
         console.print(f"applied trial {result.trial} ({settings}){on} for good: {result.path}", highlight=False)
         if result.client_settings:
-            client = ", ".join(f"{k}={v}" for k, v in sorted(result.client_settings.items()))
+            client = settings_text(result.client_settings, separator=", ")
             console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
 
     async def main() -> list[Applied]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from tuner.cli.reading import show
 from tuner.cli.signals import raise_if_stopped, run_stoppable, stop_on_signals
 from tuner.files import write_atomic
+from tuner.text import duration_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,9 +65,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     write_atomic(leaderboard_csv, leaderboard_frame(board).to_csv(index=False).encode())
     report.write()  # as after every trial: a page that cannot be written is said, the run's outcome stands
     written = "" if report.failed else f", the report in {run_path / REPORT_NAME}"
-    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    took = duration_text(time.monotonic() - started, style="stopwatch")
     console.print(
-        f"this run took {minutes}m{seconds:02d}s; leaderboard also in {leaderboard_csv}{written}",
+        f"this run took {took}; leaderboard also in {leaderboard_csv}{written}",
         markup=False,
     )
     raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143

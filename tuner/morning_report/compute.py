@@ -21,7 +21,7 @@ from tuner.models import RequestRecord
 from tuner.morning_report.gather import Absent, Gathered
 from tuner.redact import redact
 from tuner.report import LeaderboardRow
-from tuner.study_view import trials_done
+from tuner.study_view import is_scored
 
 __all__ = [
     "MIN_TRIALS_FOR_IMPORTANCE",
@@ -40,11 +40,7 @@ __all__ = [
 
 MIN_TRIALS_FOR_IMPORTANCE = 5  # below this, an importance ranks noise
 
-# What a trial's settings change in its log, and so explain its score: waits before prefill (a LoRA
-# policy, the slots), queueing for a slot, the cost of switching adapters. Where the long prefills come
-# from is the workload's, the same for every trial: said once, from the baseline's log. Stalls are left
-# to the client's measurement (stall_tok_s and the picture): a log's rate lines come seconds apart, too
-# coarse to place a stream's few tokens within a prefill.
+# The log findings a trial's settings change, shown beside its score (docs/architecture.md: "A trial's findings").
 TRIAL_FINDINGS = ("waits", "queueing", "lora_switch")
 
 
@@ -160,11 +156,8 @@ def compute_report(g: Gathered) -> Computed:
     recommended = board.recommendation.row
     # Without a recommendation, the pictures compare the best candidate, said as such: the one the
     # confirmation re-measured, else the best scored trial that breaks no constraint.
-    confirmed = [r for r in board.rows if r.number in g.record.confirmations]
-    compared = recommended or next(
-        (r for r in confirmed + board.rows if not r.baseline and r.score is not None and r.changed and not r.violates),
-        None,
-    )
+    confirmed = [r for r in board.rows if r.number in g.view.confirmations()]
+    compared = recommended or next((r for r in confirmed + board.rows if is_scored(r) and not r.violates), None)
     long_tokens = long_prompt_tokens(g.spec)
     pictured = ([baseline] + ([compared] if compared is not None else [])) if baseline is not None else []
     findings = {n: _diagnosed(g, n, long_tokens) for n in sorted({0, *(r.number for r in board.rows)})}
@@ -180,9 +173,9 @@ def compute_report(g: Gathered) -> Computed:
         stalls=[(row, _stall_example(g, row.number, long_tokens)) for row in pictured],
         findings=findings,
         skipped=[
-            (r.settings or dict(g.trials[n].params), r.skip_reason or "")
-            for n, r in g.records.items()
-            if r.skip_reason and not r.deployed and g.trials[n].state != TrialState.RUNNING
+            (t.settings, t.record.skip_reason)
+            for t in g.view.trials
+            if t.record.skip_reason and not t.deployed and t.state != TrialState.RUNNING
         ],
         pareto=_objectives_front(g),
         importances=_importances(g),
@@ -199,16 +192,21 @@ def long_prompt_tokens(spec: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and value > 0 else 1000
 
 
+def _started_and_ended(g: Gathered) -> tuple[list[datetime], list[datetime]]:
+    starts = [t.trial.datetime_start for t in g.view.trials if t.trial.datetime_start is not None]
+    ends = [t.trial.datetime_complete for t in g.view.trials if t.trial.datetime_complete is not None]
+    return starts, ends
+
+
 def _when(g: Gathered) -> When:
-    starts = [t.datetime_start for t in g.trials.values() if t.datetime_start is not None]
-    ends = [t.datetime_complete for t in g.trials.values() if t.datetime_complete is not None]
+    starts, ends = _started_and_ended(g)
     budget = g.spec.get("budget", {}).get("trials") if isinstance(g.spec.get("budget"), dict) else None
     return When(
-        done=trials_done(g.records.values()),
+        done=g.view.trials_done(),
         budget=budget,
         started=min(starts) if starts else None,
         ended=max(ends) if ends else None,
-        running=any(t.state == TrialState.RUNNING for t in g.trials.values()),
+        running=bool(g.view.in_state(TrialState.RUNNING)),
     )
 
 
@@ -309,9 +307,7 @@ def pareto(rows: Sequence[LeaderboardRow], x: str, y: str, directions: Mapping[s
 
 def _importances(g: Gathered) -> Importances:
     complete = [
-        t
-        for t in g.trials.values()
-        if t.state == TrialState.COMPLETE and g.records[t.number].deployed and not g.records[t.number].baseline
+        t for t in g.view.in_state(TrialState.COMPLETE) if t.deployed and not t.baseline
     ]  # measured ones: a repeat told with an earlier trial's values adds no evidence
     enough = len(complete) >= MIN_TRIALS_FOR_IMPORTANCE and len(g.study.directions) == 1
     if not enough or not any(r.score is not None for r in g.board.rows):
@@ -362,8 +358,7 @@ def _distribution(values: Sequence[int]) -> Distribution | None:
 
 
 def _time_spent(g: Gathered) -> TimeSpent | None:
-    starts = [t.datetime_start for t in g.trials.values() if t.datetime_start is not None]
-    ends = [t.datetime_complete for t in g.trials.values() if t.datetime_complete is not None]
+    starts, ends = _started_and_ended(g)
     if not starts or not ends:
         return None
     search = confirm = 0.0

@@ -1,6 +1,7 @@
 """Gathering the morning report's facts: everything it reads, and nothing else reads.
 
-The study comes from its storage opened read-only (`tuner.storage`, never the search loop); the rest from the
+The study comes from its storage opened read-only (`tuner.storage`, never the search loop) and is read once into
+a `StudyView`, which every later question about its trials asks; the rest comes from the
 run directory: `spec.json`, `host.json`, the progress file, the round files (whole, for the pictures; their
 spans only, for the time spent) and the server logs' paths. What a file cannot give is gathered as absent.
 """
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import optuna
-from optuna.trial import FrozenTrial
 from pydantic import ValidationError
 
 from tuner.errors import TunerError
@@ -25,7 +25,7 @@ from tuner.redact import redact
 from tuner.report import Leaderboard, build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.storage import open_optuna_study_readonly
-from tuner.study_record import StudyRecord, TrialRecord
+from tuner.study_view import StudyView, TrialView
 
 __all__ = ["MAX_PICTURED_BYTES", "FileMemo", "Gathered", "ReportMemo", "RoundFile", "RoundSpan", "gather_run"]
 
@@ -88,11 +88,10 @@ class Gathered:
     """What the run directory holds, read once; the methods read round files and name server logs on demand."""
 
     run_path: Path
-    study: optuna.Study
-    board: Leaderboard
-    record: StudyRecord
-    trials: dict[int, FrozenTrial]
-    records: dict[int, TrialRecord]
+    study: optuna.Study  # for Optuna's parameter importances; everything else reads `view`
+    view: StudyView
+    trials: dict[int, TrialView]  # the view's trials by number
+    board: Leaderboard  # built from `view`
     spec: dict[str, Any]  # spec.json as written; {} when missing or not an object
     host_facts: dict[str, str | None]  # host.json, redacted; {} for older runs
     phase_seconds: dict[str, float]  # as the progress file counted them; {} without one
@@ -119,8 +118,8 @@ class Gathered:
 
     def workload_round(self) -> tuple[RoundFile | None, Absent | None, int]:
         """The baseline's first round with its records, else why it is absent; and the file's size."""
-        baselines = [n for n, record in self.records.items() if record.baseline]
-        path = RunDirectory(self.run_path).round_path(min(baselines, default=0), 1)
+        first = next((t.number for t in self.view.trials if t.baseline), 0)
+        path = RunDirectory(self.run_path).round_path(first, 1)
         size = path.stat().st_size if path.is_file() else 0
         too_big = path.is_file() and size > MAX_PICTURED_BYTES
         round_file = None if too_big else _read_round(path)
@@ -130,15 +129,15 @@ class Gathered:
 
 
 def gather_run(run_path: Path, memo: ReportMemo, storage_url: str | None = None) -> Gathered:
-    study = open_optuna_study_readonly(RunDirectory(run_path), storage_url)
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    run_dir = RunDirectory(run_path)
+    study = open_optuna_study_readonly(run_dir, storage_url)
+    view = StudyView.of(study, run_dir)
     return Gathered(
         run_path=run_path,
         study=study,
-        board=build_leaderboard(study),
-        record=StudyRecord.of(study),
-        trials=trials,
-        records={n: TrialRecord.of(t) for n, t in trials.items()},
+        view=view,
+        trials={t.number: t for t in view.trials},
+        board=build_leaderboard(view),
         spec=_spec(run_path),
         host_facts=_host_facts(run_path),
         phase_seconds=_phase_seconds(run_path),

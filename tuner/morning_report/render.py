@@ -88,7 +88,7 @@ def _verdict(c: Computed) -> str:
     else:
         head = f"<p class='verdict win'>Change {escape(settings_text(row.changed))}.</p>"
     body = [head, f"<p id='recommendation'>{escape(recommendation.message)}</p>"]
-    confirmation = c.g.record.confirmations.get(row.number) if row is not None else None
+    confirmation = c.g.view.confirmations().get(row.number) if row is not None else None
     if confirmation is not None:
         low, high = confirmation.ci
         body.append(
@@ -282,7 +282,7 @@ def _flags(c: Computed, row: LeaderboardRow) -> str:
             f"<span class='flag bad'>changes answers</span> of about {row.answers_changed:.0%} of requests"
             + escape(note)
         )
-    agreement = c.g.records[row.number].answer_agreement if row.number in c.g.records else None
+    agreement = c.g.trials[row.number].record.answer_agreement if row.number in c.g.trials else None
     if agreement and not row.baseline and min(agreement) < 1:
         flags.append(
             f"<span class='flag'>answers</span> agree {statistics.fmean(agreement):.0%} with the baseline's "
@@ -373,7 +373,7 @@ def _rounds_chart(c: Computed, scored: Sequence[LeaderboardRow]) -> str:
     positions = {r.number: i for i, r in enumerate(ordered)}
     points, tips = [], []
     for row in ordered:
-        for k, score in enumerate(c.g.records[row.number].round_scores):
+        for k, score in enumerate(c.g.trials[row.number].record.round_scores):
             points.append((float(positions[row.number]), score))
             tips.append(f"trial {row.number} round {k + 1}: score {score:+.2f}")
     medians = Series(

@@ -3,8 +3,9 @@
 trials (`queries`), the peers protocol for a single host and a fleet (`peers`, `fleet_peers`), and the
 command's entry (`entry`). docs/architecture.md maps them."""
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tuner.search.ending import record_constraints
@@ -43,11 +44,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner.search' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [
