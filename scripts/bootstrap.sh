@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Makes .venv with serve-tuner installed, reinstalling only when pyproject.toml changed.
 # Usage: ./scripts/bootstrap.sh [dev] (dev: with the test and lint tools), or sourced by demo.sh and test.sh.
 # A failure returns from a sourced run (a shell that sourced it stays open) and exits an executed one.

@@ -126,10 +126,10 @@ def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binar
     for metrics in TrialRecord.of(baseline).rounds:
         client, server = metrics["stall_tok_s"], metrics["server_stall_tok_s"]
         assert client is not None and server is not None, metrics
-        # A tg_3s sample counts whole tokens over at least 3 s: at a token a second (a slow machine's pass at
-        # n_batch 64) one token more or less is a third of a token per second. Beyond that, 15% for the server's
-        # samples covering parts of the window the client measures whole.
-        tolerance = 0.15 * client + 1 / 3
+        # A tg_3s sample counts whole tokens over at least 3 s: at a token a second (a slow machine's iteration
+        # at n_batch 64) one token more or less is a third of a token per second, more than the 25% that holds
+        # where tokens come faster (the server's samples cover parts of the window the client measures whole).
+        tolerance = max(0.25 * client, 0.15 * client + 1 / 3)
         assert abs(server - client) <= tolerance, f"client {client:.2f} tok/s, server {server:.2f} tok/s"
         # The long prompt finds a free slot, so the client's prefill speed (tokens over time to first
         # token) must match the server's own prompt timings.

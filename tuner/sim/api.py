@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.sim.inputs import SimSettings
-from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.slots import SimTask
+
+if TYPE_CHECKING:
+    from tuner.sim.model import SimulatedLlamaServer
 
 __all__ = [
     "final_answer",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
@@ -39,7 +39,7 @@ from tuner.sim.log_lines import (
     task_timings,
     timing_lines,
 )
-from tuner.sim.prompt_cache import CacheEntry, lcp, select_slot, update_ram_cache
+from tuner.sim.prompt_cache import CacheEntry, LogSink, lcp, select_slot, update_ram_cache
 from tuner.sim.slots import SimTask, Slot, answer_tokens
 
 __all__ = [
@@ -52,8 +52,6 @@ __all__ = [
     "format_log_line",
     "load_cost_model",
 ]
-
-LogSink = Callable[[float, str], None]  # (wall-clock seconds since start, line without its timestamp)
 
 
 @dataclass(kw_only=True)

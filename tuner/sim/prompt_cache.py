@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from tuner.sim.inputs import SimSettings
 from tuner.sim.slots import SimTask, Slot
 
-__all__ = ["CacheEntry", "lcp", "select_slot", "update_ram_cache"]
+__all__ = ["CacheEntry", "LogSink", "lcp", "select_slot", "update_ram_cache"]
 
 _SIMILARITY_THRESHOLD = 0.1  # -sps, llama-server's default
 
-LogSink = Callable[[float, str], None]
+LogSink = Callable[[float, str], None]  # (wall-clock seconds since start, line without its timestamp)
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:
