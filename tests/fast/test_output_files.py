@@ -183,7 +183,7 @@ def test_a_temporary_file_left_by_sigkill_is_removed_by_the_next_write_but_a_liv
     assert out.read_text().strip()
 
 
-def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -> None:
+def test_leaderboard_csv_never_overwrites_the_runs_own_files(tmp_path: Path) -> None:
     import optuna
 
     from tuner.runs import RunDirectory
@@ -206,6 +206,20 @@ def test_leaderboard_csv_never_overwrites_the_studys_own_files(tmp_path: Path) -
         assert done.stdout.strip() == "", "refused only after the leaderboard was shown"
         assert (run / name).read_bytes() == before
     assert (run / "optuna.journal").read_bytes() == journal
+    # The run's other files are its evidence too: only its own leaderboard file may be written inside it.
+    (run / "trials" / "0000").mkdir(parents=True)
+    (run / "trials" / "0000" / "server.log").write_text("the server's log\n")
+    (run / "host.json").write_text("{}\n")
+    for flag, name in (("--csv", "trials/0000/server.log"), ("--parquet", "host.json"), ("--csv", "notes.csv")):
+        before = (run / name).read_bytes() if (run / name).exists() else None
+        done = run_tuner("leaderboard", str(run), flag, str(run / name), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        line = one_error_line(done)
+        assert "inside the run directory" in line and f"the leaderboard to {run / ('leaderboard.' + flag[2:])}" in line
+        assert done.stdout.strip() == ""
+        assert ((run / name).read_bytes() if (run / name).exists() else None) == before
+    done = run_tuner("leaderboard", str(run), "--csv", str(run / "leaderboard.csv"), cwd=tmp_path)
+    assert done.returncode == 0 and (run / "leaderboard.csv").is_file(), done.stderr
 
 
 def test_record_checks_an_out_in_a_missing_directory_without_creating_it(tmp_path: Path) -> None:

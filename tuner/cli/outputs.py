@@ -30,12 +30,14 @@ def check_output_in_existing_directory(flag: str, path: Path, *, example: str) -
         raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it or pick another path")
 
 
-def check_not_in_run_directory(out: Path, run_dir: Path) -> None:
-    """Inside the run directory a report may only be its own report.html: every other file there is the
-    run's evidence or its lock, which the report reads or a running controller holds."""
+def check_not_in_run_directory(out: Path, run_dir: Path, *, flag: str = "--out", own: str = "report.html") -> None:
+    """Inside the run directory a command may only write its own file there (`own`: the report, the leaderboard):
+    every other file is the run's evidence or its lock, which the command reads or a running controller holds."""
     target, run = Path(os.path.realpath(out)), Path(os.path.realpath(run_dir))
-    if run in target.parents and target != run / "report.html":
+    if run in target.parents and target != run / own:
+        report = own == "report.html"
+        where = f"the report to {run_dir / own} (the default)" if report else f"the leaderboard to {run_dir / own}"
         raise ConfigError(
-            f"--out {out} is inside the run directory {run_dir}, whose files are the run's own; write the report "
-            f"to {run_dir / 'report.html'} (the default) or outside it"
+            f"{flag} {out} is inside the run directory {run_dir}, whose files are the run's own; write {where} "
+            "or outside it"
         )

@@ -118,6 +118,7 @@ def show(
     for flag, path in (("--csv", csv), ("--parquet", parquet)):
         if path is not None:
             check_report_path(flag, path, study_files=study_files)
+            check_not_in_run_directory(path, run_path, flag=flag, own="leaderboard." + flag.removeprefix("--"))
     if csv is not None and parquet is not None and check_output(csv) == check_output(parquet):
         raise ConfigError(f"--csv and --parquet both name {csv}: one would replace the other; pass two file names")
     study = open_optuna_study_readonly(RunDirectory(run_path), storage_url)
