@@ -211,13 +211,13 @@ def test_leaderboard_csv_never_overwrites_the_runs_own_files(tmp_path: Path) -> 
     (run / "trials" / "0000" / "server.log").write_text("the server's log\n")
     (run / "host.json").write_text("{}\n")
     for flag, name in (("--csv", "trials/0000/server.log"), ("--parquet", "host.json"), ("--csv", "notes.csv")):
-        before = (run / name).read_bytes() if (run / name).exists() else None
+        kept: bytes | None = (run / name).read_bytes() if (run / name).exists() else None
         done = run_tuner("leaderboard", str(run), flag, str(run / name), cwd=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
         line = one_error_line(done)
         assert "inside the run directory" in line and f"the leaderboard to {run / ('leaderboard.' + flag[2:])}" in line
         assert done.stdout.strip() == ""
-        assert ((run / name).read_bytes() if (run / name).exists() else None) == before
+        assert ((run / name).read_bytes() if (run / name).exists() else None) == kept
     done = run_tuner("leaderboard", str(run), "--csv", str(run / "leaderboard.csv"), cwd=tmp_path)
     assert done.returncode == 0 and (run / "leaderboard.csv").is_file(), done.stderr
 
