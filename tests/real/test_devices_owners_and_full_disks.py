@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from tests.fast.test_output_files import synth_into, temporaries
 from tests.fast.test_torn_journal import completed, make_study, measure
 from tests.support import one_error_line
-from tests.support.real_parts import need_real_part
+from tests.support.real_parts import need_real_part, small_tmpfs
 from tuner.runs import RunDirectory
 from tuner.workloads import load_trace
 
@@ -60,12 +59,7 @@ def test_a_journal_torn_by_a_real_full_disk_is_repaired_once_there_is_space_agai
     """The issue's reproduction: the run directory on a 64 KiB tmpfs, filled up; the study appends
     until a record no longer fits and is written only in part (ENOSPC); space is freed; the next run
     moves the part aside and goes on with every trial that was told before the disk filled."""
-    if os.geteuid() != 0:
-        need_real_part("root", "mounting a small tmpfs for the run directory needs root")
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "runs", "64k") as runs:
         run = runs / "torn"
         make_study(run)
         with open(runs / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
@@ -91,5 +85,3 @@ def test_a_journal_torn_by_a_real_full_disk_is_repaired_once_there_is_space_agai
             while study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
                 measure(study, 8, 0.2)
         assert [p["n_batch"] for _, p in completed(RunDirectory(run, notice=pytest.fail))][-1] == 8
-    finally:
-        subprocess.run(["umount", "-l", str(runs)], check=False)

@@ -16,7 +16,7 @@ import pytest
 from tests.real.conftest import TinyRun, llama_server_processes
 from tests.support import busy_port, one_error_line, run_tuner
 from tests.support.quick import QUICK_ROUNDS
-from tests.support.real_parts import need_real_part
+from tests.support.real_parts import small_tmpfs
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.storage import open_optuna_study_readonly
@@ -163,14 +163,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
 ) -> None:
     """P14: the run directory's disk fills up between runs. The next run stops with one line naming the
     problem, leaves no server running, and the study written so far still opens with its baseline."""
-    import os
-
-    if os.geteuid() != 0:
-        need_real_part("root", "mounting a small tmpfs for the run directory needs root")
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(runs)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "runs", "8m") as runs:
         first = run_tuner(
             "run",
             str(TINY),
@@ -204,5 +197,3 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
         assert llama_server_processes(llama_server_binary) == before
         study = open_optuna_study_readonly(RunDirectory(runs / "tiny"))
         assert [t.state.name for t in study.get_trials() if TrialRecord.of(t).baseline] == ["COMPLETE"]
-    finally:
-        subprocess.run(["umount", "-l", str(runs)], check=False)

@@ -8,11 +8,15 @@ README was exercised, never that the parts were quietly missing.
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
-__all__ = ["FIXTURE_PARTS", "OPT_IN_PARTS", "REQUIRED_PARTS", "need_real_part", "on_ci"]
+__all__ = ["FIXTURE_PARTS", "OPT_IN_PARTS", "REQUIRED_PARTS", "need_real_part", "on_ci", "small_tmpfs"]
 
 # The part each fixture stands for, and how scripts/test.sh gets it (named in the failure).
 REQUIRED_PARTS = {
@@ -49,3 +53,17 @@ def need_real_part(part: str, why: str) -> NoReturn:
     if on_ci():
         pytest.fail(f"CI requires the real {part} ({how}), and it is missing: {why}", pytrace=False)
     pytest.skip(f"the real {part} is missing ({how}): {why}")
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's syntax, e.g. "64k") mounted at the new directory `path`, for a disk that
+    fills up; unmounted afterwards. Mounting needs root: without it the test needs that part."""
+    if os.geteuid() != 0:
+        need_real_part("root", "mounting a small tmpfs for the run directory needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
