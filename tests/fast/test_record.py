@@ -523,12 +523,14 @@ def test_a_full_disk_while_recording_is_its_own_line_not_a_listen_failure(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr("tuner.record.proxy.write_atomic", full_disk)
-    options = RecorderOptions(
-        upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0, checkpoint_s=0.05
-    )
-    recorder = Recorder(options, transport=httpx.MockTransport(Upstream().handler))
+    options = RecorderOptions(upstream="http://upstream", out=tmp_path / "rec.jsonl", name="rec", listen_port=0)
 
     async def scenario() -> None:
+        both_recorded = asyncio.Event()  # the first checkpoint comes once both requests are recorded
+        recorder = Recorder(
+            options, transport=httpx.MockTransport(Upstream().handler), checkpoint_due=both_recorded.wait
+        )
+        recorder.on_request = lambda _, recorded: both_recorded.set() if recorded == 2 else None
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(recorder.run(ready=ready.set_result))
         port = await ready

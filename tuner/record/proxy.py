@@ -10,7 +10,7 @@ import errno
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +65,15 @@ class RecorderOptions:
 
 
 class Recorder:
-    def __init__(self, options: RecorderOptions, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        options: RecorderOptions,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        checkpoint_due: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`checkpoint_due` returns when the next checkpoint is due (by default `options.checkpoint_s`
+        later): a test decides when one happens instead of racing a timer."""
         if not options.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream {options.upstream!r} is not a URL; pass e.g. http://127.0.0.1:8080")
         self.options = options
@@ -82,6 +90,7 @@ class Recorder:
         self._write_lock = asyncio.Lock()
         self._write_failure: OutputError | None = None
         self.on_request: Callable[[ObservedRequest, int], None] | None = None
+        self._checkpoint_due = checkpoint_due or (lambda: asyncio.sleep(options.checkpoint_s))
 
     @property
     def recorded(self) -> int:
@@ -161,7 +170,7 @@ class Recorder:
 
     async def _checkpoint_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.options.checkpoint_s)
+            await self._checkpoint_due()
             try:
                 await self.write()
             except OutputError as failure:
