@@ -70,7 +70,7 @@ class Recorder:
         options: RecorderOptions,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        checkpoint_due: Callable[[], Awaitable[None]] | None = None,
+        checkpoint_due: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """`checkpoint_due` returns when the next checkpoint is due (by default `options.checkpoint_s`
         later): a test decides when one happens instead of racing a timer."""
