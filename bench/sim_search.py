@@ -3,7 +3,9 @@
 - A/A: studies whose every trial is the baseline config under noise (tests/data/aa-space.toml); the share
   that recommends something is the false-win rate, with its 95% Clopper-Pearson interval.
 - The demo's search: `studies/stall-demo.toml` as shipped, one study per seed; the share whose
-  recommendation is in the knee region (n_batch <= 256, stall >= 4x the baseline's, prefill >= 0.8x).
+  recommendation is in the knee region (n_batch <= 256, stall >= 4x the baseline's, prefill >= 0.8x), and
+  the confirmation pairs the sequential test ran against those planned (the first 20 seeds and all).
+- A/A confirmations: how many pairs the confirmations of the A/A studies ran, of those planned.
 
     .venv/bin/python bench/sim_search.py [--aa 1000] [--seeds 100] [--out bench/results/sim-search.json]
 """
@@ -20,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.sim_study import DATA, NOISE, prepare_simulated, run_simulated  # noqa: E402
+from tests.support.sim_study import DATA, NOISE, SimulatedStudy, prepare_simulated, run_simulated  # noqa: E402
+from tuner.study_record import StudyRecord  # noqa: E402
 
 
 def _tail(k: int, n: int, p: float) -> float:
@@ -46,6 +49,31 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lower, upper
 
 
+class Pairs:
+    """Confirmation pairs run against those planned, and why they stopped, over many studies."""
+
+    def __init__(self) -> None:
+        self.confirmations = self.run = self.planned = 0
+        self.stopped: dict[str, int] = {}
+
+    def add(self, study: SimulatedStudy, planned: int) -> None:
+        for confirmation in StudyRecord.of(study.study).confirmations.values():
+            self.confirmations += 1
+            self.run += len(confirmation.differences)
+            self.planned += planned
+            reason = confirmation.stopped or "all pairs"
+            self.stopped[reason] = self.stopped.get(reason, 0) + 1
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "confirmations": self.confirmations,
+            "pairs_run": self.run,
+            "pairs_planned": self.planned,
+            "saved_share": 1 - self.run / self.planned if self.planned else 0.0,
+            "stopped": self.stopped,
+        }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--aa", type=int, default=1000, help="A/A studies")
@@ -61,14 +89,19 @@ def main() -> int:
         ]
     )
     with tempfile.TemporaryDirectory() as scratch:
-        wins = sum(
-            run_simulated(aa, Path(scratch) / f"aa-{seed}", seed=seed).board.recommendation.row is not None
-            for seed in range(args.aa)
-        )
-        knee, nothing = 0, 0
+        wins, aa_pairs = 0, Pairs()
+        for seed in range(args.aa):
+            study = run_simulated(aa, Path(scratch) / f"aa-{seed}", seed=seed)
+            wins += study.board.recommendation.row is not None
+            aa_pairs.add(study, aa.spec.confirm.pairs)
+        knee, nothing, demo_pairs, first_20 = 0, 0, Pairs(), Pairs()
         for seed in range(args.seeds):
             prepared = prepare_simulated([f"seed={seed}", f"workload.seed={seed}"])
-            board = run_simulated(prepared, Path(scratch) / f"demo-{seed}", seed=seed).board
+            study = run_simulated(prepared, Path(scratch) / f"demo-{seed}", seed=seed)
+            demo_pairs.add(study, prepared.spec.confirm.pairs)
+            if seed < 20:
+                first_20.add(study, prepared.spec.confirm.pairs)
+            board = study.board
             chosen, baseline = board.recommendation.row, next(r for r in board.rows if r.baseline)
             if chosen is None:
                 nothing += 1
@@ -79,8 +112,21 @@ def main() -> int:
     low, high = clopper_pearson(wins, args.aa)
     result = {
         "noise": {"restart_sigma": NOISE.restart, "iteration_sigma": NOISE.iteration},
-        "aa": {"studies": args.aa, "false_wins": wins, "rate": wins / args.aa, "ci95": [low, high]},
-        "demo": {"seeds": args.seeds, "knee": knee, "nothing_recommended": nothing, "rate": knee / args.seeds},
+        "aa": {
+            "studies": args.aa,
+            "false_wins": wins,
+            "rate": wins / args.aa,
+            "ci95": [low, high],
+            "confirmation_pairs": aa_pairs.summary(),
+        },
+        "demo": {
+            "seeds": args.seeds,
+            "knee": knee,
+            "nothing_recommended": nothing,
+            "rate": knee / args.seeds,
+            "confirmation_pairs": demo_pairs.summary(),
+            "confirmation_pairs_first_20_seeds": first_20.summary(),
+        },
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tuner.config import ParamValue
     from tuner.metrics import MetricInfo
     from tuner.report import Leaderboard, LeaderboardRow
+    from tuner.study_record import Confirmation
     from tuner.workloads import TraceSummary
 
 __all__ = ["ConsoleObserver", "make_console", "render_leaderboard", "render_trace_summary"]
@@ -142,11 +143,15 @@ class ConsoleObserver(NullObserver):
     def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         self._say(
             f"[bold cyan]re-measuring trial {number}[/] ({_settings(settings)}) against the baseline: "
-            f"{pairs} pairs in alternating order"
+            f"up to {pairs} pairs in alternating order, fewer once the answer is clear"
         )
 
-    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
-        self._say(f"  paired score difference {mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}")
+    def confirm_finished(self, *, number: int, result: Confirmation) -> None:
+        low, high = result.ci
+        self._say(
+            f"  paired score difference {result.mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}, "
+            f"over {result.pairs_told()}"
+        )
 
     def restoring(self) -> None:
         self._say("restoring the baseline ...")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the console's observer subclasses these: a console needs no pydantic
     from tuner.config import ParamValue
+    from tuner.study_record import Confirmation
 
 __all__ = ["EVENTS", "FLEET_HOST", "NullObserver", "Observers", "StudyObserver"]
 
@@ -86,8 +87,8 @@ class StudyObserver:
     def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         pass
 
-    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
-        pass
+    def confirm_finished(self, *, number: int, result: Confirmation) -> None:
+        """The re-measurement of trial `number` ended, after the pairs its sequential test needed."""
 
     def restoring(self) -> None:
         pass

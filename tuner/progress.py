@@ -28,6 +28,7 @@ from tuner.text import settings_text
 
 if TYPE_CHECKING:
     from tuner.config import StudySpec
+    from tuner.study_record import Confirmation
 
 __all__ = ["Plan", "ProgressTracker"]
 
@@ -420,10 +421,15 @@ class ProgressTracker(NullObserver):
 
         self._event(change)
 
-    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
+    def confirm_finished(self, *, number: int, result: Confirmation) -> None:
+        low, high = result.ci
+
         def change(s: _State, now: float) -> None:
             s.confirming, s.confirm_left, s.current = None, 0, None
-            s.last = f"trial {number} against the baseline: {mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f}"
+            s.last = (
+                f"trial {number} against the baseline: {result.mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f} "
+                f"over {len(result.differences)} pairs"
+            )
 
         self._event(change)
 

@@ -264,8 +264,8 @@ def _recommend_among(study: StudyRecord, candidates: list[LeaderboardRow], basel
         row, result = max(winners or confirmed, key=lambda rc: rc[1].mean)
         low, high = result.ci
         evidence = (
-            f"paired score difference {result.mean:+.2f} over {len(result.differences)} alternating "
-            f"re-measurements against the baseline, 95% interval {low:+.2f}..{high:+.2f}"
+            f"paired score difference {result.mean:+.2f} over {result.pairs_told()} against the baseline, "
+            f"95% interval {low:+.2f}..{high:+.2f}"
         )
         decision = Verdict(better=bool(winners), reason=evidence)
         if winners:

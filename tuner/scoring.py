@@ -133,21 +133,22 @@ def bootstrap_ci(
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-# Student's t, two-sided 95%, by degrees of freedom; beyond the table the normal value is close enough.
-def difference_ci(values: Sequence[float]) -> tuple[float, float]:
-    """95% interval of the mean paired difference: Student's t, or the bootstrap where that is wider.
+def difference_ci(values: Sequence[float], *, confidence: float = 0.95) -> tuple[float, float]:
+    """The interval of the mean paired difference: Student's t, or the bootstrap where that is wider.
 
     A percentile bootstrap of two or three differences is only their range, so two lucky pairs of a
-    config against itself would look certain; the t interval widens with few pairs, as it must.
+    config against itself would look certain; the t interval widens with few pairs, as it must. The
+    confirmation asks for each look's share of its 5% (`tuner.sequential`); at confidence 1 (a look with
+    no share) the interval is everything.
     """
     data = np.asarray(values, dtype=float)
-    if len(data) < 2:
+    if len(data) < 2 or confidence >= 1:
         return (-math.inf, math.inf)
     degrees = len(data) - 1
-    t = float(stats.t.ppf(0.975, degrees))  # the exact quantile: a table would round between its rows
+    t = float(stats.t.ppf(1 - (1 - confidence) / 2, degrees))  # the exact quantile, not a table's row
     half = t * float(data.std(ddof=1)) / math.sqrt(len(data))
     mean = float(data.mean())
-    low, high = bootstrap_ci(values)
+    low, high = bootstrap_ci(values, confidence=confidence)
     return min(mean - half, low), max(mean + half, high)
 
 

@@ -11,7 +11,7 @@ of being read wrongly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -28,7 +28,9 @@ __all__ = [
     "LEASE_KEY",
     "RECORD_KEY",
     "RECORD_VERSION",
+    "STOP_REASONS",
     "Confirmation",
+    "StopReason",
     "HostRecord",
     "RoundMetrics",
     "StudyRecord",
@@ -117,6 +119,16 @@ class TrialRecord(_Record):
         return _read(cls, trial.user_attrs, where=f"trial {trial.number}")
 
 
+# Why a confirmation's pairs stopped (tuner.sequential decides), and how the leaderboard and report say it.
+StopReason = Literal["above", "below", "futile", "all pairs"]
+STOP_REASONS: dict[StopReason, str] = {
+    "above": "its interval cleared the minimum effect",
+    "below": "its interval fell below the minimum effect",
+    "futile": "the pairs left could not lift its interval above the minimum effect",
+    "all pairs": "all pairs ran",
+}
+
+
 class Confirmation(BaseModel):
     """The paired re-measurement of one candidate against the baseline."""
 
@@ -126,6 +138,18 @@ class Confirmation(BaseModel):
     mean: float
     # A list, not a tuple: the journal hands back JSON arrays, which strict validation keeps as lists.
     ci: list[float] = Field(min_length=2, max_length=2, description="95% interval of the mean difference.")
+    # Both absent in runs of serve-tuner before the sequential confirmation: all its pairs ran.
+    planned_pairs: int | None = Field(default=None, ge=2, description="The most pairs the confirmation would run.")
+    stopped: StopReason | None = Field(default=None, description="Why the pairs stopped (STOP_REASONS).")
+
+    def pairs_told(self) -> str:
+        """How many pairs ran and why they stopped, as the leaderboard and the report say it."""
+        ran = len(self.differences)
+        if self.planned_pairs is None or self.stopped is None:
+            return f"{ran} alternating pairs"
+        if self.stopped == "all pairs":
+            return f"{ran} alternating pairs (all that were planned)"
+        return f"{ran} of at most {self.planned_pairs} alternating pairs (stopped early: {STOP_REASONS[self.stopped]})"
 
 
 class StudyRecord(_Record):

@@ -36,6 +36,7 @@ LAYERS = [
     {
         "metrics",
         "scoring",
+        "sequential",
         "study_record",
         "snapshots",
         "transports",

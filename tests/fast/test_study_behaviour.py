@@ -100,11 +100,14 @@ def test_the_confirmation_alternates_baseline_and_candidate_pair_by_pair(tmp_pat
     )
     result = run_simulated(prepared, tmp_path / "s", seed=2, noise=NoiseModel())
     confirming = ["baseline" if not s else "candidate" for s in result.runner.starts_by_settings[6:]]
-    assert confirming == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
     (confirmation,) = StudyRecord.of(result.study).confirmations.values()
-    assert len(confirmation.differences) == 3
+    # A quiet machine and a large effect: decided before the third pair (the sequential test).
+    assert len(confirmation.differences) == 2 and confirmation.stopped == "above"
+    assert confirming == ["baseline", "candidate", "candidate", "baseline"]
     assert result.board.recommendation.row is not None
-    assert "paired score difference" in result.board.recommendation.message
+    message = result.board.recommendation.message
+    assert "paired score difference" in message
+    assert "over 2 of at most 3 alternating pairs (stopped early: its interval cleared the minimum effect)" in message
 
 
 def test_a_trial_whose_rounds_differ_by_20_percent_gets_its_extra_rounds(tmp_path: Path) -> None:

@@ -127,10 +127,13 @@ def test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may
         # the wait's own metric above and on the test before this one (one setting for all removes the wait).
         # Or the two search rounds already put the trial behind the baseline within their noise (seen in CI
         # beside other work: -0.05 within 0.07), and there was nothing to confirm.
+        # A confirmation that stopped early (its sequential test saw the pairs left could not clear the
+        # minimum effect) ran too few pairs for its mean's sign to say anything.
         assert "changes answers" not in allowed.message, allowed.message
         confirmed = "not above the minimum effect" in allowed.message
         assert confirmed or "that noise and the minimum effect ask" in allowed.message, allowed.message
         mean = re.search(r"paired score difference ([+-][0-9.]+)", allowed.message)
-        assert not confirmed or (mean is not None and float(mean.group(1)) > 0), allowed.message
+        all_pairs = "(all that were planned)" in allowed.message
+        assert not (confirmed and all_pairs) or (mean is not None and float(mean.group(1)) > 0), allowed.message
     else:
         assert allowed.row.number == trial.number, allowed.message

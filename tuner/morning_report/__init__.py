@@ -22,6 +22,7 @@ from tuner.morning_report.gather import ReportMemo, gather_run
 from tuner.morning_report.pieces import redact_spec
 from tuner.morning_report.render import page
 from tuner.observers import NullObserver
+from tuner.study_record import Confirmation
 
 __all__ = ["REPORT_NAME", "ReportMemo", "ReportWriter", "redact_spec", "render_report", "write_report"]
 
@@ -77,5 +78,5 @@ class ReportWriter(NullObserver):
     def trial_pruned(self, *, number: int, reason: str, saved_s: float) -> None:
         self.write()
 
-    def confirm_finished(self, *, number: int, mean: float, low: float, high: float) -> None:
+    def confirm_finished(self, *, number: int, result: Confirmation) -> None:
         self.write()

@@ -94,7 +94,7 @@ def _verdict(c: Computed) -> str:
         body.append(
             "<p>Paired difference in score against the baseline (re-measured in alternating pairs): "
             f"<b data-value='{confirmation.mean:.6g}'>{confirmation.mean:+.2f}</b>, 95% interval "
-            f"{low:+.2f} to {high:+.2f} over {len(confirmation.differences)} pairs. A score of +0.69 is "
+            f"{low:+.2f} to {high:+.2f} over {escape(confirmation.pairs_told())}. A score of +0.69 is "
             "twice as good on the weighted objectives.</p>"
         )
     compared = c.compared

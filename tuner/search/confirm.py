@@ -2,12 +2,12 @@
 paired score differences stored with their 95% interval.
 
 Alternating the order keeps a slow drift of the machine from favouring either side, and both members of a
-pair replay the same prompts.
+pair replay the same prompts. The pairs stop as soon as the answer is decided (`tuner.sequential`): on a
+host where a restart loads a large model, each pair not run is minutes of the night.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,8 @@ from optuna.trial import FrozenTrial
 from tuner.config import ParamValue
 from tuner.observers import StudyObserver
 from tuner.runs import RunDirectory
-from tuner.scoring import difference_ci, median_metrics, score_round
+from tuner.scoring import median_metrics, min_effect, score_round
+from tuner.sequential import look
 from tuner.server_reuse import Servers
 from tuner.study_record import Confirmation as Confirmed
 from tuner.study_record import TrialRecord
@@ -53,11 +54,13 @@ class Confirmation:
         if baseline is None or self.spec.confirm.top == 0:
             return
         reference = median_metrics(TrialRecord.of(baseline).rounds)
+        planned = self.spec.confirm.pairs
+        smallest_win = min_effect(self.spec.objectives)
         for candidate in self.candidates():
             settings = dict(TrialRecord.of(candidate).settings or {})
-            self.observer.confirm_started(number=candidate.number, settings=settings, pairs=self.spec.confirm.pairs)
-            differences = []
-            for pair in range(self.spec.confirm.pairs):
+            self.observer.confirm_started(number=candidate.number, settings=settings, pairs=planned)
+            differences: list[float] = []
+            for pair in range(planned):
                 order = [(baseline.number, {}), (candidate.number, settings)]
                 if pair % 2:
                     order.reverse()
@@ -73,12 +76,19 @@ class Confirmation:
                     )
                     scores[number] = score_round(metrics, reference, self.spec.objectives)
                 differences.append(scores[candidate.number] - scores[baseline.number])
-            low, high = difference_ci(differences)
-            mean = statistics.fmean(differences)
-            confirmed = Confirmed(differences=differences, mean=mean, ci=[low, high])
+                decided = look(differences, planned=planned, min_effect=smallest_win)
+                if decided.stop is not None:
+                    break
+            confirmed = Confirmed(
+                differences=differences,
+                mean=decided.mean,
+                ci=[decided.low, decided.high],
+                planned_pairs=planned,
+                stopped=decided.stop,
+            )
             confirmations = self.peers.record().confirmations
             self.peers.update_record(confirmations={**confirmations, candidate.number: confirmed})
-            self.observer.confirm_finished(number=candidate.number, mean=mean, low=low, high=high)
+            self.observer.confirm_finished(number=candidate.number, result=confirmed)
 
     async def measure(
         self,
