@@ -205,7 +205,8 @@ def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = No
         done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
         if not done:
             raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
-        raise ConfigError(f"trial {trial} did not complete in {run_path}; choose one of: {done}")
+        what = "no trial has that number" if row is None else f"trial {trial} did not complete ({row.state.lower()})"
+        raise ConfigError(f"--trial {trial}: {what} in {run_path}; choose one of: {done}")
     return row
 
 
@@ -264,8 +265,8 @@ def _recommend_among(study: StudyRecord, candidates: list[LeaderboardRow], basel
         row, result = max(winners or confirmed, key=lambda rc: rc[1].mean)
         low, high = result.ci
         evidence = (
-            f"paired score difference {result.mean:+.2f} over {result.pairs_told()} against the baseline, "
-            f"95% interval {low:+.2f}..{high:+.2f}"
+            f"paired score difference {result.mean:+.2f} against the baseline, 95% interval {low:+.2f}..{high:+.2f}, "
+            f"over {result.pairs_told()}"
         )
         decision = Verdict(better=bool(winners), reason=evidence)
         if winners:

@@ -351,7 +351,13 @@ def test_a_set_creates_the_tables_it_names_and_refuses_to_descend_into_a_value()
     }
     with pytest.raises(ConfigError) as refused:
         apply_overrides(data, ["rounds.x=1"])
-    assert str(refused.value) == "--set 'rounds.x=1': 'rounds' is not a table"
+    assert str(refused.value) == "--set 'rounds.x=1': 'rounds' is a value, not a table; --set rounds=VALUE sets it"
+    # An array of tables ([[objectives]]) has no key path into it: the line says how to change it instead.
+    with pytest.raises(ConfigError) as refused:
+        apply_overrides({"objectives": [{"metric": "stall_tok_s", "weight": 1.0}]}, ["objectives.0.weight=2"])
+    assert "'objectives' is a list of tables, which --set cannot reach into; edit it in the study file" in str(
+        refused.value
+    )
 
 
 def test_a_study_without_a_name_is_named_after_its_file(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def test_tuner_report_writes_the_page_and_refuses_an_output_that_would_lose_some
     assert not (tmp_path / "missing").exists()
 
     result = run_tuner("report", str(tmp_path / "nothing-here"))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "holds no study" in one_error_line(result)
 
 

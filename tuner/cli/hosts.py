@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tuner.cli.reading import holds_study, use_storage
 from tuner.cli.signals import run_stoppable, stop_on_signals
-from tuner.errors import StudyError
+from tuner.errors import ConfigError
 from tuner.text import settings_text
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def apply(args: argparse.Namespace, console: Console) -> int:
         fleet_hosts(spec, args.hosts)  # a wrong --host is the user's mistake (exit 2), run directory or not
     run_path = args.runs_dir / spec.name
     if not holds_study(run_path, storage_url):
-        raise StudyError(f"{run_path} holds no study; run `tuner run {args.study}` first")
+        raise ConfigError(f"{run_path} holds no study; run `tuner run {args.study}` first")
 
     received: list[int] = []
 

@@ -140,7 +140,7 @@ def show(
 def leaderboard(args: argparse.Namespace, console: Console) -> int:
     storage_url = use_storage(args)
     if not holds_study(args.run_dir, storage_url):
-        raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
+        raise ConfigError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
     show(
         args.run_dir,
         console,
@@ -156,7 +156,7 @@ def leaderboard(args: argparse.Namespace, console: Console) -> int:
 def report(args: argparse.Namespace, console: Console) -> int:
     storage_url = use_storage(args)
     if not holds_study(args.run_dir, storage_url):
-        raise StudyError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
+        raise ConfigError(f"{args.run_dir} holds no study; pass a directory made by `tuner run`, e.g. runs/stall-demo")
     out = args.out if args.out is not None else args.run_dir / "report.html"
     study_files = [args.run_dir / name for name in STUDY_FILES]  # never to be overwritten by a report
     check_output_in_existing_directory("--out", out, example="report.html")

@@ -23,7 +23,7 @@ def show(args: argparse.Namespace, console: Console) -> int:
 
     if args.plot is not None:  # before the work, which can be long on a big trace
         check_output_in_existing_directory("--plot", args.plot, example="trace.png")
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace, named_by="the trace's path")
     summary = summarize_trace(
         trace,
         long_prompt_tokens=args.long_prompt_tokens,

@@ -179,8 +179,13 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         node = data
         for part in parts[:-1]:
             child = node.setdefault(part, {})
+            if isinstance(child, list):  # [[objectives]], [[constraints]]: arrays of tables have no key path
+                raise ConfigError(
+                    f"--set {override!r}: {part!r} is a list of tables, which --set cannot reach into; "
+                    f"edit it in the study file, or give the whole list, e.g. --set '{part}=[{{...}}]'"
+                )
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {override!r}: {part!r} is not a table")
+                raise ConfigError(f"--set {override!r}: {part!r} is a value, not a table; --set {part}=VALUE sets it")
             node = child
         node[parts[-1]] = value
     return data

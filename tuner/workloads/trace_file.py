@@ -21,17 +21,17 @@ from tuner.workloads.trace_format import TRACE_VERSION, TraceHeader, TraceReques
 __all__ = ["dump_trace", "load_trace", "trace_lines"]
 
 
-def load_trace(path: Path) -> Trace:
+def load_trace(path: Path, *, named_by: str = "workload.path") -> Trace:
     """Reads a trace, a line at a time (a million requests fit in a few hundred MB); every problem is
     reported with the file and line number. Values are not coerced (`"new_tokens": "90"` is refused),
-    and NaN or infinite numbers are refused."""
+    and NaN or infinite numbers are refused. `named_by` is where the user named the path: the fix to check."""
     special = special_file(path)
     if special is not None:
-        raise WorkloadError(f"{path} is {special}, not a trace file; check workload.path")
+        raise WorkloadError(f"{path} is {special}, not a trace file; check {named_by}")
     try:
         handle = path.open("rb")
     except FileNotFoundError:
-        raise WorkloadError(f"{path}: workload file not found; check workload.path") from None
+        raise WorkloadError(f"{path}: workload file not found; check {named_by}") from None
     except IsADirectoryError:
         raise WorkloadError(f"{path} is a directory; name the trace file (JSONL) in it") from None
     except OSError as exc:
@@ -44,7 +44,7 @@ def load_trace(path: Path) -> Trace:
             handle.seek(0)
             for number, raw in enumerate(handle, start=1):
                 if binary or b"\x00" in raw:
-                    raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check workload.path")
+                    raise WorkloadError(f"{path}: is a binary file, not a trace (JSONL text); check {named_by}")
                 try:
                     # A BOM before the header is harmless here.
                     line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
