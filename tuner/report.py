@@ -10,9 +10,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
-import pandas as pd
 from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,9 @@ from tuner.scoring import Verdict, verdict
 from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord
 from tuner.study_view import StudyView, TrialView, is_scored, recommendable
 from tuner.text import settings_text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "LEADERBOARD_JSON_VERSION",
@@ -370,6 +373,8 @@ def _settings(row: LeaderboardRow) -> str:
 
 
 def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
+    import pandas as pd  # only --csv and --parquet need it: a quarter of a second to import
+
     """One row per trial, for CSV export: params, score and each metric's median, min and max."""
     records = []
     fleet = any(row.host for row in board.rows)  # a one-host study's columns stay as they were

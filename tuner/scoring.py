@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from tuner.config import ObjectiveSpec
 from tuner.errors import MeasurementError
@@ -122,6 +121,8 @@ def bootstrap_ci(
     data = np.asarray(values, dtype=float)
     if len(data) < 2 or float(data.min()) == float(data.max()):
         return float(data.mean()), float(data.mean())  # nothing to resample: every resample is this mean
+    from scipy import stats  # here, not at the top: scipy.stats takes most of a second to import
+
     result = stats.bootstrap(
         (data,),
         np.mean,
@@ -144,6 +145,8 @@ def difference_ci(values: Sequence[float], *, confidence: float = 0.95) -> tuple
     data = np.asarray(values, dtype=float)
     if len(data) < 2 or confidence >= 1:
         return (-math.inf, math.inf)
+    from scipy import stats  # here, not at the top: every `tuner` command imports this module
+
     degrees = len(data) - 1
     t = float(stats.t.ppf(1 - (1 - confidence) / 2, degrees))  # the exact quantile, not a table's row
     half = t * float(data.std(ddof=1)) / math.sqrt(len(data))

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from tuner.scoring import difference_ci
 from tuner.study_record import StopReason
@@ -55,6 +54,8 @@ def spending(planned: int, alpha: float = ALPHA) -> list[float]:
     With 2 pairs planned there is one look at the whole `alpha`, the fixed-n interval."""
     if planned < 2:
         raise ValueError(f"a sequential confirmation needs at least 2 pairs, not {planned}")
+    from scipy import stats  # imported when a confirmation looks: scipy.stats takes most of a second
+
     z = float(stats.norm.ppf(1 - alpha / 2))
     spent = [0.0]
     for pairs in range(2, planned + 1):
@@ -77,6 +78,8 @@ def look(differences: Sequence[float], *, planned: int, min_effect: float) -> Lo
         return Look(mean=mean, low=low, high=high, stop="below")
     if n >= planned:
         return Look(mean=mean, low=low, high=high, stop="all pairs")
+    from scipy import stats
+
     spread = float(np.std(differences, ddof=1))
     hoped = mean + spread / math.sqrt(n)  # one standard error better than the pairs so far
     last_half = float(stats.t.ppf(1 - errors[-1] / 2, planned - 1)) * spread / math.sqrt(planned)
