@@ -373,9 +373,9 @@ def _settings(row: LeaderboardRow) -> str:
 
 
 def leaderboard_frame(board: Leaderboard) -> pd.DataFrame:
+    """One row per trial, for CSV export: params, score and each metric's median, min and max."""
     import pandas as pd  # only --csv and --parquet need it: a quarter of a second to import
 
-    """One row per trial, for CSV export: params, score and each metric's median, min and max."""
     records = []
     fleet = any(row.host for row in board.rows)  # a one-host study's columns stay as they were
     for row in board.rows:

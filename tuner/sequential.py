@@ -8,7 +8,7 @@ at the first looks, most at the last), and each look's interval is Student's t a
 bound, all the intervals of a confirmation hold the true mean together with at least 95% probability
 (repeated confidence intervals, Jennison & Turnbull), whatever rule stops the pairs: the win rule below
 is as safe as the fixed-n interval it replaces. The price is a wider interval at the last look (with 4
-pairs, the last look spends 2.6% instead of 5%); the gain is that a large effect stops after 3 pairs of 4
+pairs, the last look spends 3.4% instead of 5%); the gain is that a large effect stops after 3 pairs of 4
 instead of running all of them, and a candidate that cannot win stops after 2 or 3 (docs/metrics.md has
 the simulated power and pairs).
 

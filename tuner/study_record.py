@@ -149,6 +149,8 @@ class Confirmation(BaseModel):
             return f"{ran} alternating pairs"
         if self.stopped == "all pairs":
             return f"{ran} alternating pairs (all that were planned)"
+        if ran >= self.planned_pairs:  # decided at the last look: no pair was saved
+            return f"{ran} alternating pairs (all that were planned; {STOP_REASONS[self.stopped]})"
         return f"{ran} of at most {self.planned_pairs} alternating pairs (stopped early: {STOP_REASONS[self.stopped]})"
 
 

@@ -82,6 +82,9 @@ def test_a_confirmation_stored_before_the_sequential_test_reads_as_all_its_pairs
     assert stopped.pairs_told() == (
         "3 of at most 6 alternating pairs (stopped early: its interval cleared the minimum effect)"
     )
+    # Decided at the last look: no pair was saved, and the line does not say "early".
+    last = old.model_copy(update={"planned_pairs": 3, "stopped": "above"})
+    assert last.pairs_told() == "3 alternating pairs (all that were planned; its interval cleared the minimum effect)"
 
 
 def test_a_study_whose_candidate_is_the_baseline_again_stops_its_confirmation_early_and_says_why(

@@ -177,7 +177,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except RecursionError:
             raise ConfigError(f"--set {key}: the value is nested too deeply; give a plain value") from None
         node = data
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if isinstance(child, list):  # [[objectives]], [[constraints]]: arrays of tables have no key path
                 raise ConfigError(
@@ -185,7 +185,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                     f"edit it in the study file, or give the whole list, e.g. --set '{part}=[{{...}}]'"
                 )
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {override!r}: {part!r} is a value, not a table; --set {part}=VALUE sets it")
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {override!r}: {part!r} is a value, not a table; --set {where}=VALUE sets it")
             node = child
         node[parts[-1]] = value
     return data
