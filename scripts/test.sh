@@ -31,9 +31,11 @@ fi
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
-# The tests that need no real part in two workers (many wait on a simulated server's clock or a
-# subprocess), then the real tier in one process: its measurements share the machine with nothing else.
-# The tier is the directory (tests/conftest.py): tests/fast is `-m "not real"`, tests/real is `-m real`.
-# Each tier lists its slowest tests: where CI's minutes go, read from the run itself.
-.venv/bin/pytest tests/fast -n 2 --durations=15
-exec .venv/bin/pytest tests/real --durations=40
+# Two phases, each listing its slowest tests (where CI's minutes go, read from the run itself). The tier
+# is the directory (tests/conftest.py): tests/fast needs no real part, tests/real does.
+# 1. The fast tier and the real tests that assert no measured figure, in three workers: many of them wait
+#    on a restart, a timer or a subprocess. Every test on the systemd host runs in one of them (one host).
+.venv/bin/pytest tests/fast tests/real -m "not measures" -n 3 --dist loadgroup --durations=25
+# 2. The real tests that assert a measured figure or verdict (marked `measures`), in one process: their
+#    measurements share the machine with nothing else.
+exec .venv/bin/pytest tests/real -m measures -p no:xdist --durations=15

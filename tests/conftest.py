@@ -51,6 +51,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid} {why}")
         if item.path.is_relative_to(REAL_TIER):
             item.add_marker(pytest.mark.real)
+        fixtures = getattr(item, "fixturenames", ())
+        if "tiny_run" in fixtures:
+            # The shared real run is measured where it is made: in the phase with the machine to itself.
+            item.add_marker(pytest.mark.measures)
+        if "systemd_host" in fixtures:
+            # One systemd host at a time: two booted at once (one per pytest-xdist worker, on this machine's
+            # cgroup-v1 hierarchies) lost one host's ssh logins for ten minutes in one run of two.
+            item.add_marker(pytest.mark.xdist_group("systemd-host"))
     if wrong:
         raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(wrong))
 

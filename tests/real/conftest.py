@@ -54,27 +54,38 @@ def tiny_run(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory
     from tests.support import run_tuner
 
     runs_dir = tmp_path_factory.mktemp("tiny-runs")
-    before = llama_server_processes(llama_server_binary)
+    before = llama_server_processes(llama_server_binary, under=runs_dir)
     result = run_tuner("run", str(DATA / "tiny-study.toml"), "--runs-dir", str(runs_dir))
     return TinyRun(
         runs_dir=runs_dir,
         result=result,
         servers_before=before,
-        servers_after=llama_server_processes(llama_server_binary),
+        servers_after=llama_server_processes(llama_server_binary, under=runs_dir),
     )
 
 
-def llama_server_processes(binary: Path) -> list[int]:
-    """PIDs of running processes of this binary, to check that nothing was left running."""
+def llama_server_processes(binary: Path, *, under: Path) -> list[int]:
+    """PIDs of running processes of this binary whose output goes under `under` (a test's own run
+    directory), to check that nothing was left running: tests in other workers run servers of their own."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if Path(os.readlink(entry / "exe")) == binary.resolve():
+                if Path(os.readlink(entry / "exe")) == binary.resolve() and _writes_under(entry, under):
                     pids.append(int(entry.name))
             except OSError:
                 continue
     return pids
+
+
+def _writes_under(process: Path, base: Path) -> bool:
+    for fd in ("1", "2"):
+        try:
+            if Path(os.readlink(process / "fd" / fd)).is_relative_to(base):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ def the_one_failure(status: int, lines: list[str]) -> str:
 
 
 @pytest.mark.real_server
+@pytest.mark.measures
 def test_a_good_study_passes_and_its_duration_estimate_holds_against_the_real_run(
     systemd_host: SystemdHost, tmp_path: Path
 ) -> None:

@@ -20,7 +20,8 @@ from tuner.diagnose import Diagnosis, Finding, diagnose_log
 from tuner.metrics import compute_metrics
 from tuner.models import ReplayRequest, RequestRecord
 
-pytestmark = pytest.mark.real_server
+# Each log is recorded beside the client's own measurements, which the findings are held to.
+pytestmark = [pytest.mark.real_server, pytest.mark.measures]
 
 STYLE = (("style", 1.0),)
 # Lower than the default (1000): a prompt this long takes several seconds to prefill at n_batch 64 on two

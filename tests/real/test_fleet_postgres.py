@@ -95,18 +95,8 @@ def test_one_study_on_three_simulated_hosts_and_a_real_pair_survives_a_killed_co
     """The issue's done-means: PostgreSQL, three simulated hosts and a real llama-server pair."""
     _killed_controller_story(_with_password(postgres_url), postgres_url, tmp_path, real=True)
     # Ours only: a server whose output goes into this test's run directories (other suites may run theirs).
-    ours = [pid for pid in llama_server_processes(llama_server_binary) if _writes_under(pid, tmp_path)]
+    ours = llama_server_processes(llama_server_binary, under=tmp_path)
     assert ours == [], "a real llama-server of the fleet was left running"
-
-
-def _writes_under(pid: int, base: Path) -> bool:
-    for fd in ("1", "2"):
-        try:
-            if Path(os.readlink(f"/proc/{pid}/fd/{fd}")).is_relative_to(base):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 # The same fleet without the real pair, 4 times faster (the simulated servers and the workload's arrivals

@@ -70,6 +70,7 @@ async def _server(engine: Engine, log_path: Path) -> AsyncIterator[str]:
         yield deployment.base_url
 
 
+@pytest.mark.measures
 def test_a_reused_llama_server_with_its_prompt_cache_on_serves_a_round_as_a_restarted_one(
     tmp_path: Path, llama_server_binary: Path
 ) -> None:

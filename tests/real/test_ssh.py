@@ -241,7 +241,7 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     host = "\n".join(f"{key} = {json.dumps(value)}" for key, value in {"kind": "ssh", **sshd_host.options()}.items())
     (tmp_path / "remote.toml").write_text(f"{text}\n[host]\n{host}\n")
 
-    before = llama_server_processes(llama_server_binary)
+    before = llama_server_processes(llama_server_binary, under=tmp_path)
     sshd_log = sshd_host.workdir / "sshd.log"
     logins_before = sshd_log.read_text().count("Accepted publickey")
     command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "remote.toml"), "--runs-dir", str(tmp_path)]
@@ -256,4 +256,4 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     assert sshd_log.read_text().count("Accepted publickey") > logins_before
     trial_dir = tmp_path / "remote" / "trials" / "0000"
     assert (trial_dir / "server.log").exists() and not (trial_dir / "server.log.env").exists()
-    assert llama_server_processes(llama_server_binary) == before
+    assert llama_server_processes(llama_server_binary, under=tmp_path) == before

@@ -410,7 +410,8 @@ def test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_add
 
     # `tuner apply` whose verification run fails (every request past its deadline): nothing is made
     # permanent, and the host is back on its baseline.
-    apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *quick, *key]
+    # The verification run only has to succeed: two short chats will do, whatever the study measured.
+    apply = ["apply", str(study), "--runs-dir", str(tmp_path), "--trial", str(tuned.number), *QUICK_ROUNDS, *key]
     applied = f"/etc/systemd/system/{unit}.d/zz-tuner-applied.conf"
     refused = run_tuner(*apply, "--set", "workload.request_timeout_s=0.001", env=env, timeout=600)
     assert refused.returncode == 1, refused.stderr[-3000:]

@@ -33,6 +33,7 @@ def occupied_port() -> Iterator[int]:
 
 
 @pytest.mark.real_server
+@pytest.mark.measures
 def test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes(tiny_run: TinyRun) -> None:
     result, tmp_path = tiny_run.result, tiny_run.runs_dir
     assert result.returncode == 0, result.stderr
@@ -76,12 +77,12 @@ def study_trials(run_path: Path) -> list[optuna.trial.FrozenTrial]:
 def test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server(
     tmp_path: Path, llama_server_binary: Path, occupied_port: int
 ) -> None:
-    before = llama_server_processes(llama_server_binary)
+    before = llama_server_processes(llama_server_binary, under=tmp_path)
     result = run_tuner("run", str(TINY), "--runs-dir", str(tmp_path), "--set", f"engine.port={occupied_port}")
     assert result.returncode == 1
     line = one_error_line(result)
     assert "baseline" in line and "server" in line
-    assert llama_server_processes(llama_server_binary) == before
+    assert llama_server_processes(llama_server_binary, under=tmp_path) == before
 
 
 @pytest.mark.real_server
@@ -89,7 +90,7 @@ def test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server(
 def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
     tmp_path: Path, llama_server_binary: Path, sig: signal.Signals, exit_code: int
 ) -> None:
-    before = llama_server_processes(llama_server_binary)
+    before = llama_server_processes(llama_server_binary, under=tmp_path)
     command = [sys.executable, "-m", "tuner", "run", str(TINY), "--runs-dir", str(tmp_path), "--set", "budget.trials=1"]
     command += QUICK_ROUNDS
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
@@ -97,13 +98,13 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
         for line in process.stdout:
             if "server healthy" in line:
                 break
-        assert len(llama_server_processes(llama_server_binary)) > len(before), "no server was started"
+        assert len(llama_server_processes(llama_server_binary, under=tmp_path)) > len(before), "no server was started"
         process.send_signal(sig)
         process.send_signal(sig)  # an impatient second one must not skip the restore (P2; any moment: test_signals)
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == exit_code, stderr
     assert "baseline was restored" in stderr
-    assert llama_server_processes(llama_server_binary) == before, "a llama-server was left running"
+    assert llama_server_processes(llama_server_binary, under=tmp_path) == before, "a llama-server was left running"
 
     study = open_optuna_study_readonly(RunDirectory(tmp_path / "tiny"))
     (interrupted,) = study.get_trials()
@@ -118,6 +119,7 @@ def test_an_interrupted_study_stops_its_server_and_resumes_cleanly(
 
 
 @pytest.mark.real_server
+@pytest.mark.measures
 def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binary: Path) -> None:
     result = run_tuner("run", str(DATA / "validation-study.toml"), "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -139,6 +141,7 @@ def test_client_and_server_measurements_agree(tmp_path: Path, llama_server_binar
 
 
 @pytest.mark.real_server
+@pytest.mark.measures
 def test_the_same_config_measured_again_is_not_called_a_win(tmp_path: Path, llama_server_binary: Path) -> None:
     result = run_tuner(
         "run",
@@ -179,7 +182,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
         with open(runs / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):  # the disk fills up
             while True:
                 filler.write(b"\0" * 65536)
-        before = llama_server_processes(llama_server_binary)
+        before = llama_server_processes(llama_server_binary, under=tmp_path)
         full = run_tuner(
             "run",
             str(TINY),
@@ -194,6 +197,6 @@ def test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readabl
         assert full.returncode != 0
         assert "Traceback" not in full.stderr
         assert "No space left" in one_error_line(full)
-        assert llama_server_processes(llama_server_binary) == before
+        assert llama_server_processes(llama_server_binary, under=tmp_path) == before
         study = open_optuna_study_readonly(RunDirectory(runs / "tiny"))
         assert [t.state.name for t in study.get_trials() if TrialRecord.of(t).baseline] == ["COMPLETE"]

@@ -265,9 +265,13 @@ def _die_with_parent() -> None:
 
 
 def _remove_stale_cgroups() -> None:
-    """Cgroups of earlier test hosts whose run was killed before its teardown: empty ones only."""
+    """Cgroups of earlier test hosts whose run was killed before its teardown: empty ones whose test process
+    is gone (another pytest worker's host may be booting, its cgroup still empty)."""
     for root in _cgroup_roots():
         for top in root.glob("serve-tuner-test-*"):
+            owner = top.name.removeprefix("serve-tuner-test-").partition("-")[0]
+            if owner.isdigit() and Path(f"/proc/{owner}").exists():
+                continue
             if not any(procs.read_text().strip() for procs in top.rglob("cgroup.procs")):
                 _remove_cgroup(top.name)
 
@@ -299,7 +303,7 @@ def boot_systemd_host(
     )  # fmt: skip
     base = workdir / "root"
     base.mkdir()
-    cgroup = f"serve-tuner-test-{uuid.uuid4().hex[:8]}"
+    cgroup = f"serve-tuner-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the owner: see _remove_stale_cgroups
     log = (workdir / "boot.log").open("w")
     _remove_stale_cgroups()
     # If the test run dies without its teardown (SIGTERM, SIGKILL), the host must die with it: unshare
