@@ -37,27 +37,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench/results/pass-rates-by-load.json"
 
-# Every real-server test that asserts a figure or a verdict measured on llama-server.
-MEASUREMENT_TESTS = (
-    "tests/real/test_tiny_study.py::test_a_tiny_study_finds_small_batches_lift_stall_speed_and_resumes",
-    "tests/real/test_tiny_study.py::test_the_same_config_measured_again_is_not_called_a_win",
-    "tests/real/test_tiny_study.py::test_client_and_server_measurements_agree",
-    "tests/real/test_tiny_study.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[2-130]",
-    "tests/real/test_tiny_study.py::test_an_interrupted_study_stops_its_server_and_resumes_cleanly[15-143]",
-    "tests/real/test_tiny_study.py::test_a_full_disk_stops_the_run_with_one_line_and_earlier_trials_stay_readable",
-    "tests/real/test_tiny_study.py::test_an_unusable_port_fails_the_baseline_with_one_line_and_leaves_no_server",
-    "tests/real/test_lora_study.py::test_mixed_lora_traffic_waits_before_prefill_and_one_setting_for_all_removes_the_wait",
-    "tests/real/test_lora_study.py::test_a_lora_study_finds_the_wait_and_recommends_a_policy_only_if_answers_may_change",
-    "tests/real/test_api_key_real_server.py::test_the_api_key_is_used_but_never_printed_or_written",
-    "tests/real/test_ssh.py::test_a_study_runs_its_server_on_a_host_reached_over_ssh",
-    "tests/real/test_systemd_deployer.py::test_a_study_tunes_the_operators_unit_over_ssh_and_apply_keeps_its_model_address_and_port",
-    "tests/real/test_diagnose_real.py::test_a_long_prefill_beside_streams_at_n_batch_64_is_a_stall_at_the_clients_speed_naming_n_batch",
-    "tests/real/test_diagnose_real.py::test_at_n_batch_2048_the_stall_is_near_zero_as_the_client_saw_and_the_estimate_is_prefill_over_n_batch",
-    "tests/real/test_diagnose_real.py::test_mixed_lora_settings_wait_behind_the_other_setting_as_the_case_study_classifies_them",
-    "tests/real/test_diagnose_real.py::test_a_prompt_cache_eviction_and_every_slot_busy_are_found",
-    "tests/real/test_server_reuse_real.py::test_a_reused_llama_server_with_its_prompt_cache_on_serves_a_round_as_a_restarted_one",
-    "tests/real/test_replay_real.py::test_a_later_turn_reuses_the_whole_conversation_from_the_cache_answer_included",
-)
+# The real-server tests that assert a measured figure or verdict: those marked `measures` (the ones CI runs
+# with the machine to themselves), less the report's browser test, which only reads the tiny study's shared
+# run (its own measurement is the tiny study test's).
+READS_A_SHARED_RUN = ("tests/real/test_report_browser.py::",)
+
+
+def measurement_tests() -> list[str]:
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "measures"]
+    listed = subprocess.run([*collect, "tests/real"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tests = [line for line in listed.splitlines() if line.startswith("tests/real/") and "::" in line]
+    return [t for t in tests if not t.startswith(READS_A_SHARED_RUN)]
+
+
 LOADS = ("quiet", "half", "busy-core")
 
 
@@ -189,7 +181,7 @@ def main() -> int:
             save()
             print(entry["whole_suite"], failure, sep="\n")
             return 0 if passed else 1
-        tests = [t for t in MEASUREMENT_TESTS if not args.only or any(o in t for o in args.only)]
+        tests = [t for t in measurement_tests() if not args.only or any(o in t for o in args.only)]
         for _ in range(args.repeats):
             for test in tests:
                 done = runs.setdefault(test, [])

@@ -33,9 +33,18 @@ if [ "$#" -gt 0 ]; then
 fi
 # Two phases, each listing its slowest tests (where CI's minutes go, read from the run itself). The tier
 # is the directory (tests/conftest.py): tests/fast needs no real part, tests/real does.
-# 1. The fast tier and the real tests that assert no measured figure, in three workers: many of them wait
-#    on a restart, a timer or a subprocess. Every test on the systemd host runs in one of them (one host).
-.venv/bin/pytest tests/fast tests/real -m "not measures" -n 3 --dist loadgroup --durations=25
+# 1. Every test that asserts no measured figure. The tests on the systemd host run in a process of their
+#    own (one host at a time: two interfere), beside the others in two workers; many of them wait on a
+#    restart, a timer or a subprocess rather than the CPU. Its output follows the others'.
+host_log=$(mktemp)
+.venv/bin/pytest tests/real -m "on_systemd_host and not measures" -p no:xdist --durations=15 >"$host_log" 2>&1 &
+host_tests=$!
+status=0
+.venv/bin/pytest tests/fast tests/real -m "not on_systemd_host and not measures" -n 2 --durations=25 || status=$?
+wait "$host_tests" || status=$?
+cat "$host_log"
+rm -f "$host_log"
+[ "$status" = 0 ] || exit "$status"
 # 2. The real tests that assert a measured figure or verdict (marked `measures`), in one process: their
 #    measurements share the machine with nothing else.
 exec .venv/bin/pytest tests/real -m measures -p no:xdist --durations=15

@@ -41,6 +41,8 @@ def tier_mismatch(path: Path, parts: list[str], real_server: bool) -> str | None
     return "is in neither tests/fast/ nor tests/real/"
 
 
+# First: the `-m` selection runs in this hook too, and must see the marks added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test in tests/real/ is marked `real`: `pytest -m "not real"` is the fast tier. A test whose
     directory disagrees with the parts it needs stops the collection, naming it."""
@@ -56,9 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The shared real run is measured where it is made: in the phase with the machine to itself.
             item.add_marker(pytest.mark.measures)
         if "systemd_host" in fixtures:
-            # One systemd host at a time: two booted at once (one per pytest-xdist worker, on this machine's
-            # cgroup-v1 hierarchies) lost one host's ssh logins for ten minutes in one run of two.
-            item.add_marker(pytest.mark.xdist_group("systemd-host"))
+            # One systemd host at a time: with two booted at once (one per pytest-xdist worker, on this
+            # machine's cgroup-v1 hierarchies) one host lost its ssh logins, in both runs that tried it.
+            item.add_marker(pytest.mark.on_systemd_host)
     if wrong:
         raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(wrong))
 
