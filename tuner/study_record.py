@@ -46,7 +46,10 @@ RECORD_KEY = "serve_tuner"
 # 2: a trial's `host` and `requeued_from`, the study's `objectives`, and each fleet host's own record
 # (`HostRecord`, under HOST_KEY_PREFIX + its name). A version-1 record lacks those fields and reads with
 # their defaults; a version-2 record must have every field.
-RECORD_VERSION = 2
+# 3: a confirmation's `planned_pairs` and `stopped` (the sequential confirmation). Optional in every version
+# (all pairs ran before it), but a version-2 reader would call a record holding them damaged; this way it
+# asks for an upgrade instead.
+RECORD_VERSION = 3
 # The fields each version added, which a record of an older version may lack.
 _ADDED_IN = {2: {"host", "requeued_from", "objectives"}}
 # Per-host study state: each host is driven by exactly one controller (its lock), so no two controllers
@@ -137,7 +140,12 @@ class Confirmation(BaseModel):
     differences: list[float] = Field(description="Candidate's score minus the baseline's, per pair.")
     mean: float
     # A list, not a tuple: the journal hands back JSON arrays, which strict validation keeps as lists.
-    ci: list[float] = Field(min_length=2, max_length=2, description="95% interval of the mean difference.")
+    ci: list[float] = Field(
+        min_length=2,
+        max_length=2,
+        description="The interval of the mean difference at the last look: 95% jointly over all its looks "
+        "(tuner/sequential.py); an ordinary 95% interval in runs before the sequential confirmation.",
+    )
     # Both absent in runs of serve-tuner before the sequential confirmation: all its pairs ran.
     planned_pairs: int | None = Field(default=None, ge=2, description="The most pairs the confirmation would run.")
     stopped: StopReason | None = Field(default=None, description="Why the pairs stopped (STOP_REASONS).")

@@ -85,6 +85,22 @@ def test_a_record_from_a_newer_serve_tuner_is_refused_with_one_line(tmp_path: Pa
     ]
 
 
+def test_a_sequential_confirmation_is_asked_of_the_serve_tuner_before_it_as_an_upgrade_not_as_damage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tuner import study_record
+    from tuner.study_record import Confirmation
+
+    confirmation = Confirmation(differences=[0.4, 0.5], mean=0.45, ci=[0.2, 0.7], planned_pairs=4, stopped="above")
+    stored = StudyRecord(confirmations={3: confirmation}).stored()
+    study = optuna.create_study()
+    study.set_user_attr(RECORD_KEY, stored)
+    assert StudyRecord.of(study).confirmations[3] == confirmation
+    monkeypatch.setattr(study_record, "RECORD_VERSION", 2)  # the reader of the version before it
+    with pytest.raises(StudyError, match=r"stored by a newer serve-tuner \(record version 3, this one reads 2\)"):
+        StudyRecord.of(study)
+
+
 def test_a_damaged_record_is_refused_naming_the_field(tmp_path: Path) -> None:
     run = tmp_path / "damaged"
     with RunDirectory(run) as run_dir:

@@ -216,6 +216,11 @@ def _payload(
     client_key.chmod(0o600)
     (conf / "host_key").chmod(0o600)
     (conf / "authorized_keys").write_bytes(client.export_public_key())
+    # Root's shell setup is the host's, not this machine's: bash reads ~/.bashrc for every command sshd runs,
+    # and a pyenv there rehashes under a lock file that a login killed mid-command leaves behind; every later
+    # command then waited 60 s for it (each systemd-host test took 95 s once it happened).
+    (directory / "root").mkdir(mode=0o700)
+    (directory / "root" / ".bashrc").write_text("# the test host's root: no shell setup\n")
     (conf / "sshd_config").write_text(
         f"Port {ssh_port}\nListenAddress 127.0.0.1\nHostKey /etc/serve-tuner-test/host_key\n"
         "AuthorizedKeysFile /etc/serve-tuner-test/authorized_keys\nPasswordAuthentication no\n"
