@@ -34,7 +34,7 @@ fi
 # Two phases, each listing its slowest tests (where CI's minutes go, read from the run itself). The tier
 # is the directory (tests/conftest.py): tests/fast needs no real part, tests/real does.
 # 1. Every test that asserts no measured figure. The tests on the systemd host run in a process of their
-#    own (one host at a time: two interfere), beside the others in two workers; many of them wait on a
+#    own (one host, its tests in order), beside the others in two workers; many of them wait on a
 #    restart, a timer or a subprocess rather than the CPU. Its output follows the others'.
 host_log=$(mktemp)
 .venv/bin/pytest tests/real -m "on_systemd_host and not measures" -p no:xdist --durations=15 >"$host_log" 2>&1 &

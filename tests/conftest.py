@@ -58,8 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The shared real run is measured where it is made: in the phase with the machine to itself.
             item.add_marker(pytest.mark.measures)
         if "systemd_host" in fixtures:
-            # One systemd host at a time: with two booted at once (one per pytest-xdist worker, on this
-            # machine's cgroup-v1 hierarchies) one host lost its ssh logins, in both runs that tried it.
+            # Run by scripts/test.sh in one process of their own: one host, its tests in the order written.
             item.add_marker(pytest.mark.on_systemd_host)
     if wrong:
         raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(wrong))
