@@ -13,8 +13,8 @@ instead of running all of them, and a candidate that cannot win stops after 2 or
 the simulated power and pairs).
 
 The pairs stop when the interval clears the minimum effect (a win), when it lies wholly below it (not a
-win, however many more pairs), or when even the remaining pairs coming out one standard error better
-than those so far would leave the last look's interval short of the minimum effect (futile). Stopping
+win, however many more pairs), or when even a final mean one standard error (of the mean so far) above
+the current one would leave the last look's interval short of the minimum effect (futile). Stopping
 for futility never adds a win, so it costs no false wins; in simulation it cost under 2 points of power.
 """
 
