@@ -85,7 +85,7 @@ def test_a_record_from_a_newer_serve_tuner_is_refused_with_one_line(tmp_path: Pa
     ]
 
 
-def test_a_sequential_confirmation_is_asked_of_the_serve_tuner_before_it_as_an_upgrade_not_as_damage(
+def test_a_record_holding_a_sequential_confirmation_asks_the_version_before_for_an_upgrade_not_as_damaged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tuner import study_record
