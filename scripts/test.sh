@@ -27,23 +27,28 @@ if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
 if [ "$#" -gt 0 ]; then
+  .venv/bin/mypy
   exec .venv/bin/pytest "$@"
 fi
 # Two phases, each listing its slowest tests (where CI's minutes go, read from the run itself). The tier
 # is the directory (tests/conftest.py): tests/fast needs no real part, tests/real does.
 # 1. Every test that asserts no measured figure. The tests on the systemd host run in a process of their
 #    own (one host, its tests in order), beside the others in two workers; many of them wait on a
-#    restart, a timer or a subprocess rather than the CPU. Its output follows the others'.
+#    restart, a timer or a subprocess rather than the CPU. mypy (about 40 s of one core) runs beside them
+#    as well. Their outputs, mypy's first, follow the others'.
 host_log=$(mktemp)
+types_log=$(mktemp)
+.venv/bin/mypy >"$types_log" 2>&1 &
+types_check=$!
 .venv/bin/pytest tests/real -m "on_systemd_host and not measures" -p no:xdist --durations=15 >"$host_log" 2>&1 &
 host_tests=$!
 status=0
 .venv/bin/pytest tests/fast tests/real -m "not on_systemd_host and not measures" -n 2 --durations=25 || status=$?
+wait "$types_check" || status=$?
 wait "$host_tests" || status=$?
-cat "$host_log"
-rm -f "$host_log"
+cat "$types_log" "$host_log"
+rm -f "$types_log" "$host_log"
 [ "$status" = 0 ] || exit "$status"
 # 2. The real tests that assert a measured figure or verdict (marked `measures`), in one process: their
 #    measurements share the machine with nothing else.

@@ -49,7 +49,7 @@ def test_leaderboard_of_a_directory_without_a_study_says_so(tmp_path: Path) -> N
 
 
 def test_workload_show_summarizes_a_trace_and_names_a_bad_line(tmp_path: Path) -> None:
-    shown = run_tuner("workload", "show", str(DATA / "stall-small.jsonl"))
+    shown = run_tuner("workload", "show", str(DATA / "stall-small.jsonl"), "--long-prompt-tokens", "600")
     assert shown.returncode == 0, shown.stderr
     assert "3 requests in 3 sessions" in shown.stdout and "1 long prompts" in shown.stdout
     broken = tmp_path / "broken.jsonl"

@@ -97,6 +97,7 @@ def test_a_study_whose_candidate_is_the_baseline_again_stops_its_confirmation_ea
             f'search.space="{DATA / "aa-space.toml"}"',
             'search.params=["cache_ram"]',
             f'workload.path="{DATA / "stall-small.jsonl"}"',
+            "metrics.long_prompt_tokens=600",
             "budget.trials=3",
             "confirm.pairs=5",
         ]

@@ -247,7 +247,7 @@ def _sim_study(tmp_path: Path, *extra: str, speed: int = 20) -> Path:
         'path = "stall-small.jsonl"\n', f'path = "{DATA / "stall-small.jsonl"}"\ntime_scale = {1 / speed}\n', 1
     )
     text = text.replace('space = "batch-space.toml"', f'space = "{DATA / "batch-space.toml"}"')
-    text = text.replace("long_prompt_tokens = 1000", "long_prompt_tokens = 1000\nmin_overlap_s = 0.02")
+    text = text.replace("long_prompt_tokens = 600", "long_prompt_tokens = 600\nmin_overlap_s = 0.02")
     study = tmp_path / "sim-study.toml"
     study.write_text(text + "".join(f"{line}\n" for line in extra))
     return study
