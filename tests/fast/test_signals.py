@@ -18,9 +18,12 @@ import pytest
 
 CHILD = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, sys, threading, time
     from tuner.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, signals
 
+    # A thread still alive at exit, as a library may leave one: the signals the main thread blocks at the
+    # end still reach the process through it, up to the last moment of Python's shutdown.
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     received = []
 
     async def command():
