@@ -25,7 +25,9 @@ def test_record_in_front_of_the_real_llama_server_until_ctrl_c(tmp_path: Path, l
     from tuner.config import PluginSpec
     from tuner.engines import create_engine
 
-    launch = create_engine(PluginSpec.model_validate({"kind": "llama-server"})).launch_spec({})
+    # One server thread: beside other tests, a busy core would stall every barrier of two.
+    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "settings": {"threads": 1}}))
+    launch = engine.launch_spec({})
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen([launch.executable, *launch.args], env={**os.environ, **launch.env}, stderr=log)
     listen = f"127.0.0.1:{free_port()}"

@@ -26,7 +26,10 @@ TURNS = (
 def replay_trace(tmp_path: Path, text: str, *, splice_answers: bool) -> list[RequestRecord]:
     path = tmp_path / "trace.jsonl"
     path.write_text(text)
-    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "settings": {"n_parallel": 2}}))
+    engine = create_engine(
+        # One server thread: beside other tests, a busy core would stall every barrier of two.
+        PluginSpec.model_validate({"kind": "llama-server", "settings": {"n_parallel": 2, "threads": 1}})
+    )
     requests = synthesize_requests(load_trace(path), token_range=engine.prompt_token_range(), seed=3, round_index=0)
     if not splice_answers:
         requests = [r.model_copy(update={"answer_spans": ()}) for r in requests]
