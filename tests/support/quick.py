@@ -1,6 +1,6 @@
 """Quick rounds for the real-server tests that measure nothing: recovery from a kill at each step, signals,
 secrets, a full disk. They run the tiny study (tests/data/tiny-study.toml) as the others do, but its stall
-workload takes about 17 s a round on a 2-core CPU with one server thread; these replay two short chats
+workload takes 14 to 17 s a round on a 2-core CPU with one server thread; these replay two short chats
 (tests/data/quick.jsonl, a second or two) and score TTFT, which any round has (the stall metric needs a
 long prompt beside a stream)."""
 
