@@ -280,47 +280,27 @@ def test_a_streams_tokens_in_a_prefill_whose_iterations_slow_down_are_its_logged
     the iterations the log shows there (4); counted from where the lines begin, less the first iterations'
     length times the time to the stretch, they would come out below zero."""
     log = Log(slots=2)
-    head = "slot print_timing: id  0 | task 1 |"
-    log.add(0.9999, "I", "slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1")
-    log.add(1.0, "I", "slot launch_slot_: id  0 | task 1 | processing task, is_child = 0")
-    # 33 tok/s from 1.1 s to the prefill's start at 7.5 s (n = 212), one token per iteration to its end at
-    # 18.5 s (n = 244), then 50 tok/s; the rate lines after 10.5 s fall on iteration ends.
+    # The stream: decoding from 1.1 s at 33 tok/s to the prefill's start at 7.5 s (n = 212), one token per
+    # iteration to its end at 18.5 s (n = 244), then 50 tok/s; the rate lines after 10.5 s fall on
+    # iteration ends.
+    log.task(1, 0, launch=1.0, prompt=40, prompt_ms=100, output=369, eval_ms=19_900)
     lines = ((4.1, 100, 33.0), (7.1, 199, 33.0), (10.5, 224, 3.5), (13.7, 232, 2.5), (16.9, 240, 2.5))
     for at, n, rate in (*lines, (19.9, 314, 24.7)):
-        log.add(at, "I", f"{head} n_gen = {n:6d}, tg = {rate:6.2f} t/s, tg_3s = {rate:6.2f} t/s")
-    log.add(
-        21.0,
-        "I",
-        f"{head} prompt eval time =     100.00 ms /    40 tokens (    2.50 ms per token,   400.00 tokens per second)",
-    )
-    log.add(
-        21.0,
-        "I",
-        f"{head}        eval time =   19900.00 ms /   369 tokens (   53.93 ms per token,    18.54 tokens per second)",
-    )
-    log.add(21.0001, "I", "slot      release: id  0 | task 1 | stop processing: n_tokens = 408, truncated = 0")
-    long_head = "slot print_timing: id  1 | task 2 |"
-    log.add(7.4999, "I", "slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1")
-    log.add(7.5, "I", "slot launch_slot_: id  1 | task 2 | processing task, is_child = 0")
-    for k in range(12, 32):  # progress lines from the 12th iteration's end (3 s in), one per iteration
+        log.add(
+            at,
+            "I",
+            f"slot print_timing: id  0 | task 1 | n_gen = {n:6d}, tg = {rate:6.2f} t/s, tg_3s = {rate:6.2f} t/s",
+        )
+    # The long prompt: prefilled from 7.5 s to 18.5 s, progress lines from its 12th iteration's end (3 s in).
+    log.task(2, 1, launch=7.5, prompt=2000, prompt_ms=11_000, output=4, eval_ms=100)
+    for k in range(12, 32):
         at = 10.5 + 0.4 * (k - 12)
         log.add(
             at,
             "I",
-            f"{long_head} prompt processing, n_tokens = {62 * k:6d}, progress = {k / 32:.2f}, "
+            f"slot print_timing: id  1 | task 2 | prompt processing, n_tokens = {62 * k:6d}, progress = {k / 32:.2f}, "
             f"t = {at - 7.5:6.2f} s / {62 * k / (at - 7.5):.2f} tokens per second",
         )
-    log.add(
-        18.6,
-        "I",
-        f"{long_head} prompt eval time =   11000.00 ms /  2000 tokens (5.50 ms per token, 181.82 tokens per second)",
-    )
-    log.add(
-        18.6,
-        "I",
-        f"{long_head}        eval time =     100.00 ms /     4 tokens (25.00 ms per token, 40.00 tokens per second)",
-    )
-    log.add(18.6001, "I", "slot      release: id  1 | task 2 | stop processing: n_tokens = 2003, truncated = 0")
     stall = diagnose_log(log.lines).finding("stalls")
     assert stall is not None
     # 12 tokens in the unlogged 3 s, then 8, 8 and 4 logged iterations: 32 in 11 s.
