@@ -16,6 +16,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.config import ParamValue, SearchSpace, StudySpec
@@ -27,8 +28,16 @@ from tuner.models import CheckLine, TunedKnob
 from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.text import duration_text
 from tuner.transports.base import Transport, create_transport
+from tuner.trial_runner import warm_up_request
 
-__all__ = ["ASSUMED_DECODE_TOK_S", "DEFAULT_LOCAL_RESTART_S", "DEFAULT_RESTART_S", "check_study", "estimate_duration_s"]
+__all__ = [
+    "ASSUMED_DECODE_TOK_S",
+    "DEFAULT_LOCAL_RESTART_S",
+    "DEFAULT_RESTART_S",
+    "DurationEstimate",
+    "check_study",
+    "estimate_duration_s",
+]
 
 LOCAL_STUDY_FIX = (
     "tuner diagnose wrote this as a local study: it tunes a server it starts on this machine, not the one whose "
@@ -40,13 +49,15 @@ DEFAULT_LOCAL_RESTART_S = 5.0
 # A server restart when no round was measured on the host yet: a small model loads in seconds, a 14B one on
 # a GPU in tens of seconds; a run's own measured round time replaces this.
 DEFAULT_RESTART_S = 30.0
-# What a round adds beside the replay and the restart: the warm-up request and the correctness probes.
-_ROUND_OVERHEAD_S = 2.0
 # A stream's decode speed where the trace recorded no durations: slower than one stream on a GPU or on
 # SmolLM2 on 2 cores, so that the estimate errs long.
 ASSUMED_DECODE_TOK_S = 20.0
-# The controller's own start and the restore at the end, beside the rounds.
-_STUDY_OVERHEAD_S = 5.0
+# A round's own work beside the restart, the warm-up and the replay: scoring it, storing it, the sampler's
+# next proposal (0.2 s a round on 2 cores, the check test's run of 2026-12-04).
+_BETWEEN_ROUNDS_S = 0.3
+# The controller's own start, the host's snapshot and the dead-man timer, beside the rounds and the restore's
+# restart (1.3 s between the progress file's first and last writes, and a second to import, in that run).
+_STUDY_OVERHEAD_S = 3.0
 _GRID_LIMIT = 10_000
 # Of a model on the host, the start read for its GGUF header: metadata and the tokenizer's vocabulary of
 # models up to 256K tokens fit (the tensors' data, the rest of the file, is never read).
@@ -168,21 +179,42 @@ def _replay_s(prepared: PreparedStudy) -> float:
     return last_arrival + min(tail, prepared.spec.workload.request_timeout_s)
 
 
-def estimate_duration_s(spec: StudySpec, *, round_s: float, hosts: int = 1) -> tuple[int, float]:
+@dataclass(frozen=True)
+class DurationEstimate:
+    """A study's length on one host, as two readings: `rounds` when no trial is re-measured, and
+    `rounds_if_noisy` when every one takes its `extra_rounds_if_noisy` (short, noisy rounds do). Pruned
+    trials and a confirmation that stops early make a study shorter than either."""
+
+    rounds: int
+    rounds_if_noisy: int
+    round_s: float
+    seconds: float
+    seconds_if_noisy: float
+
+
+def estimate_duration_s(
+    spec: StudySpec, *, round_s: float, probes_s: float = 0.0, fixed_s: float = 0.0, hosts: int = 1
+) -> DurationEstimate:
     """The rounds one host measures and how long they take: its baseline's rounds and its share of the
     trials' (a fleet's hosts split them), cut at `budget.hours` but for the batch then in flight, and the
-    confirmation's pairs of two rounds for each candidate. Extra rounds for noisy trials and the rounds
-    pruning saves are left out (they roughly cancel on the studies measured so far)."""
-    search = (1 + math.ceil(spec.budget.trials / hosts)) * spec.rounds
-    if spec.budget.hours is not None:
-        in_flight = spec.rounds * spec.interleave
-        search = min(search, math.ceil(spec.budget.hours * 3600 / round_s) + in_flight)
-    rounds = search + spec.confirm.top * spec.confirm.pairs * 2
-    return rounds, rounds * round_s
+    confirmation's pairs of two rounds for each candidate. `probes_s`, the correctness probes, is paid once
+    per trial of the search; `fixed_s` once per study."""
+
+    def reading(per_trial: int) -> tuple[int, float]:
+        search = (1 + math.ceil(spec.budget.trials / hosts)) * per_trial
+        if spec.budget.hours is not None:
+            search = min(search, math.ceil(spec.budget.hours * 3600 / round_s) + per_trial * spec.interleave)
+        probing = math.ceil(search / per_trial) if spec.gate.enabled else 0
+        rounds = search + spec.confirm.top * spec.confirm.pairs * 2
+        return rounds, rounds * round_s + probing * probes_s + fixed_s
+
+    rounds, seconds = reading(spec.rounds)
+    rounds_if_noisy, seconds_if_noisy = reading(spec.rounds + spec.extra_rounds_if_noisy)
+    return DurationEstimate(rounds, rounds_if_noisy, round_s, seconds, seconds_if_noisy)
 
 
 def _measured_round_s(run_path: Path) -> float | None:
-    """The mean round time (server restart included) a run of this study measured on the host, if any."""
+    """The mean round time (server restart and probes included) a run of this study measured on the host."""
     try:
         measured = json.loads((run_path / "progress.json").read_text()).get("round_s")
     except (OSError, ValueError, AttributeError):
@@ -194,25 +226,41 @@ def _duration_line(
     spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, startup_s: float | None, hosts: int
 ) -> CheckLine:
     """The study's length on one host: from the round time its own run measured there, else from the
-    replay, the start of the server running there now (its own log's clock) or a default, and the warm-up;
-    then the restore's restart."""
+    replay, the start of the server running there now (its own log's clock) or a default, the warm-up and
+    the round's own work, with the probes once a trial; then the controller's own start and the restore's
+    restart."""
     default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
     restart_s = default_s if startup_s is None else startup_s
     measured = _measured_round_s(run_path)
+    probes_s = 0.0
     if measured is not None:
-        round_s, source = measured, f"{measured:.0f} s a round, as measured by this study's run so far"
+        round_s, source = measured, f"{measured:.1f} s a round, as measured by this study's run so far"
     else:
-        round_s = _replay_s(prepared) + restart_s + _ROUND_OVERHEAD_S
+        warm_up_s = warm_up_request(prepared.engine).output_tokens / ASSUMED_DECODE_TOK_S
+        round_s = _replay_s(prepared) + restart_s + warm_up_s + _BETWEEN_ROUNDS_S
+        # The probes are asked together: one batch, decoded at about one stream's speed.
+        probes_s = spec.gate.tokens / ASSUMED_DECODE_TOK_S if spec.gate.enabled else 0.0
         restart = (
             f"a server start of {startup_s:.1f} s (the running server's own log)"
             if startup_s is not None
             else f"a server start taken as {default_s:g} s (none measured yet)"
         )
-        source = f"{round_s:.0f} s a round: the replay, {restart} and the warm-up"
-    rounds, seconds = estimate_duration_s(spec, round_s=round_s, hosts=hosts)
-    seconds += _STUDY_OVERHEAD_S + restart_s
-    took = duration_text(seconds, style="estimate")
-    return CheckLine("duration", True, f"about {took}: {rounds} rounds (each a server restart) at {source}")
+        source = f"{round_s:.1f} s a round: the replay, {restart}, the warm-up and scoring"
+        if probes_s:
+            source += f"; the correctness probes, {probes_s:.1f} s a trial"
+    estimate = estimate_duration_s(
+        spec, round_s=round_s, probes_s=probes_s, fixed_s=_STUDY_OVERHEAD_S + restart_s, hosts=hosts
+    )
+    took = duration_text(estimate.seconds, style="estimate")
+    if estimate.rounds_if_noisy == estimate.rounds:
+        length = f"about {took}: {estimate.rounds} rounds"
+    else:
+        noisy = duration_text(estimate.seconds_if_noisy, style="estimate")
+        length = (
+            f"about {took} to {noisy}: {estimate.rounds} rounds, or {estimate.rounds_if_noisy} if every trial is "
+            "measured again as noisy"
+        )
+    return CheckLine("duration", True, f"{length} (each a server restart), at {source}")
 
 
 def _grid(space: SearchSpace) -> list[dict[str, ParamValue]] | None:
