@@ -46,6 +46,8 @@ LOCAL_STUDY_FIX = (
 )
 # A server started on this machine (the simulated one, or a small model): seconds, not a GPU's tens.
 DEFAULT_LOCAL_RESTART_S = 5.0
+# The simulated llama-server's start: a Python process's, its model's load on its own fast clock.
+DEFAULT_SIMULATED_RESTART_S = 1.0
 # A server restart when no round was measured on the host yet: a small model loads in seconds, a 14B one on
 # a GPU in tens of seconds; a run's own measured round time replaces this.
 DEFAULT_RESTART_S = 30.0
@@ -169,14 +171,15 @@ def _workload_line(prepared: PreparedStudy) -> CheckLine:
 
 def _replay_s(prepared: PreparedStudy) -> float:
     """A round's replay: the last arrival (scaled), plus the longest recorded request, or where the trace
-    recorded none, the longest answer decoded at ASSUMED_DECODE_TOK_S."""
+    recorded none, the longest answer decoded at ASSUMED_DECODE_TOK_S, on the server's clock (a simulated
+    server's runs faster)."""
     trace = prepared.trace
     if not len(trace):
         return 0.0
     last_arrival = float(trace.offset_s.max()) * prepared.spec.workload.time_scale
     recorded = [float(d) for d in trace.duration_s.tolist() if not math.isnan(d)]
     tail = max(recorded) if recorded else float(trace.output_tokens.max()) / ASSUMED_DECODE_TOK_S
-    return last_arrival + min(tail, prepared.spec.workload.request_timeout_s)
+    return last_arrival + min(tail / prepared.engine.clock_speed(), prepared.spec.workload.request_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -229,23 +232,27 @@ def _duration_line(
     replay, the start of the server running there now (its own log's clock) or a default, the warm-up and
     the round's own work, with the probes once a trial; then the controller's own start and the restore's
     restart."""
+    speed = prepared.engine.clock_speed()
     default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
+    default_s = DEFAULT_SIMULATED_RESTART_S if speed != 1.0 else default_s
     restart_s = default_s if startup_s is None else startup_s
     measured = _measured_round_s(run_path)
     probes_s = 0.0
     if measured is not None:
         round_s, source = measured, f"{measured:.1f} s a round, as measured by this study's run so far"
     else:
-        warm_up_s = warm_up_request(prepared.engine).output_tokens / ASSUMED_DECODE_TOK_S
+        decode_tok_s = ASSUMED_DECODE_TOK_S * speed
+        warm_up_s = warm_up_request(prepared.engine).output_tokens / decode_tok_s
         round_s = _replay_s(prepared) + restart_s + warm_up_s + _BETWEEN_ROUNDS_S
         # The probes are asked together: one batch, decoded at about one stream's speed.
-        probes_s = spec.gate.tokens / ASSUMED_DECODE_TOK_S if spec.gate.enabled else 0.0
+        probes_s = spec.gate.tokens / decode_tok_s if spec.gate.enabled else 0.0
         restart = (
             f"a server start of {startup_s:.1f} s (the running server's own log)"
             if startup_s is not None
             else f"a server start taken as {default_s:g} s (none measured yet)"
         )
-        source = f"{round_s:.1f} s a round: the replay, {restart}, the warm-up and scoring"
+        clock = f" on a clock {speed:g} times faster than real time" if speed != 1.0 else ""
+        source = f"{round_s:.1f} s a round{clock}: the replay, {restart}, the warm-up and scoring"
         if probes_s:
             source += f"; the correctness probes, {probes_s:.1f} s a trial"
     estimate = estimate_duration_s(

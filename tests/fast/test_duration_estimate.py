@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tuner.check import estimate_duration_s
 from tuner.config import StudySpec, load_study
+from tuner.search import prepare_study
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-study.toml"
 
@@ -43,3 +46,25 @@ def test_the_budgets_hours_cut_the_search_but_the_batch_in_flight_finishes() -> 
     estimate = estimate_duration_s(spec, round_s=60.0)
     assert estimate.rounds == 6 + 2  # 6 minutes of 1-minute rounds, then the trial under way
     assert estimate.rounds_if_noisy == 6 + 3
+
+
+SIMULATED = Path(__file__).resolve().parents[2] / "studies" / "stall-demo-simulated.toml"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "speed"),
+    [
+        ('["--sim-speed", "20"]', 20.0),
+        ('["--sim-seed", "3", "--sim-speed=0.5"]', 0.5),
+        ("[]", 1.0),  # the simulator's own default
+        ('["--sim-speed", "fast"]', 1.0),  # refused by the simulator at its start, not here
+    ],
+)
+def test_a_simulated_servers_clock_speed_is_its_sim_speed(extra_args: str, speed: float) -> None:
+    spec, base = load_study(SIMULATED, [f"engine.extra_args={extra_args}"])
+    assert prepare_study(spec, base).engine.clock_speed() == speed
+
+
+def test_a_real_servers_clock_is_real_time_whatever_its_arguments() -> None:
+    spec, base = load_study(TINY, ['engine.binary="/bin/false"', 'engine.extra_args=["--sim-speed", "20"]'])
+    assert prepare_study(spec, base).engine.clock_speed() == 1.0

@@ -156,6 +156,10 @@ class KnobbedEngine(Generic[OptionsT]):
         does not say."""
         return None
 
+    def clock_speed(self) -> float:
+        """How many times faster than real time the server runs: 1 for a real one."""
+        return 1.0
+
     def flush_requests(self, slots: int) -> list[ReplayRequest]:
         """Requests that leave no slot holding an earlier prompt; none by default."""
         return []
@@ -292,6 +296,10 @@ class Engine(Protocol):
     def startup_s(self, log: str) -> float | None:
         """How long the server took from its start to serving (the model loaded), by its own log's clock;
         None where its log does not say."""
+        ...
+
+    def clock_speed(self) -> float:
+        """How many times faster than real time the server runs: 1, but for a simulated server's speed-up."""
         ...
 
     def flush_requests(self, slots: int) -> list[ReplayRequest]:

@@ -7,6 +7,7 @@ without a tokenizer round trip, and `ignore_eos` makes every answer exactly as l
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import socket
@@ -332,6 +333,23 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             return None
         minutes, seconds, ms, us = (int(part) for part in found.groups())
         return minutes * 60 + seconds + ms / 1e3 + us / 1e6
+
+    def clock_speed(self) -> float:
+        if not self.simulated:
+            return 1.0
+        args = self._options.extra_args
+        for i, flag in enumerate(args):
+            if flag == "--sim-speed":
+                text = args[i + 1] if i + 1 < len(args) else ""
+            else:
+                text = flag.removeprefix("--sim-speed=") if flag.startswith("--sim-speed=") else ""
+            try:
+                speed = float(text)
+            except ValueError:
+                continue
+            if math.isfinite(speed) and speed > 0:  # any other the simulator itself refuses at its start
+                return speed
+        return 1.0
 
     def slot_count(self, startup_log: str) -> int | None:
         found = _N_SLOTS.findall(startup_log)
