@@ -37,17 +37,38 @@ fi
 #    own (one host, its tests in order), beside the others in two workers; many of them wait on a
 #    restart, a timer or a subprocess rather than the CPU. mypy (about 40 s of one core) runs beside them
 #    as well. Their outputs, mypy's first, follow the others'.
+#    The three run as jobs (`set -m`), each in a process group of its own with SIGINT as usual: Ctrl-C
+#    reaches the script alone, and its traps pass it on to each, whose teardown stops its host and
+#    servers. (Without job control bash starts them ignoring SIGINT, and Ctrl-C left them running.)
 host_log=$(mktemp)
 types_log=$(mktemp)
+jobs_beside=()
+stop_jobs() {
+  for job in "${jobs_beside[@]}"; do kill -INT -- "-$job" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -f "$types_log" "$host_log"
+}
+trap stop_jobs EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+set -m
 .venv/bin/mypy >"$types_log" 2>&1 &
 types_check=$!
+jobs_beside+=("$types_check")
 .venv/bin/pytest tests/real -m "on_systemd_host and not measures" -p no:xdist --durations=15 >"$host_log" 2>&1 &
 host_tests=$!
+jobs_beside+=("$host_tests")
+.venv/bin/pytest tests/fast tests/real -m "not on_systemd_host and not measures" -n 2 --durations=25 &
+other_tests=$!
+jobs_beside+=("$other_tests")
+set +m
 status=0
-.venv/bin/pytest tests/fast tests/real -m "not on_systemd_host and not measures" -n 2 --durations=25 || status=$?
+wait "$other_tests" || status=$?
 wait "$types_check" || status=$?
 wait "$host_tests" || status=$?
+jobs_beside=()
 cat "$types_log" "$host_log"
+trap - EXIT INT TERM
 rm -f "$types_log" "$host_log"
 [ "$status" = 0 ] || exit "$status"
 # 2. The real tests that assert a measured figure or verdict (marked `measures`), in one process: their

@@ -320,3 +320,73 @@ def test_streams_that_keep_most_of_their_speed_beside_a_long_prefill_are_no_find
     log.task(2, 1, launch=3.0, prompt=2000, prompt_ms=4000, output=4, eval_ms=200)
     diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
     assert diagnosis.finding("stalls") is None, diagnosis.findings
+
+
+def short_log_beside_a_two_batch_prefill(*, solo: bool, long_output: int = 4) -> Log:
+    """A short log as a new user's first try makes one (issue 28): a request alone, then a stream of 120
+    tokens beside a 3,000-token prompt prefilled at n_batch 2048 in two iterations, 3 s to 36 s. The first
+    ends at 25 s, past the progress lines' delay, so one line shows it; the second ends where decoding starts.
+    The stream decodes at 40 tok/s before and after, and gets one token per iteration in between (2 in 33 s);
+    its only rate line (at 100 tokens) comes after the prefill."""
+    log = Log(slots=2)
+    if solo:
+        log.task(0, 0, launch=0.2, prompt=40, prompt_ms=100, output=60, eval_ms=1500)
+    log.task(1, 0, launch=2.0, prompt=40, prompt_ms=100, output=120, eval_ms=35_950)
+    log.add(37.55, "I", "slot print_timing: id  0 | task 1 | n_gen =    100, tg =   2.79 t/s, tg_3s =  21.00 t/s")
+    log.task(2, 1, launch=3.0, prompt=3000, prompt_ms=33_000, output=long_output, eval_ms=200)
+    log.add(
+        25.0,
+        "I",
+        "slot print_timing: id  1 | task 2 | prompt processing, n_tokens =   2047, progress = 0.68, "
+        "t =  22.00 s / 93.05 tokens per second",
+    )
+    return log
+
+
+def test_a_stream_beside_a_prefill_with_one_progress_line_gets_one_token_per_iteration() -> None:
+    # Spread over the rate line's whole stretch, the stream's tokens would come out at 2.7 tok/s, 40x what it got.
+    diagnosis = diagnose_log(short_log_beside_a_two_batch_prefill(solo=True).lines, long_prompt_tokens=1000)
+    stall = diagnosis.finding("stalls")
+    assert stall is not None, diagnosis.findings
+    by_name = figures(stall)
+    assert by_name["stall_tok_s"] == pytest.approx(2 / 33, rel=0.1)
+    assert by_name["unstalled_tok_s"] == pytest.approx(40.0)  # the request that decoded alone
+    assert "requests that decoded with no long prefill beside them" in next(
+        f.label for f in stall.figures if f.name == "unstalled_tok_s"
+    )
+    # The one line's 2,047 tokens were one batch: n_batch 2048, named in the fix with what a smaller one gives.
+    assert diagnosis.server.n_batch == 2048
+    (fix,) = stall.fixes
+    assert fix.knob == "n_batch" and "now 0.06 tok/s at n_batch 2048" in (fix.estimate or "")
+
+
+def test_a_frozen_stream_with_nothing_to_compare_it_with_is_a_finding_under_the_floor() -> None:
+    # No request decoded alone, no rate line outside the prefill: only the floor says the stream was frozen.
+    log = short_log_beside_a_two_batch_prefill(solo=False, long_output=1)
+    stall = diagnose_log(log.lines, long_prompt_tokens=1000).finding("stalls")
+    assert stall is not None
+    assert figures(stall)["unstalled_tok_s"] is None and stall.user_seconds_lost is None
+    assert "under the 1 tok/s a reader can follow (no speed elsewhere in this log)" in stall.summary
+
+
+def test_at_the_smallest_n_batch_the_fix_names_no_smaller_one() -> None:
+    """A stream at one token per 0.7 s iteration beside a prefill in chunks of 32: n_batch 32 is where a
+    study starts, so the fix says what is left instead of naming n_batch again."""
+    log = Log(slots=2)
+    log.task(0, 0, launch=0.2, prompt=40, prompt_ms=100, output=60, eval_ms=1500)
+    log.task(1, 0, launch=2.0, prompt=40, prompt_ms=100, output=80, eval_ms=22_000)
+    log.task(2, 1, launch=3.0, prompt=1024, prompt_ms=22_400, output=4, eval_ms=200)
+    for k in range(5, 32):  # after 3 s: one line per 32-token iteration of 0.7 s
+        at = 3.0 + 0.7 * k
+        log.add(
+            at,
+            "I",
+            f"slot print_timing: id  1 | task 2 | prompt processing, n_tokens = {32 * k:6d}, progress = {k / 32:.2f}, "
+            f"t = {0.7 * k:6.2f} s / 45.71 tokens per second",
+        )
+    diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
+    stall = diagnosis.finding("stalls")
+    assert stall is not None and diagnosis.server.n_batch == 32
+    (fix,) = stall.fixes
+    assert fix.knob is None and fix.study_params == []
+    assert fix.action.startswith("n_batch is already 32, the smallest a study tries")

@@ -149,14 +149,21 @@ class Task:
 
     def unlogged_iteration_s(self) -> float | None:
         """How long each prefill iteration before the first progress line took: the time to that line over
-        the batches it counts (the batch size from the lines' steps); None without two lines."""
-        steps = [n1 - n0 for (_, n0), (_, n1) in itertools.pairwise(self.progress) if n1 > n0]
-        if not steps:
+        the batches it counts. The batch size is the lines' steps; with one line, it is one batch where no
+        two fit: the batch after it (the prompt's rest) is more than half of it, or the line came more than
+        twice the lines' delay in (the batch it ends began before the delay). None where it cannot tell."""
+        if not self.progress:
             return None
         first_at, first_n = self.progress[0]
-        batches = first_n / statistics.median(steps)
         seconds = first_at - self.prefill_start_s
-        return seconds / batches if batches >= 1 and seconds > 0 else None
+        if seconds <= 0:
+            return None
+        steps = [n1 - n0 for (_, n0), (_, n1) in itertools.pairwise(self.progress) if n1 > n0]
+        if steps:
+            batches = first_n / statistics.median(steps)
+            return seconds / batches if batches >= 1 else None
+        rest = (self.prompt_n or 0) - first_n
+        return seconds if 2 * rest > first_n or seconds > 2 * _PROGRESS_AFTER_S else None
 
     def iteration_ends(self) -> tuple[list[float], float]:
         """The ends of this task's prefill iterations that the log shows, and the time from which it shows

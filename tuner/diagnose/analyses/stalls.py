@@ -12,7 +12,16 @@ from tuner.diagnose.analyses.base import Worst, analysis, bucket, fmt_speed, med
 from tuner.diagnose.reader import ReadContext, Task
 from tuner.diagnose.report import Evidence, Figure, Finding, Fix, StudyConstraint, StudyObjective, counted
 
-__all__ = ["Stalls"]
+__all__ = ["UNREADABLE_TOK_S", "Stalls"]
+
+# Below this a stream is a frozen screen, whatever it decodes elsewhere: people read 3 to 5 words a second,
+# several tokens; a log with no speed to compare with is still a finding under it.
+UNREADABLE_TOK_S = 1.0
+# A request's decode speed counts as its server's speed alone from this many tokens: a long prompt's own few
+# answer tokens (a summary's first words) time its first steps more than the server's decoding.
+_ALONE_MIN_TOKENS = 8
+# The smallest n_batch a study of this finding tries (tuner/diagnose/study.py's ladder starts there).
+_SMALLEST_N_BATCH = 32
 
 
 @dataclass(slots=True)
@@ -77,7 +86,7 @@ class Stalls:
             )
         decode = (task.decode_start_s, task.end_s)
         beside_long = any(min(decode[1], o.decode_start_s) > max(decode[0], o.prefill_start_s) for o in long_others)
-        if not beside_long and task.eval_ms and (task.eval_n or 0) > 1:
+        if not beside_long and task.eval_ms and (task.eval_n or 0) >= _ALONE_MIN_TOKENS:
             self.alone.append((task.eval_n or 0) * 1000.0 / task.eval_ms)
         usual = median(
             [
@@ -114,7 +123,11 @@ class Stalls:
 
     def _chunks(self, task: Task) -> float | None:
         longest = None
-        for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
+        steps = list(itertools.pairwise(task.progress))
+        if task.progress and not steps and task.unlogged_iteration_s() is not None:
+            # One progress line, known to end the prefill's first batch (Task.unlogged_iteration_s): a chunk.
+            steps = [((task.prefill_start_s, 0), task.progress[0])]
+        for (t0, n0), (t1, n1) in steps:
             step, seconds = n1 - n0, t1 - t0
             if step <= 0 or seconds <= 0:
                 continue
@@ -168,8 +181,10 @@ class Stalls:
         assert stall is not None
         samples = [tg for o in self.overlaps for tg in o.tg_3s]
         stall_tg = median(samples)
-        if normal is None or stall >= 0.5 * normal:
-            return []  # no speed elsewhere to compare with, or streams kept most of it: no finding
+        if normal is None and stall >= UNREADABLE_TOK_S:
+            return []  # nothing to compare with, and not so slow that nobody could read along: no finding
+        if normal is not None and stall >= 0.5 * normal:
+            return []  # streams kept most of their speed: no finding
         worst = Worst()
         lost_total = 0.0
         for overlap in self.overlaps:
@@ -215,7 +230,10 @@ class Stalls:
             Figure(name="stall_tg_3s_samples", label="tg_3s samples inside long prefills", value=float(len(samples))),
             Figure(
                 name="unstalled_tok_s",
-                label=f"decode speed elsewhere ({elsewhere}), median",
+                label=f"decode speed elsewhere ({elsewhere}), median"
+                if normal is not None
+                else f"decode speed elsewhere: none in this log (a stream under {UNREADABLE_TOK_S:g} tok/s is "
+                "a frozen screen whatever its usual speed)",
                 value=normal,
                 unit="tok/s",
             ),
@@ -247,11 +265,12 @@ class Stalls:
                 unit="s",
             ),
         ]
-        ratio = (
-            f", {normal / stall:,.0f}x slower than their {fmt_speed(normal)} tok/s elsewhere"
-            if normal and stall > 0
-            else ""
-        )
+        if normal is None:
+            ratio = f", under the {UNREADABLE_TOK_S:g} tok/s a reader can follow (no speed elsewhere in this log)"
+        elif stall > 0:
+            ratio = f", {normal / stall:,.0f}x slower than their {fmt_speed(normal)} tok/s elsewhere"
+        else:
+            ratio = ""
         summary = (
             f"streams decoded at {fmt_speed(stall)} tok/s while another slot prefilled a long prompt{ratio} "
             f"({counted(len(self.overlaps), 'overlap')} beside {counted(len(used), 'prefill')} of up to "
@@ -271,7 +290,9 @@ class Stalls:
 
     def _fix(self, stall: float, prefill: float | None) -> Fix:
         current = self.n_batch()
-        target = max(32, current // 4) if current is not None else 512
+        if current is not None and current <= _SMALLEST_N_BATCH:
+            return self._floor_fix(current, prefill)
+        target = max(_SMALLEST_N_BATCH, current // 4) if current is not None else 512
         speed_now = self.chunk_speed(current) if current is not None else None
         speed_then = self.chunk_speed(target)
         base = speed_now or prefill
@@ -306,4 +327,19 @@ class Stalls:
                 StudyObjective(metric="ttft_p95_s", direction="minimize", weight=0.5),
             ],
             constraints=[StudyConstraint(metric="prefill_tok_s", min_vs_baseline=0.8)],
+        )
+
+    def _floor_fix(self, current: int, prefill: float | None) -> Fix:
+        """At the smallest n_batch a study tries, smaller chunks cannot shorten the stall: each iteration
+        already carries few prompt tokens, and its cost is the prefill's own speed."""
+        per_token = f"{current / prefill:.2f} s" if prefill else "the prefill's own time"
+        return Fix(
+            knob=None,
+            action=f"n_batch is already {current}, the smallest a study tries: a smaller one would not help the "
+            "streams, only slow every long prompt",
+            estimate=f"an iteration of {current} prompt tokens takes {per_token} at this server's "
+            f"{fmt_speed(prefill) if prefill else '?'} tok/s of prefill, and a stream beside it gets one token "
+            "per iteration",
+            trade_off="what is left is the prefill's speed itself: a faster device or more threads, or fewer "
+            "long prompts at once (fewer slots)",
         )
