@@ -390,3 +390,21 @@ def test_at_the_smallest_n_batch_the_fix_names_no_smaller_one() -> None:
     (fix,) = stall.fixes
     assert fix.knob is None and fix.study_params == []
     assert fix.action.startswith("n_batch is already 32, the smallest a study tries")
+
+
+def test_a_stream_above_the_floor_with_nothing_to_compare_it_with_is_no_finding_and_a_note_says_why() -> None:
+    """A stream beside a 2,000-token prefill in iterations of 0.25 s (4 tok/s to it), no request alone and no
+    rate line: slow, maybe, but not frozen, and nothing says what it does elsewhere."""
+    log = Log(slots=2)
+    log.task(1, 0, launch=2.0, prompt=40, prompt_ms=100, output=60, eval_ms=12_000)
+    log.task(2, 1, launch=3.0, prompt=2000, prompt_ms=8000, output=1, eval_ms=100)
+    for k in range(12, 32):
+        log.add(
+            3.0 + 0.25 * k,
+            "I",
+            f"slot print_timing: id  1 | task 2 | prompt processing, n_tokens = {62 * k:6d}, progress = {k / 32:.2f}, "
+            f"t = {0.25 * k:6.2f} s / 248.00 tokens per second",
+        )
+    diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
+    assert diagnosis.finding("stalls") is None, diagnosis.findings
+    assert any("no stall is claimed" in note for note in diagnosis.notes), diagnosis.notes

@@ -328,3 +328,55 @@ def test_a_clean_log_yields_no_finding(clean: ServedLog) -> None:
     diagnosis = diagnose_log(clean.path)
     assert diagnosis.findings == [], [f.summary for f in diagnosis.findings]
     assert diagnosis.tasks == 3
+
+
+# A new user's first short log (issue 28): a request alone, then one stream beside a long prompt, at each
+# n_batch a study tries and with n_ubatch equal or smaller. Each prompt is long enough for the log to say
+# how many iterations its prefill took: at n_batch 512 and 1024 a first batch that ends past the progress
+# lines' 3 s delay, or batches after it (a prefill of two batches whose first ends before 3 s prints no
+# line, and reads as one iteration: docs/diagnose.md); at 2048, one iteration, longer than twice the delay.
+SHORT_LOGS = [(32, 32, 600), (128, 128, 800), (512, 512, 1600), (512, 128, 1600), (1024, 256, 1600), (2048, 2048, 1600)]
+
+
+@pytest.fixture(scope="module", params=SHORT_LOGS, ids=[f"n_batch {b}, n_ubatch {u}" for b, u, _ in SHORT_LOGS])
+def short_log(
+    request: pytest.FixtureRequest, llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[ServedLog, int, int]:
+    n_batch, n_ubatch, long_prompt = request.param
+    log = tmp_path_factory.mktemp(f"diagnose-short-{n_batch}-{n_ubatch}") / "server.log"
+
+    async def scenario(send: Send) -> None:
+        await send([request_for("solo", 0.0, 40, 60)])
+        await send([request_for("stream", 0.0, 40, 120), request_for("long", 1.0, long_prompt, 4)])
+
+    settings = {"n_parallel": 2, "ctx_size": 2 * 2048, "threads": 1, "n_batch": n_batch, "n_ubatch": n_ubatch}
+    return serve(log, settings, scenario), n_batch, long_prompt
+
+
+request_for = request  # the fixture's own `request` is pytest's
+
+
+def test_a_short_logs_stall_is_found_at_the_clients_speed_and_n_batch_named_where_it_helps(
+    short_log: tuple[ServedLog, int, int],
+) -> None:
+    served, n_batch, long_prompt = short_log
+    client = client_stall(served, long_prompt)
+    (solo,) = [r for r in served.records if r.request_id == "solo"]
+    solo_tok_s = (len(solo.token_s) - 1) / (solo.token_s[-1] - solo.token_s[0])
+    assert client < 0.5 * solo_tok_s, (client, solo_tok_s)  # the stream was stalled: a finding is due
+    diagnosis = diagnose_log(served.path, long_prompt_tokens=long_prompt)
+    stall = diagnosis.finding("stalls")
+    assert stall is not None, diagnosis.findings
+    by_name = figures(stall)
+    (long,) = [r for r in served.records if r.request_id == "long"]
+    assert long.timings is not None
+    seconds = long.timings.prompt_ms / 1000
+    # Within 25%, or within one token over the prefill where the stream got only a token or two in it.
+    assert by_name["stall_tok_s"] == pytest.approx(client, abs=max(0.25 * client, 1 / seconds)), (by_name, client)
+    (fix,) = stall.fixes
+    if n_batch == 32:  # the smallest a study tries: no smaller one is named
+        assert fix.knob is None, fix
+    else:
+        assert fix.knob == "n_batch" and fix.estimate is not None, fix
+        if n_batch < 2048:  # at 2048 one iteration held the prompt: no progress line tells the batch
+            assert diagnosis.server.n_batch == n_batch and f"at n_batch {n_batch}" in fix.estimate, fix

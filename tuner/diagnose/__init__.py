@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tuner.diagnose.analyses import ANALYSES, LoraSwitch, Stalls, Waits, new_analyses
+from tuner.diagnose.analyses.stalls import UNREADABLE_TOK_S
 from tuner.diagnose.identity import ServerIdentity
 from tuner.diagnose.reader import LogFacts, ReadContext, read_llama_server_log
 from tuner.diagnose.report import (
@@ -246,10 +247,11 @@ def _notes(context: ReadContext, analyses: list, vllm: VllmReader) -> list[str]:
             "batch with); -lv 4 logs each switch"
         )
     stalls = next(a for a in analyses if isinstance(a, Stalls))
-    if stalls.overlaps and not stalls.normal:
+    if stalls.nothing_to_compare:
         notes.append(
-            f"streams decoded beside a long prefill ({counted(len(stalls.overlaps), 'overlap')}) but nowhere else: "
-            "with no speed of theirs to compare with, no stall is claimed"
+            f"streams decoded beside a long prefill ({counted(len(stalls.overlaps), 'overlap')}) but nowhere else, "
+            f"and no request decoded alone: with no speed to compare with and none under {UNREADABLE_TOK_S:g} "
+            "tok/s, no stall is claimed"
         )
     switch = next(a for a in analyses if isinstance(a, LoraSwitch)).cost
     if switch is not None and switch.ms is None and (switch.switches or waits.totals["other_lora"][0]):

@@ -62,6 +62,7 @@ class Stalls:
         self.windows: dict[tuple[int, int], _Window] = {}
         self.overlaps: list[_Overlap] = []
         self.chunks: dict[int, list[float]] = {}  # bucket -> [batches, tokens, seconds]
+        self.nothing_to_compare = False  # streams beside long prefills, no speed elsewhere, none under the floor
         self.max_chunk = 0
 
     def observe(self, task: Task, neighbours: Sequence[Task], context: ReadContext) -> None:
@@ -182,6 +183,7 @@ class Stalls:
         samples = [tg for o in self.overlaps for tg in o.tg_3s]
         stall_tg = median(samples)
         if normal is None and stall >= UNREADABLE_TOK_S:
+            self.nothing_to_compare = True
             return []  # nothing to compare with, and not so slow that nobody could read along: no finding
         if normal is not None and stall >= 0.5 * normal:
             return []  # streams kept most of their speed: no finding
