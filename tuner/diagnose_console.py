@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from tuner.diagnose import Diagnosis, Figure, format_duration
 from tuner.diagnose.report import counted
+from tuner.predict import PredictedConfig, Prediction
 
 __all__ = ["render_diagnosis"]
 
@@ -79,3 +80,45 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
             console.print(f"   {escape(figure.label)}: {escape(_value(figure))}")
     for note in diagnosis.notes:
         console.print(f"[dim]note: {escape(note)}[/dim]")
+
+
+def render_prediction(prediction: Prediction, console: Console, *, top: int = 5) -> None:
+    """The predicted leaderboard: the best configs and the baseline, each figure the median over the
+    simulator's seeds with their range, then where the calibration came from."""
+    console.print()
+    console.print(
+        f"predicted on the simulated llama-server: {prediction.requests} requests of this log, "
+        f"{len(prediction.configs)} configs x {prediction.seeds} seeds",
+        markup=False,
+        highlight=False,
+    )
+
+    def cell(config: PredictedConfig, metric: str, digits: int) -> str:
+        median, spread = config.median[metric], config.spread[metric]
+        if median is None or spread is None:
+            return "-"
+        return f"{median:.{digits}f} ({spread[0]:.{digits}f}-{spread[1]:.{digits}f})"
+
+    shown = [c for c in prediction.configs[:top]]
+    shown += [c for c in prediction.configs if c.baseline and c not in shown]
+    for config in shown:
+        settings = ", ".join(f"{k} {v}" for k, v in config.settings.items())
+        mark = " (baseline)" if config.baseline else "" if config.eligible else " (prefill under 80% of the baseline's)"
+        console.print(
+            f"   {settings}{mark}: stall {cell(config, 'stall_tok_s', 2)} tok/s, TTFT p95 "
+            f"{cell(config, 'ttft_p95_s', 2)} s, prefill {cell(config, 'prefill_tok_s', 0)} tok/s",
+            markup=False,
+            highlight=False,
+        )
+    if prediction.best is None:
+        console.print("   predicted best: the baseline (no config gives the streams more)", markup=False)
+    else:
+        best = ", ".join(f"{k} {v}" for k, v in prediction.best.settings.items())
+        console.print(f"   predicted best: {best}", markup=False, highlight=False)
+    calibration = prediction.calibration
+    console.print(f"   calibration: the shipped costs x {calibration.factor:.2f}, from", markup=False)
+    for line in calibration.fitted or ["no figure of this log"]:
+        console.print(f"     {line}", markup=False, highlight=False)
+    console.print("   kept, which the log cannot determine:", markup=False)
+    for line in calibration.kept:
+        console.print(f"     {line}", markup=False, highlight=False)

@@ -53,7 +53,7 @@ LAYERS = [
     {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner", "server_reuse"},
     {"sampling"},
-    {"search", "report", "apply", "check", "sim", "morning_report"},
+    {"search", "report", "apply", "check", "sim", "morning_report", "predict"},
     {"console", "live", "diagnose_console"},
     {"cli", "__main__", "__init__"},
 ]

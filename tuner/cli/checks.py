@@ -95,6 +95,12 @@ def check_diagnose(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--like names the study whose [host], [deploy] and [engine] a written study takes; add --study OUT.toml"
         )
+    if (args.space is not None or args.seeds != 3) and not args.predict:
+        raise ConfigError("--space and --seeds are for --predict; add --predict")
+    if args.seeds > 50:
+        raise ConfigError(f"--seeds {args.seeds}: at most 50 (each seed replays every config once more)")
+    if args.predict and str(args.log) == "-":
+        raise ConfigError("--predict reads the log twice (its findings, then its traffic): give a file, not -")
 
 
 def check_workload_show(args: argparse.Namespace) -> None:

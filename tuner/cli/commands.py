@@ -210,6 +210,25 @@ COMMANDS: tuple[Command, ...] = (
                 "(without it, the study starts its own server on this machine)",
             ),
             arg("--force", action="store_true", help="let --study replace files that exist"),
+            arg(
+                "--predict",
+                action="store_true",
+                help="also predict which settings win on the log's own traffic: the simulated llama-server at a "
+                "calibration from the log, every config of the space, before any restart",
+            ),
+            arg(
+                "--space",
+                type=Path,
+                metavar="FILE",
+                help="with --predict: the search space (default: n_batch x n_ubatch, 32 to 2048)",
+            ),
+            arg(
+                "--seeds",
+                type=positive,
+                default=3,
+                metavar="N",
+                help="with --predict: simulator seeds per config, for the spread (3)",
+            ),
         ),
     ),
     Command(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -33,10 +34,26 @@ def diagnose(args: argparse.Namespace, console: Console) -> int:
     written = None
     if args.study is not None:
         written = write_study(diagnosis, args.log, args.study, like=like, force=args.force)
+    prediction = None
+    if args.predict:
+        from tuner.predict import predict
+
+        prediction = predict(
+            diagnosis, args.log, space_path=args.space, seeds=args.seeds, long_prompt_tokens=args.long_prompt_tokens
+        )
     if args.json:
-        sys.stdout.write(diagnosis.model_dump_json(indent=1) + "\n")
+        document = diagnosis.model_dump(mode="json")
+        if prediction is not None:
+            from tuner.predict import prediction_json
+
+            document["prediction"] = prediction_json(prediction)
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
     else:
         render_diagnosis(diagnosis, console)
+        if prediction is not None:
+            from tuner.diagnose_console import render_prediction
+
+            render_prediction(prediction, console)
     if written is not None:
         said = make_console(stderr=True) if args.json else console
         for path in written.paths:

@@ -1,0 +1,266 @@
+"""`tuner diagnose LOG --predict`: which settings would win on the log's own traffic, predicted before any
+restart (issue 28). The simulated llama-server (`tuner.sim`) replays the requests the log shows (the
+llama-server-log importer's workload) on its virtual clock, for every valid config of a small search space,
+at a calibration fitted from the same log: the prefill speed by chunk size from its progress lines and the
+decode speed by batch width from its rate lines. Every constant the log cannot determine keeps the shipped
+calibration's value, and the prediction names each."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.config import ParamValue, PluginSpec, SearchSpace, load_search_space
+from tuner.diagnose.report import Diagnosis
+from tuner.engines import create_engine
+from tuner.errors import ConfigError
+from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServerLogOptions
+from tuner.metrics import compute_metrics
+from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
+from tuner.sim.model import SimulatedLlamaServer
+from tuner.sim.virtual import replay_virtual
+from tuner.workloads.synthesis import synthesize_sessions
+
+__all__ = ["Calibration", "Prediction", "PredictedConfig", "calibrate_from_log", "predict"]
+
+# llama-server's default micro-batch: the log shows the chunk an iteration prefilled (n_batch), not the
+# passes it took, so a chunk's cost is laid on passes of this width.
+ASSUMED_N_UBATCH = 512
+# Run-to-run noise like a shared 2-core machine's (the simulated demo's): 5% per start, 10% per forward pass.
+_NOISE = NoiseModel(restart=0.05, iteration=0.1)
+# The diagnose study's constraint: a config that prefills long prompts under 80% of the baseline's speed
+# is not a winner, whatever its streams gain.
+_MIN_PREFILL_VS_BASELINE = 0.8
+# Configs replayed at most: a larger space is for the study's sampler, not a grid.
+_GRID_LIMIT = 200
+_METRICS = ("stall_tok_s", "ttft_p95_s", "prefill_tok_s")
+_DEFAULT_SPACE = {"n_batch": (32, 64, 128, 256, 512, 1024, 2048), "n_ubatch": (32, 64, 128, 256, 512, 1024, 2048)}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cost: CostModel
+    factor: float  # the log's server's costs over the shipped calibration's
+    fitted: list[str]  # the figures of the log that gave it, one line each
+    kept: list[str]  # the constants it cannot determine, at the shipped calibration's values
+
+
+@dataclass(frozen=True)
+class PredictedConfig:
+    settings: dict[str, ParamValue]
+    median: dict[str, float | None]  # over the simulator's seeds
+    spread: dict[str, tuple[float, float] | None]  # min and max over them
+    baseline: bool
+    eligible: bool  # prefill at or above 80% of the baseline's
+
+
+@dataclass(frozen=True)
+class Prediction:
+    calibration: Calibration
+    requests: int
+    seeds: int
+    configs: list[PredictedConfig]  # best first, the baseline where it ranks
+    best: PredictedConfig | None  # None: no config beats the baseline's stall speed within the constraint
+
+
+def calibrate_from_log(diagnosis: Diagnosis, shipped: CostModel | None = None) -> Calibration:
+    """The shipped calibration's costs, every one scaled by one factor: how much slower (or faster) this
+    log's server ran the passes its figures time. A prefill chunk of `size` tokens took `size / speed`
+    seconds in ceil(size / ASSUMED_N_UBATCH) passes; a decode iteration of `width` streams, `1 / speed` of
+    each. The factor is the median over those figures; how cost changes with a pass's width, the shipped
+    calibration's."""
+    cost = shipped or load_cost_model()
+    factors: list[float] = []
+    fitted: list[str] = []
+    for figure in diagnosis.profile:
+        if figure.value is None or figure.value <= 0:
+            continue
+        if figure.name.startswith("prefill_tok_s_chunk_"):
+            size = int(figure.name.rsplit("_", 1)[1])
+            width = min(size, ASSUMED_N_UBATCH)
+            passes = math.ceil(size / width)
+            measured, shipped_s = size / figure.value, passes * cost.forward_s(width, 0.0)
+            what = f"prefill {figure.value:.1f} tok/s in chunks of up to {size}"
+        elif figure.name.startswith("decode_tok_s_width_"):
+            width = int(figure.name.rsplit("_", 1)[1])
+            measured, shipped_s = 1.0 / figure.value, cost.forward_s(width, 0.0) + cost.sample_s * width
+            what = f"decode {figure.value:.1f} tok/s a stream with {width} decoding"
+        else:
+            continue
+        factors.append(measured / shipped_s)
+        fitted.append(f"{what} ({figure.label.rsplit('(', 1)[-1]}: {measured / shipped_s:.2f}x the shipped costs")
+    kept = [
+        "how a pass's cost changes with its width, a prompt cache's copy and a model's load: the shipped "
+        "calibration's (SmolLM2-135M on a 2-core CPU), scaled",
+        f"n_ubatch {ASSUMED_N_UBATCH} for the log's server (llama-server's default: the log shows chunks, not passes)",
+    ]
+    if not factors:
+        kept.insert(0, "the costs' level: the log has no progress or rate line to time a pass, so the shipped one")
+        return Calibration(cost=cost, factor=1.0, fitted=fitted, kept=kept)
+    factor = statistics.median(factors)
+    scaled = dataclasses.replace(
+        cost,
+        pass_s=cost.pass_s * factor,
+        token_points=tuple((w, c * factor) for w, c in cost.token_points),
+        context_s=cost.context_s * factor,
+        sample_s=cost.sample_s * factor,
+    )
+    return Calibration(cost=scaled, factor=factor, fitted=fitted, kept=kept)
+
+
+def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None) -> list[dict[str, ParamValue]]:
+    names = list(space)
+    configs = [dict(zip(names, values, strict=True)) for values in itertools.product(*space.values())]
+    if constraints is not None:
+        configs = [c for c in configs if all(rule.holds(c) for rule in constraints.constraints)]
+    else:
+        configs = [c for c in configs if int(str(c.get("n_ubatch", 0))) <= int(str(c.get("n_batch", 1 << 30)))]
+    if len(configs) > _GRID_LIMIT:
+        raise ConfigError(
+            f"the search space has {len(configs)} configs, more than the {_GRID_LIMIT} a prediction replays; "
+            "narrow it (search.params, or fewer values) or let a study's sampler search it"
+        )
+    return configs
+
+
+def _space_axes(space: SearchSpace) -> dict[str, tuple[ParamValue, ...]]:
+    axes: dict[str, tuple[ParamValue, ...]] = {}
+    for name, param in space.params.items():
+        if name not in ("n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_ram"):
+            continue  # a knob the simulated server does not model
+        if param.choices is not None:
+            axes[name] = tuple(param.choices)
+        elif isinstance(param.low, int) and isinstance(param.high, int) and not param.log:
+            axes[name] = tuple(range(param.low, param.high + 1, int(param.step or 1)))
+        else:
+            raise ConfigError(f"search space knob {name}: a prediction needs listed or stepped integer values")
+    if not axes:
+        raise ConfigError("the search space names no knob the simulated llama-server models (n_batch, n_ubatch, ...)")
+    return axes
+
+
+def predict(
+    diagnosis: Diagnosis,
+    log: Path,
+    *,
+    space_path: Path | None = None,
+    seeds: int = 3,
+    long_prompt_tokens: int = 1000,
+) -> Prediction:
+    """Every config of the space (by default n_batch x n_ubatch on llama-server's ladder), replayed on the
+    simulated server `seeds` times with the log's traffic, ranked by the streams' speed during long prefills
+    among those that keep 80% of the baseline's prefill speed."""
+    if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
+        raise ConfigError("--predict reads llama-server logs: the simulated server models llama-server alone")
+    space = load_search_space(space_path) if space_path is not None else None
+    axes = _space_axes(space) if space is not None else dict(_DEFAULT_SPACE)
+    configs = _grid(axes, space)
+    calibration = calibrate_from_log(diagnosis)
+    trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
+    if not len(trace):
+        raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
+    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
+    slots = diagnosis.server.n_slots or 4
+    ctx = (diagnosis.server.n_ctx_slot or 4096) * slots
+    n_batch = diagnosis.server.n_batch or 2048  # llama-server's default where the log does not show it
+    baseline_settings: dict[str, ParamValue] = {"n_batch": n_batch, "n_ubatch": min(ASSUMED_N_UBATCH, n_batch)}
+    baseline = {k: v for k, v in baseline_settings.items() if k in axes}
+    if baseline not in configs:
+        configs.append(baseline)
+    token_range = engine.prompt_token_range()
+    rounds = [
+        [r for session in synthesize_sessions(trace, token_range=token_range, seed=0, round_index=i) for r in session]
+        for i in range(seeds)
+    ]
+    results = []
+    for config in configs:
+        settings = _sim_settings(config, slots=slots, ctx=ctx)
+        samples: dict[str, list[float]] = {m: [] for m in _METRICS}
+        for seed, requests in enumerate(rounds):
+            server = SimulatedLlamaServer(settings, cost=calibration.cost, noise=_NOISE, seed=seed)
+            done = replay_virtual(requests, server, engine=engine, start_s=0.0, request_timeout_s=1e9)
+            metrics = compute_metrics(done.records, long_prompt_tokens=long_prompt_tokens, min_overlap_s=0.5)
+            for name in _METRICS:
+                value = metrics.get(name)
+                if value is not None:
+                    samples[name].append(value)
+        results.append((config, samples))
+    return _ranked(calibration, sum(len(r) for r in rounds) // seeds, seeds, results, baseline)
+
+
+def _sim_settings(config: Mapping[str, ParamValue], *, slots: int, ctx: int) -> SimSettings:
+    """The simulated server's settings for a config, the log's own slots and context otherwise."""
+    default = SimSettings()
+
+    def number(name: str, otherwise: int) -> int:
+        return int(str(config[name])) if name in config else otherwise
+
+    return SimSettings(
+        n_batch=number("n_batch", default.n_batch),
+        n_ubatch=number("n_ubatch", default.n_ubatch),
+        n_parallel=number("n_parallel", slots),
+        ctx_size=ctx,
+        kv_unified=bool(config.get("kv_unified", False)),
+        cache_ram=number("cache_ram", default.cache_ram),
+    )
+
+
+def _ranked(
+    calibration: Calibration,
+    requests: int,
+    seeds: int,
+    results: list[tuple[dict[str, ParamValue], dict[str, list[float]]]],
+    baseline: dict[str, ParamValue],
+) -> Prediction:
+    def summary(
+        samples: dict[str, list[float]],
+    ) -> tuple[dict[str, float | None], dict[str, tuple[float, float] | None]]:
+        median = {m: statistics.median(v) if v else None for m, v in samples.items()}
+        spread = {m: (min(v), max(v)) if v else None for m, v in samples.items()}
+        return median, spread
+
+    base_samples = next(samples for config, samples in results if config == baseline)
+    base_prefill = summary(base_samples)[0]["prefill_tok_s"]
+    configs = []
+    for config, samples in results:
+        median, spread = summary(samples)
+        prefill = median["prefill_tok_s"]
+        eligible = base_prefill is None or (prefill is not None and prefill >= _MIN_PREFILL_VS_BASELINE * base_prefill)
+        configs.append(PredictedConfig(dict(config), median, spread, baseline=config == baseline, eligible=eligible))
+    configs.sort(key=lambda c: (not c.eligible, -(c.median["stall_tok_s"] or 0.0), c.median["ttft_p95_s"] or 0.0))
+    base = next(c for c in configs if c.baseline)
+    best = next((c for c in configs if c.eligible and not c.baseline), None)
+    if best is not None and (best.median["stall_tok_s"] or 0.0) <= (base.median["stall_tok_s"] or 0.0):
+        best = None
+    return Prediction(calibration=calibration, requests=requests, seeds=seeds, configs=configs, best=best)
+
+
+def prediction_json(prediction: Prediction) -> dict[str, object]:
+    """The prediction as `--predict --json` prints it."""
+
+    def row(config: PredictedConfig) -> dict[str, object]:
+        return {
+            "settings": config.settings,
+            "baseline": config.baseline,
+            "eligible": config.eligible,
+            "median": config.median,
+            "spread": {m: list(v) if v else None for m, v in config.spread.items()},
+        }
+
+    return {
+        "version": 1,
+        "requests": prediction.requests,
+        "seeds": prediction.seeds,
+        "calibration": {
+            "factor": prediction.calibration.factor,
+            "fitted": prediction.calibration.fitted,
+            "kept": prediction.calibration.kept,
+        },
+        "best": row(prediction.best) if prediction.best is not None else None,
+        "configs": [row(c) for c in prediction.configs],
+    }
