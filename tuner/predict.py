@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.config import ParamValue, PluginSpec, SearchSpace, load_search_space
-from tuner.diagnose.report import Diagnosis
+from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
+from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import ConfigError
+from tuner.importers.base import read_lines
 from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServerLogOptions
 from tuner.metrics import compute_metrics
+from tuner.models import TaskTimeline
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
 from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
@@ -36,6 +39,8 @@ _NOISE = NoiseModel(restart=0.05, iteration=0.1)
 # The diagnose study's constraint: a config that prefills long prompts under 80% of the baseline's speed
 # is not a winner, whatever its streams gain.
 _MIN_PREFILL_VS_BASELINE = 0.8
+# A prompt this long times the server's prefill (a shorter one, mostly its fixed costs).
+_TIMED_PROMPT_TOKENS = 256
 # Configs replayed at most: a larger space is for the study's sampler, not a grid.
 _GRID_LIMIT = 200
 _METRICS = ("stall_tok_s", "ttft_p95_s", "prefill_tok_s")
@@ -68,23 +73,40 @@ class Prediction:
     best: PredictedConfig | None  # None: no config beats the baseline's stall speed within the constraint
 
 
-def calibrate_from_log(diagnosis: Diagnosis, shipped: CostModel | None = None) -> Calibration:
+def calibrate_from_log(
+    diagnosis: Diagnosis, tasks: Sequence[TaskTimeline] = (), shipped: CostModel | None = None
+) -> Calibration:
     """The shipped calibration's costs, every one scaled by one factor: how much slower (or faster) this
-    log's server ran the passes its figures time. A prefill chunk of `size` tokens took `size / speed`
-    seconds in ceil(size / ASSUMED_N_UBATCH) passes; a decode iteration of `width` streams, `1 / speed` of
-    each. The factor is the median over those figures; how cost changes with a pass's width, the shipped
-    calibration's."""
+    log's server ran what its lines time, against what the shipped costs give for the same work. Timed:
+    each prompt of at least _TIMED_PROMPT_TOKENS new tokens (its `prompt eval time`, in chunks of n_batch
+    and passes of ASSUMED_N_UBATCH), the fastest decode of at least 8 tokens (its `eval time`, taken as one
+    stream alone), the prefill speed by chunk size and the decode speed by batch width. The factor is the
+    median over them; how cost changes with a pass's width, the shipped calibration's."""
     cost = shipped or load_cost_model()
+    n_batch = diagnosis.server.n_batch or 2048
     factors: list[float] = []
     fitted: list[str] = []
+    prompts = [t for t in tasks if t.prompt_n and t.prompt_ms and t.prompt_n >= _TIMED_PROMPT_TOKENS]
+    for task in prompts:
+        assert task.prompt_n is not None and task.prompt_ms is not None
+        factors.append(task.prompt_ms / 1000.0 / _prefill_s(cost, task.prompt_n, n_batch))
+    if prompts:
+        fitted.append(
+            f"{counted(len(prompts), 'prompt')} of {_TIMED_PROMPT_TOKENS}+ new tokens (prompt eval time): "
+            f"{min(factors):.2f}x to {max(factors):.2f}x the shipped costs"
+        )
+    decodes = [t.eval_n * 1000.0 / t.eval_ms for t in tasks if t.eval_n and t.eval_ms and t.eval_n >= 8]
+    if decodes:
+        fastest = max(decodes)
+        factors.append((1.0 / fastest) / (cost.forward_s(1, 0.0) + cost.sample_s))
+        fitted.append(f"the fastest decode, {fastest:.1f} tok/s (eval time), as one stream: {factors[-1]:.2f}x")
     for figure in diagnosis.profile:
         if figure.value is None or figure.value <= 0:
             continue
         if figure.name.startswith("prefill_tok_s_chunk_"):
             size = int(figure.name.rsplit("_", 1)[1])
             width = min(size, ASSUMED_N_UBATCH)
-            passes = math.ceil(size / width)
-            measured, shipped_s = size / figure.value, passes * cost.forward_s(width, 0.0)
+            measured, shipped_s = size / figure.value, math.ceil(size / width) * cost.forward_s(width, 0.0)
             what = f"prefill {figure.value:.1f} tok/s in chunks of up to {size}"
         elif figure.name.startswith("decode_tok_s_width_"):
             width = int(figure.name.rsplit("_", 1)[1])
@@ -100,7 +122,7 @@ def calibrate_from_log(diagnosis: Diagnosis, shipped: CostModel | None = None) -
         f"n_ubatch {ASSUMED_N_UBATCH} for the log's server (llama-server's default: the log shows chunks, not passes)",
     ]
     if not factors:
-        kept.insert(0, "the costs' level: the log has no progress or rate line to time a pass, so the shipped one")
+        kept.insert(0, "the costs' level: the log times no prompt, decode or pass, so the shipped one")
         return Calibration(cost=cost, factor=1.0, fitted=fitted, kept=kept)
     factor = statistics.median(factors)
     scaled = dataclasses.replace(
@@ -111,6 +133,20 @@ def calibrate_from_log(diagnosis: Diagnosis, shipped: CostModel | None = None) -
         sample_s=cost.sample_s * factor,
     )
     return Calibration(cost=scaled, factor=factor, fitted=fitted, kept=kept)
+
+
+def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
+    """What the shipped costs give for prefilling `tokens` new tokens alone: chunks of n_batch, each in
+    passes of ASSUMED_N_UBATCH, every pass attending to the tokens before it."""
+    seconds, done = 0.0, 0
+    while done < tokens:
+        chunk = min(n_batch, tokens - done)
+        for start in range(0, chunk, ASSUMED_N_UBATCH):
+            width = min(ASSUMED_N_UBATCH, chunk - start)
+            position = done + start
+            seconds += cost.forward_s(width, width * position + width * (width + 1) / 2)
+        done += chunk
+    return seconds
 
 
 def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None) -> list[dict[str, ParamValue]]:
@@ -160,7 +196,7 @@ def predict(
     space = load_search_space(space_path) if space_path is not None else None
     axes = _space_axes(space) if space is not None else dict(_DEFAULT_SPACE)
     configs = _grid(axes, space)
-    calibration = calibrate_from_log(diagnosis)
+    calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
     trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
     if not len(trace):
         raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
