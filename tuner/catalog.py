@@ -18,6 +18,7 @@ __all__ = [
     "MAX_PROMPT_TOKENS",
     "SYSTEMD_APPLIED_DROP_IN",
     "TRANSPORT_KINDS",
+    "SIM_SPEED_RANGE",
 ]
 
 # Sorted, as `Registry.kinds()` lists them.
@@ -42,3 +43,6 @@ MAX_PROMPT_TOKENS = 10_000_000
 # The drop-in `tuner apply` writes under /etc/systemd/system/UNIT.d (the systemd deployer's APPLIED_NAME): it
 # sorts before the trials' drop-in under /run, so later trials still win over it.
 SYSTEMD_APPLIED_DROP_IN = "zz-tuner-applied.conf"
+
+# How many times faster than real time the simulated llama-server may run (its --sim-speed).
+SIM_SPEED_RANGE = (0.01, 1000.0)

@@ -234,7 +234,7 @@ def _duration_line(
     restart."""
     speed = prepared.engine.clock_speed()
     default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
-    default_s = DEFAULT_SIMULATED_RESTART_S if speed != 1.0 else default_s
+    default_s = DEFAULT_SIMULATED_RESTART_S if getattr(prepared.engine, "simulated", False) else default_s
     restart_s = default_s if startup_s is None else startup_s
     measured = _measured_round_s(run_path)
     probes_s = 0.0
@@ -251,7 +251,7 @@ def _duration_line(
             if startup_s is not None
             else f"a server start taken as {default_s:g} s (none measured yet)"
         )
-        clock = f" on a clock {speed:g} times faster than real time" if speed != 1.0 else ""
+        clock = f" (the simulated server runs {speed:g} times faster than real time)" if speed != 1.0 else ""
         source = f"{round_s:.1f} s a round{clock}: the replay, {restart}, the warm-up and scoring"
         if probes_s:
             source += f"; the correctness probes, {probes_s:.1f} s a trial"

@@ -4,6 +4,8 @@ show a key."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -88,7 +90,7 @@ def render_prediction(prediction: Prediction, console: Console, *, top: int = 5)
     console.print()
     console.print(
         f"predicted on the simulated llama-server: {prediction.requests} requests of this log, "
-        f"{len(prediction.configs)} configs x {prediction.seeds} seeds",
+        f"{len(prediction.configs)} configs x {counted(prediction.seeds, 'seed')}",
         markup=False,
         highlight=False,
     )
@@ -102,7 +104,7 @@ def render_prediction(prediction: Prediction, console: Console, *, top: int = 5)
     shown = [c for c in prediction.configs[:top]]
     shown += [c for c in prediction.configs if c.baseline and c not in shown]
     for config in shown:
-        settings = ", ".join(f"{k} {v}" for k, v in config.settings.items())
+        settings = _settings_text(config.settings)
         mark = " (baseline)" if config.baseline else "" if config.eligible else " (prefill under 80% of the baseline's)"
         console.print(
             f"   {settings}{mark}: stall {cell(config, 'stall_tok_s', 2)} tok/s, TTFT p95 "
@@ -111,9 +113,11 @@ def render_prediction(prediction: Prediction, console: Console, *, top: int = 5)
             highlight=False,
         )
     if prediction.best is None:
-        console.print("   predicted best: the baseline (no config gives the streams more)", markup=False)
+        faster = any(not c.eligible for c in prediction.configs)
+        why = "no config that keeps 80% of its prefill gives the streams more" if faster else "no config gives more"
+        console.print(f"   predicted best: the baseline ({why})", markup=False)
     else:
-        best = ", ".join(f"{k} {v}" for k, v in prediction.best.settings.items())
+        best = _settings_text(prediction.best.settings)
         console.print(f"   predicted best: {best}", markup=False, highlight=False)
     calibration = prediction.calibration
     console.print(f"   calibration: the shipped costs x {calibration.factor:.2f}, from", markup=False)
@@ -122,3 +126,7 @@ def render_prediction(prediction: Prediction, console: Console, *, top: int = 5)
     console.print("   kept, which the log cannot determine:", markup=False)
     for line in calibration.kept:
         console.print(f"     {line}", markup=False, highlight=False)
+
+
+def _settings_text(settings: Mapping[str, object]) -> str:
+    return ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())

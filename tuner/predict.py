@@ -7,7 +7,6 @@ calibration's value, and the prediction names each."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import statistics
@@ -44,6 +43,9 @@ _TIMED_PROMPT_TOKENS = 256
 # Configs replayed at most: a larger space is for the study's sampler, not a grid.
 _GRID_LIMIT = 200
 _METRICS = ("stall_tok_s", "ttft_p95_s", "prefill_tok_s")
+_MODELLED = ("n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_ram")
+# More requests than this in a log take minutes a config: cut the log to its busy hour first.
+MAX_REQUESTS = 1000
 _DEFAULT_SPACE = {"n_batch": (32, 64, 128, 256, 512, 1024, 2048), "n_ubatch": (32, 64, 128, 256, 512, 1024, 2048)}
 
 
@@ -91,9 +93,11 @@ def calibrate_from_log(
         assert task.prompt_n is not None and task.prompt_ms is not None
         factors.append(task.prompt_ms / 1000.0 / _prefill_s(cost, task.prompt_n, n_batch))
     if prompts:
+        low, high = min(factors), max(factors)
+        span = f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}x to {high:.2f}x"
         fitted.append(
             f"{counted(len(prompts), 'prompt')} of {_TIMED_PROMPT_TOKENS}+ new tokens (prompt eval time): "
-            f"{min(factors):.2f}x to {max(factors):.2f}x the shipped costs"
+            f"{span} the shipped costs"
         )
     decodes = [t.eval_n * 1000.0 / t.eval_ms for t in tasks if t.eval_n and t.eval_ms and t.eval_n >= 8]
     if decodes:
@@ -125,14 +129,7 @@ def calibrate_from_log(
         kept.insert(0, "the costs' level: the log times no prompt, decode or pass, so the shipped one")
         return Calibration(cost=cost, factor=1.0, fitted=fitted, kept=kept)
     factor = statistics.median(factors)
-    scaled = dataclasses.replace(
-        cost,
-        pass_s=cost.pass_s * factor,
-        token_points=tuple((w, c * factor) for w, c in cost.token_points),
-        context_s=cost.context_s * factor,
-        sample_s=cost.sample_s * factor,
-    )
-    return Calibration(cost=scaled, factor=factor, fitted=fitted, kept=kept)
+    return Calibration(cost=cost.scaled(factor), factor=factor, fitted=fitted, kept=kept)
 
 
 def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
@@ -153,7 +150,9 @@ def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | 
     names = list(space)
     configs = [dict(zip(names, values, strict=True)) for values in itertools.product(*space.values())]
     if constraints is not None:
-        configs = [c for c in configs if all(rule.holds(c) for rule in constraints.constraints)]
+        # A constraint on a knob the simulator does not model (left out of the grid) says nothing here.
+        rules = [rule for rule in constraints.constraints if set(rule.names()) <= set(names)]
+        configs = [c for c in configs if all(rule.holds(c) for rule in rules)]
     else:
         configs = [c for c in configs if int(str(c.get("n_ubatch", 0))) <= int(str(c.get("n_batch", 1 << 30)))]
     if len(configs) > _GRID_LIMIT:
@@ -164,20 +163,25 @@ def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | 
     return configs
 
 
-def _space_axes(space: SearchSpace) -> dict[str, tuple[ParamValue, ...]]:
+def _space_axes(space: SearchSpace) -> tuple[dict[str, tuple[ParamValue, ...]], list[str]]:
+    """The grid's axes (the knobs the simulated server models) and the knobs left out."""
     axes: dict[str, tuple[ParamValue, ...]] = {}
+    left_out: list[str] = []
     for name, param in space.params.items():
-        if name not in ("n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_ram"):
-            continue  # a knob the simulated server does not model
-        if param.choices is not None:
+        if name not in _MODELLED:
+            left_out.append(name)
+        elif param.choices is not None:
             axes[name] = tuple(param.choices)
         elif isinstance(param.low, int) and isinstance(param.high, int) and not param.log:
             axes[name] = tuple(range(param.low, param.high + 1, int(param.step or 1)))
         else:
             raise ConfigError(f"search space knob {name}: a prediction needs listed or stepped integer values")
     if not axes:
-        raise ConfigError("the search space names no knob the simulated llama-server models (n_batch, n_ubatch, ...)")
-    return axes
+        raise ConfigError(
+            f"the search space names no knob the simulated llama-server models ({', '.join(_MODELLED)}); "
+            "give a space with n_batch and n_ubatch, or leave out --space"
+        )
+    return axes, left_out
 
 
 def predict(
@@ -194,18 +198,32 @@ def predict(
     if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
         raise ConfigError("--predict reads llama-server logs: the simulated server models llama-server alone")
     space = load_search_space(space_path) if space_path is not None else None
-    axes = _space_axes(space) if space is not None else dict(_DEFAULT_SPACE)
-    configs = _grid(axes, space)
-    calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
+    axes, left_out = _space_axes(space) if space is not None else (dict(_DEFAULT_SPACE), [])
+    grid = _grid(axes, space)
     trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
     if not len(trace):
         raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
+    if len(trace) > MAX_REQUESTS:
+        raise ConfigError(
+            f"{log}: {len(trace):,} requests, more than the {MAX_REQUESTS:,} --predict replays; cut the log to its "
+            "busiest stretch first (journalctl -u UNIT --since ... --until ...)"
+        )
+    calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
+    if left_out:
+        calibration.kept.append(f"{', '.join(left_out)}: not modelled by the simulated server, left at the log's")
     engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
     slots = diagnosis.server.n_slots or 4
     ctx = (diagnosis.server.n_ctx_slot or 4096) * slots
-    n_batch = diagnosis.server.n_batch or 2048  # llama-server's default where the log does not show it
-    baseline_settings: dict[str, ParamValue] = {"n_batch": n_batch, "n_ubatch": min(ASSUMED_N_UBATCH, n_batch)}
-    baseline = {k: v for k, v in baseline_settings.items() if k in axes}
+    # The log's server, for every knob a config leaves alone: n_batch as its chunks show it, else
+    # llama-server's default, as n_ubatch always is.
+    n_batch = diagnosis.server.n_batch or 2048
+    if diagnosis.server.n_batch is None:
+        calibration.kept.append(
+            "n_batch 2048 for the log's server (llama-server's default: no chunk in the log shows it)"
+        )
+    base: dict[str, ParamValue] = {"n_batch": n_batch, "n_ubatch": min(ASSUMED_N_UBATCH, n_batch), "n_parallel": slots}
+    baseline = {k: base[k] for k in axes if k in base}
+    configs = [{**baseline, **config} for config in grid]
     if baseline not in configs:
         configs.append(baseline)
     token_range = engine.prompt_token_range()
@@ -215,7 +233,7 @@ def predict(
     ]
     results = []
     for config in configs:
-        settings = _sim_settings(config, slots=slots, ctx=ctx)
+        settings = _sim_settings({**base, **config}, slots=slots, ctx=ctx)
         samples: dict[str, list[float]] = {m: [] for m in _METRICS}
         for seed, requests in enumerate(rounds):
             server = SimulatedLlamaServer(settings, cost=calibration.cost, noise=_NOISE, seed=seed)

@@ -5,7 +5,6 @@ line. Against the real llama-server and the case study's figures: bench/ (issue 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tests.support import one_error_line, run_tuner
 from tuner.config import PluginSpec
 from tuner.diagnose import diagnose_log
 from tuner.engines import create_engine
+from tuner.errors import ConfigError
 from tuner.metrics import compute_metrics
 from tuner.models import ReplayRequest, RequestRecord
 from tuner.predict import predict
@@ -37,14 +37,7 @@ def request(request_id: str, offset: float, prompt: int, output: int) -> ReplayR
 def simulated_log(path: Path) -> list[RequestRecord]:
     """A request alone, then two streams beside a long prompt, on the simulated server at n_batch 2048 (the
     default) with costs twice the shipped ones; its log in `path`, the client's records returned."""
-    shipped = load_cost_model()
-    cost = dataclasses.replace(
-        shipped,
-        pass_s=shipped.pass_s * SLOWER,
-        token_points=tuple((w, c * SLOWER) for w, c in shipped.token_points),
-        context_s=shipped.context_s * SLOWER,
-        sample_s=shipped.sample_s * SLOWER,
-    )
+    cost = load_cost_model().scaled(SLOWER)
     settings = SimSettings(n_parallel=3, ctx_size=3 * 4096, kv_unified=False)
     lines = [format_log_line(0.0, line) for line in startup_lines(settings)]
     server = SimulatedLlamaServer(
@@ -100,6 +93,8 @@ def test_predict_prints_the_leaderboard_and_json_carries_it_beside_the_findings(
     [
         (["--space", "x.toml"], "--space and --seeds are for --predict; add --predict"),
         (["--predict", "--seeds", "51"], "--seeds 51: at most 50"),
+        (["--seeds", "3"], "--space and --seeds are for --predict; add --predict"),
+        (["--predict", "--since", "1m"], "--predict replays the whole log, not a stretch of it"),
     ],
 )
 def test_predict_options_without_predict_or_out_of_range_are_one_line(
@@ -126,3 +121,31 @@ def test_predict_on_a_vllm_log_is_refused_in_one_line(tmp_path: Path) -> None:
     done = run_tuner("diagnose", str(log), "--predict")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--predict reads llama-server logs" in one_error_line(done)
+
+
+def test_a_space_with_knobs_the_simulator_does_not_model_predicts_the_others_and_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    simulated_log(log)
+    space = tmp_path / "space.toml"
+    space.write_text(
+        'engine = "llama-server"\nconstraints = ["n_ubatch <= n_batch", "threads <= n_batch"]\n'
+        "[params.n_batch]\nchoices = [256, 2048]\n[params.n_ubatch]\nchoices = [256, 512]\n"
+        "[params.threads]\nchoices = [1, 2]\n"
+    )
+    prediction = predict(diagnose_log(log, long_prompt_tokens=LONG), log, space_path=space, long_prompt_tokens=LONG)
+    assert sorted((c.settings["n_batch"], c.settings["n_ubatch"]) for c in prediction.configs) == [
+        (256, 256),
+        (2048, 256),
+        (2048, 512),
+    ]
+    assert any(line.startswith("threads: not modelled") for line in prediction.calibration.kept)
+
+
+def test_a_log_of_more_requests_than_a_prediction_replays_is_refused_naming_how_to_cut_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "server.log"
+    simulated_log(log)
+    monkeypatch.setattr("tuner.predict.MAX_REQUESTS", 3)
+    with pytest.raises(ConfigError, match="4 requests, more than the 3 --predict replays; cut the log"):
+        predict(diagnose_log(log, long_prompt_tokens=LONG), log, long_prompt_tokens=LONG)

@@ -58,6 +58,8 @@ SIMULATED = Path(__file__).resolve().parents[2] / "studies" / "stall-demo-simula
         ('["--sim-seed", "3", "--sim-speed=0.5"]', 0.5),
         ("[]", 1.0),  # the simulator's own default
         ('["--sim-speed", "fast"]', 1.0),  # refused by the simulator at its start, not here
+        ('["--sim-speed", "5", "--sim-speed", "20"]', 20.0),  # the last one counts, as in the simulator
+        ('["--sim-speed", "5000"]', 1.0),  # over the simulator's range: refused at its start
     ],
 )
 def test_a_simulated_servers_clock_speed_is_its_sim_speed(extra_args: str, speed: float) -> None:

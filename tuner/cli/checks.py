@@ -95,8 +95,14 @@ def check_diagnose(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--like names the study whose [host], [deploy] and [engine] a written study takes; add --study OUT.toml"
         )
-    if (args.space is not None or args.seeds != 3) and not args.predict:
+    if (args.space is not None or args.seeds is not None) and not args.predict:
         raise ConfigError("--space and --seeds are for --predict; add --predict")
+    if args.predict and (args.since is not None or args.until is not None):
+        raise ConfigError(
+            "--predict replays the whole log, not a stretch of it: cut the log itself (journalctl --since/--until)"
+        )
+    if args.seeds is None:
+        args.seeds = 3
     if args.seeds > 50:
         raise ConfigError(f"--seeds {args.seeds}: at most 50 (each seed replays every config once more)")
     if args.predict and str(args.log) == "-":

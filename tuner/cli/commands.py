@@ -225,7 +225,6 @@ COMMANDS: tuple[Command, ...] = (
             arg(
                 "--seeds",
                 type=positive,
-                default=3,
                 metavar="N",
                 help="with --predict: simulator seeds per config, for the spread (3)",
             ),

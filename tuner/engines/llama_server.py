@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from pydantic import Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 
-from tuner import assets
+from tuner import assets, catalog
 from tuner.config import ParamValue, StrictModel
 from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for, render_env_value
 from tuner.engines.llama_server_api import (
@@ -337,19 +337,22 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def clock_speed(self) -> float:
         if not self.simulated:
             return 1.0
-        args = self._options.extra_args
-        for i, flag in enumerate(args):
+        args, speed = self._options.extra_args, 1.0
+        for i, flag in enumerate(args):  # the last one counts, as in the simulator's own parser
             if flag == "--sim-speed":
                 text = args[i + 1] if i + 1 < len(args) else ""
+            elif flag.startswith("--sim-speed="):
+                text = flag.removeprefix("--sim-speed=")
             else:
-                text = flag.removeprefix("--sim-speed=") if flag.startswith("--sim-speed=") else ""
+                continue
             try:
                 speed = float(text)
             except ValueError:
-                continue
-            if math.isfinite(speed) and speed > 0:  # any other the simulator itself refuses at its start
-                return speed
-        return 1.0
+                speed = 1.0
+        # Outside the simulator's range it refuses to start; the estimate keeps real time meanwhile.
+        return (
+            speed if math.isfinite(speed) and catalog.SIM_SPEED_RANGE[0] <= speed <= catalog.SIM_SPEED_RANGE[1] else 1.0
+        )
 
     def slot_count(self, startup_log: str) -> int | None:
         found = _N_SLOTS.findall(startup_log)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tuner import catalog
 from tuner.sim.inputs import NoiseModel, SimSettings, load_cost_model
 
 __all__ = ["USAGE", "CommandLine", "CommandLineError", "Fault", "parse_command_line", "parse_fault"]
@@ -155,7 +156,7 @@ _SETTING_NAMES = _SWITCH_NAMES | set(_FLAG_KINDS) | set(_ENV)
 
 # The speed factor's sane range: below it a start outlasts any health wait, above it one model step is
 # shorter than the event loop's own latency and the simulated timings stop meaning anything.
-_SPEED_RANGE = (0.01, 1000.0)
+_SPEED_RANGE = catalog.SIM_SPEED_RANGE
 
 USAGE = """usage: tuner-sim-llama-server [llama-server's flags and LLAMA_ARG_* variables] [--sim-* options]
 

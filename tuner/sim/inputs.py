@@ -5,6 +5,7 @@ shipped as `calibration.json` and read strictly by `load_cost_model`) and the no
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -45,6 +46,17 @@ class CostModel:
         (w0, c0), (w1, c1) = points[right - 1], points[right]
         share = (math.log(width) - math.log(w0)) / (math.log(w1) - math.log(w0))
         return c0 + share * (c1 - c0)
+
+    def scaled(self, factor: float) -> CostModel:
+        """The same server `factor` times slower: every cost of a pass times it (a prompt cache's copy and
+        the model's load stay as they are)."""
+        return dataclasses.replace(
+            self,
+            pass_s=self.pass_s * factor,
+            token_points=tuple((width, cost * factor) for width, cost in self.token_points),
+            context_s=self.context_s * factor,
+            sample_s=self.sample_s * factor,
+        )
 
     def forward_s(self, width: int, context_tokens: float) -> float:
         """One pass of `width` tokens whose contexts add up to `context_tokens`."""
