@@ -36,7 +36,7 @@ __all__ = [
     "DEFAULT_RESTART_S",
     "DurationEstimate",
     "check_study",
-    "estimate_duration_s",
+    "estimate_duration",
 ]
 
 LOCAL_STUDY_FIX = (
@@ -195,7 +195,7 @@ class DurationEstimate:
     seconds_if_noisy: float
 
 
-def estimate_duration_s(
+def estimate_duration(
     spec: StudySpec, *, round_s: float, probes_s: float = 0.0, fixed_s: float = 0.0, hosts: int = 1
 ) -> DurationEstimate:
     """The rounds one host measures and how long they take: its baseline's rounds and its share of the
@@ -255,7 +255,7 @@ def _duration_line(
         source = f"{round_s:.1f} s a round{clock}: the replay, {restart}, the warm-up and scoring"
         if probes_s:
             source += f"; the correctness probes, {probes_s:.1f} s a trial"
-    estimate = estimate_duration_s(
+    estimate = estimate_duration(
         spec, round_s=round_s, probes_s=probes_s, fixed_s=_STUDY_OVERHEAD_S + restart_s, hosts=hosts
     )
     took = duration_text(estimate.seconds, style="estimate")

@@ -408,3 +408,30 @@ def test_a_stream_above_the_floor_with_nothing_to_compare_it_with_is_no_finding_
     diagnosis = diagnose_log(log.lines, long_prompt_tokens=1000)
     assert diagnosis.finding("stalls") is None, diagnosis.findings
     assert any("no stall is claimed" in note for note in diagnosis.notes), diagnosis.notes
+
+
+@pytest.mark.parametrize(
+    ("prompt", "first_n", "first_at", "end"),
+    [
+        (1000, 600, 6.3, 8.0),  # 3.3 s in, too early to rule out two batches before it; the rest, 400, is over half
+        (2900, 2047, 25.0, 33.0),  # the rest, 853, is under half; but 22 s in, no two batches fit before it
+    ],
+    ids=["the rest over half the line's batch", "the line past twice the delay"],
+)
+def test_one_progress_line_is_one_batch_by_either_rule(prompt: int, first_n: int, first_at: float, end: float) -> None:
+    """The long prompt's prefill runs from 3 s in two batches, the first ending at its one progress line; the
+    stream, decoding at 40 tok/s before and after, gets a token at each batch's end."""
+    log = Log(slots=2)
+    log.task(0, 0, launch=0.2, prompt=40, prompt_ms=100, output=60, eval_ms=1500)
+    after = 80 - 36 - 2  # the stream's tokens after the prefill: 36 before it, one per batch in it
+    log.task(1, 0, launch=2.0, prompt=40, prompt_ms=100, output=80, eval_ms=(end + after / 40 - 2.1) * 1000)
+    log.task(2, 1, launch=3.0, prompt=prompt, prompt_ms=(end - 3.0) * 1000, output=4, eval_ms=200)
+    log.add(
+        first_at,
+        "I",
+        f"slot print_timing: id  1 | task 2 | prompt processing, n_tokens = {first_n:6d}, progress = "
+        f"{first_n / prompt:.2f}, t = {first_at - 3.0:6.2f} s / {first_n / (first_at - 3.0):.2f} tokens per second",
+    )
+    stall = diagnose_log(log.lines, long_prompt_tokens=1000).finding("stalls")
+    assert stall is not None
+    assert figures(stall)["stall_tok_s"] == pytest.approx(2 / (end - 3.0), rel=0.15)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.check import estimate_duration_s
+from tuner.check import estimate_duration
 from tuner.config import StudySpec, load_study
 from tuner.search import prepare_study
 
@@ -22,7 +22,7 @@ def tiny(*overrides: str) -> StudySpec:
 
 def test_the_two_readings_count_the_baseline_the_trials_and_the_confirmations_pairs() -> None:
     # 2 rounds for the baseline and each of 2 trials, 3 when noisy; 1 candidate x 3 pairs of 2 rounds.
-    estimate = estimate_duration_s(tiny(), round_s=10.0, probes_s=1.0, fixed_s=5.0)
+    estimate = estimate_duration(tiny(), round_s=10.0, probes_s=1.0, fixed_s=5.0)
     assert (estimate.rounds, estimate.rounds_if_noisy) == (3 * 2 + 6, 3 * 3 + 6)
     assert estimate.seconds == 12 * 10.0 + 3 * 1.0 + 5.0  # the probes once for each of the 3 trials
     assert estimate.seconds_if_noisy == 15 * 10.0 + 3 * 1.0 + 5.0
@@ -30,20 +30,20 @@ def test_the_two_readings_count_the_baseline_the_trials_and_the_confirmations_pa
 
 def test_a_study_that_never_measures_again_has_one_reading_and_no_gate_no_probes() -> None:
     spec = tiny("extra_rounds_if_noisy=0", "gate.enabled=false", "confirm.top=0")
-    estimate = estimate_duration_s(spec, round_s=10.0, probes_s=1.0)
+    estimate = estimate_duration(spec, round_s=10.0, probes_s=1.0)
     assert estimate.rounds == estimate.rounds_if_noisy == 6
     assert estimate.seconds == estimate.seconds_if_noisy == 60.0
 
 
 def test_a_fleets_hosts_share_the_trials_but_each_measures_its_own_baseline() -> None:
     spec = tiny("budget.trials=10", "confirm.top=0", "extra_rounds_if_noisy=0")
-    assert estimate_duration_s(spec, round_s=1.0, hosts=1).rounds == (1 + 10) * 2
-    assert estimate_duration_s(spec, round_s=1.0, hosts=3).rounds == (1 + 4) * 2  # ceil(10 / 3) trials
+    assert estimate_duration(spec, round_s=1.0, hosts=1).rounds == (1 + 10) * 2
+    assert estimate_duration(spec, round_s=1.0, hosts=3).rounds == (1 + 4) * 2  # ceil(10 / 3) trials
 
 
 def test_the_budgets_hours_cut_the_search_but_the_batch_in_flight_finishes() -> None:
     spec = tiny("budget.trials=1000", "budget.hours=0.1", "confirm.top=0", "interleave=1")
-    estimate = estimate_duration_s(spec, round_s=60.0)
+    estimate = estimate_duration(spec, round_s=60.0)
     assert estimate.rounds == 6 + 2  # 6 minutes of 1-minute rounds, then the trial under way
     assert estimate.rounds_if_noisy == 6 + 3
 

@@ -162,8 +162,17 @@ class Task:
         if steps:
             batches = first_n / statistics.median(steps)
             return seconds / batches if batches >= 1 else None
+        return seconds if self._first_line_ends_the_first_batch() else None
+
+    def _first_line_ends_the_first_batch(self) -> bool:
+        """One progress line, and no room for two batches before it: the rest of the prompt after it is more
+        than half of it (a batch is at least as large as the last), or it came more than twice the lines'
+        delay in (the batch it ends began before the delay, else an earlier one would have printed)."""
+        if len(self.progress) != 1:
+            return False
+        first_at, first_n = self.progress[0]
         rest = (self.prompt_n or 0) - first_n
-        return seconds if 2 * rest > first_n or seconds > 2 * _PROGRESS_AFTER_S else None
+        return 2 * rest > first_n or first_at - self.prefill_start_s > 2 * _PROGRESS_AFTER_S
 
     def iteration_ends(self) -> tuple[list[float], float]:
         """The ends of this task's prefill iterations that the log shows, and the time from which it shows
@@ -172,7 +181,9 @@ class Task:
         ends = [at for at, _ in self.progress if at < self.decode_start_s - _SAME_INSTANT_S]
         ends.append(self.decode_start_s)
         known_from = self.prefill_start_s + _PROGRESS_AFTER_S
-        if self.progress:
+        if self._first_line_ends_the_first_batch():
+            known_from = self.prefill_start_s  # the line is the first batch's end: none came before it
+        elif self.progress:
             known_from = min(known_from, self.progress[0][0])
         elif self.decode_start_s - self.prefill_start_s > _PROGRESS_AFTER_S:
             # A prefill past the lines' delay without one line was one iteration (a batch ending after the

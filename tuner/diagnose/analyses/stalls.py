@@ -62,7 +62,9 @@ class Stalls:
         self.windows: dict[tuple[int, int], _Window] = {}
         self.overlaps: list[_Overlap] = []
         self.chunks: dict[int, list[float]] = {}  # bucket -> [batches, tokens, seconds]
-        self.nothing_to_compare = False  # streams beside long prefills, no speed elsewhere, none under the floor
+        # Set by `findings` (which the notes follow): streams beside long prefills, no speed elsewhere, none
+        # under the floor.
+        self.nothing_to_compare = False
         self.max_chunk = 0
 
     def observe(self, task: Task, neighbours: Sequence[Task], context: ReadContext) -> None:
@@ -334,13 +336,16 @@ class Stalls:
     def _floor_fix(self, current: int, prefill: float | None) -> Fix:
         """At the smallest n_batch a study tries, smaller chunks cannot shorten the stall: each iteration
         already carries few prompt tokens, and its cost is the prefill's own speed."""
-        per_token = f"{current / prefill:.2f} s" if prefill else "the prefill's own time"
+        iteration = (
+            f"takes {current / prefill:.2f} s at this server's {fmt_speed(prefill)} tok/s of prefill"
+            if prefill
+            else "is the streams' wait for each token"
+        )
         return Fix(
             knob=None,
             action=f"n_batch is already {current}, the smallest a study tries: a smaller one would not help the "
             "streams, only slow every long prompt",
-            estimate=f"an iteration of {current} prompt tokens takes {per_token} at this server's "
-            f"{fmt_speed(prefill) if prefill else '?'} tok/s of prefill, and a stream beside it gets one token "
+            estimate=f"an iteration of {current} prompt tokens {iteration}, and a stream beside it gets one token "
             "per iteration",
             trade_off="what is left is the prefill's speed itself: a faster device or more threads, or fewer "
             "long prompts at once (fewer slots)",
