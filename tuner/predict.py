@@ -196,7 +196,11 @@ def predict(
     simulated server `seeds` times with the log's traffic, ranked by the streams' speed during long prefills
     among those that keep 80% of the baseline's prefill speed."""
     if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
-        raise ConfigError("--predict reads llama-server logs: the simulated server models llama-server alone")
+        written_by = diagnosis.server.engine if diagnosis.log_kind == "llama-server" else diagnosis.log_kind
+        raise ConfigError(
+            f"--predict reads llama-server logs (this is a {written_by} log): the simulated server models llama-server "
+            "alone; run without --predict, or tune it with --study"
+        )
     space = load_search_space(space_path) if space_path is not None else None
     axes, left_out = _space_axes(space) if space is not None else (dict(_DEFAULT_SPACE), [])
     grid = _grid(axes, space)
