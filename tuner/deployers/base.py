@@ -29,6 +29,7 @@ __all__ = [
     "RecoveringDeployer",
     "check_launch",
     "create_deployer",
+    "health_answer",
     "server_command",
     "wait_until_healthy",
 ]
@@ -170,3 +171,26 @@ async def wait_until_healthy(
             if waited > timeout_s:
                 raise ServerNotReady(f"the server did not become healthy within {timeout_s:g} s (last answer: {last})")
             await asyncio.sleep(min(poll_s, max(_MIN_POLL_S, waited / 10)))
+
+
+async def health_answer(url: str, *, loading_wait_s: float, poll_s: float = 0.5) -> tuple[str | None, float]:
+    """Asks a running server's health path, again while it answers 503, for up to `loading_wait_s`.
+
+    Returns (None once it answers 200, else its last answer: "HTTP 503", "ConnectError", ...) and the seconds
+    waited. A 503 is a server at that address that has not loaded its model yet (llama-server answers so
+    from binding its socket until the model is in memory), so it is waited for rather than called unhealthy;
+    any other answer is final at once.
+    """
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=tls_context()) as client:
+        while True:
+            try:
+                response = await client.get(url)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                return type(exc).__name__, time.monotonic() - started
+            waited = time.monotonic() - started
+            if response.status_code == 200:
+                return None, waited
+            if response.status_code != 503 or waited >= loading_wait_s:
+                return f"HTTP {response.status_code}", waited
+            await asyncio.sleep(min(poll_s, max(0.0, loading_wait_s - waited)))

@@ -7,18 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-import httpx
-
+from tuner.deployers.base import health_answer
 from tuner.deployers.systemd.lock import HostLock, read_holder
 from tuner.deployers.systemd.operator_server import UnitServer
 from tuner.deployers.systemd.paths import HostPaths
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
 from tuner.deployers.systemd.unit_file import check_kept_command, parse_show_environment
 from tuner.errors import ConfigError, DeployError
-from tuner.http import tls_context
 from tuner.models import CheckLine, LaunchSpec, TunedKnob
 
-__all__ = ["check_unit"]
+__all__ = ["LOADING_WAIT_S", "check_unit"]
+
+# How long a unit's server that answers 503 (bound, its model still loading: it was just started) is waited
+# for before the check calls it not ready. A model of a few GB loads within this from a page-cached disk.
+LOADING_WAIT_S = 60.0
 
 
 async def check_unit(
@@ -109,18 +111,19 @@ async def _check_answers(unit: SystemdUnit, server: UnitServer, launch: LaunchSp
     # The server running now is the operator's, wherever the study's own command line would put a trial's.
     operator = server.operator
     base_url = await (unit.transport.reach(operator.reach_host, operator.port) if operator else server.address(launch))
-    try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=tls_context()) as client:
-            answer = await client.get(base_url + launch.health_path)
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        answer = None
-        why = type(exc).__name__
-    where = server.operator.address if server.operator else f"{launch.host}:{launch.port}"
-    if answer is not None and answer.status_code == 200:
-        return CheckLine("server", True, f"answers {launch.health_path} on {where}")
-    why = f"HTTP {answer.status_code}" if answer is not None else why
+    where = operator.address if operator else f"{launch.host}:{launch.port}"
+    problem, waited = await health_answer(base_url + launch.health_path, loading_wait_s=LOADING_WAIT_S)
+    if problem is None:
+        loaded = f" (after {waited:.0f} s of loading its model)" if waited >= 1 else ""
+        return CheckLine("server", True, f"answers {launch.health_path} on {where}{loaded}")
+    if problem == "HTTP 503":
+        return CheckLine(
+            "server", False,
+            f"{unit.name} answers on {where} but not ready: HTTP 503 for {LOADING_WAIT_S:g} s (still loading its "
+            f"model?); check again once it has loaded, or read its log (`journalctl -u {unit.name}`)",
+        )  # fmt: skip
     return CheckLine(
         "server", False,
-        f"{unit.name} is active but nothing healthy answers on {where} ({why}); check the unit's address "
+        f"{unit.name} is active but nothing healthy answers on {where} ({problem}); check the unit's address "
         "and port, or its log (`journalctl -u " + unit.name + "`)",
     )  # fmt: skip
