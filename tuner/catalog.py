@@ -19,6 +19,7 @@ __all__ = [
     "SYSTEMD_APPLIED_DROP_IN",
     "TRANSPORT_KINDS",
     "SIM_SPEED_RANGE",
+    "SIMULATED_KNOBS",
 ]
 
 # Sorted, as `Registry.kinds()` lists them.
@@ -46,3 +47,7 @@ SYSTEMD_APPLIED_DROP_IN = "zz-tuner-applied.conf"
 
 # How many times faster than real time the simulated llama-server may run (its --sim-speed).
 SIM_SPEED_RANGE = (0.01, 1000.0)
+
+# The llama-server knobs the simulated server models: what a prediction (`diagnose --predict`, a study's
+# `search.predicted_from`) varies; the diagnose study names the log for a prediction when it tunes one.
+SIMULATED_KNOBS = ("n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_ram")

@@ -183,6 +183,7 @@ _SHORT_HEADERS = {
     "lora_switch_ms": "LoRA sw ms",
 }
 _SETTINGS_HEADER = "settings (changed from baseline)"
+_PREDICTED_HEADER = {False: "stall tok/s predicted", True: "predicted"}
 # Narrower than this, the settings wrap onto more lines than a row is worth: a metric column goes instead.
 _SETTINGS_MIN_WIDTH = 20
 # Each column's one space of padding either side, and the vertical lines of the default box.
@@ -272,6 +273,10 @@ def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
     for name in layout.metrics:
         header = _SHORT_HEADERS.get(name, _label(name)) if layout.short_headers else _label(name)
         columns.append(_Column(header=header, cells=[_cell(row, name, ranges=layout.metric_ranges) for row in rows]))
+        if name == "stall_tok_s" and board.prediction is not None:  # the prediction beside what was measured
+            predicted = board.prediction.predicted
+            cells = [Text(_fmt(f.median.get(name)) if (f := predicted.get(row.number)) else "-") for row in rows]
+            columns.append(_Column(header=_PREDICTED_HEADER[layout.short_headers], cells=cells))
     return columns
 
 
@@ -379,8 +384,17 @@ def _render_notes(
     )
     if board.hosts is not None:
         console.print(Text(board.hosts.line()))
+    if board.prediction is not None and "stall_tok_s" in layout.metrics:
+        console.print(
+            f"predicted: the stall speed the simulated server, calibrated from {board.prediction.record.log}, "
+            f"expected for the trial's config (median of {board.prediction.record.seeds} simulated rounds)",
+            markup=False,
+            highlight=False,
+        )
     style = "bold green" if board.recommendation.row is not None else "bold yellow"
     console.print(Text(board.recommendation.message, style=style))
+    if board.prediction is not None:
+        console.print(Text(board.prediction.message, style="green" if board.prediction.held else "yellow"))
 
 
 def render_trace_summary(summary: TraceSummary, console: Console | None = None) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.catalog import SIMULATED_KNOBS
 from tuner.config import ParamValue, PluginSpec, SearchSpace, load_search_space
 from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
@@ -23,12 +24,23 @@ from tuner.importers.base import read_lines
 from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServerLogOptions
 from tuner.metrics import compute_metrics
 from tuner.models import TaskTimeline
+from tuner.prediction_record import PredictedFigures, PredictionRecord
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
 from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
 from tuner.workloads.synthesis import synthesize_sessions
+from tuner.workloads.trace import Trace
 
-__all__ = ["Calibration", "Prediction", "PredictedConfig", "calibrate_from_log", "predict"]
+__all__ = [
+    "Calibration",
+    "PredictedConfig",
+    "Prediction",
+    "StudyTraffic",
+    "calibrate_from_log",
+    "predict",
+    "prediction_json",
+    "prediction_record",
+]
 
 # llama-server's default micro-batch: the log shows the chunk an iteration prefilled (n_batch), not the
 # passes it took, so a chunk's cost is laid on passes of this width.
@@ -43,7 +55,7 @@ _TIMED_PROMPT_TOKENS = 256
 # Configs replayed at most: a larger space is for the study's sampler, not a grid.
 _GRID_LIMIT = 200
 _METRICS = ("stall_tok_s", "ttft_p95_s", "prefill_tok_s")
-_MODELLED = ("n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_ram")
+_MODELLED = SIMULATED_KNOBS
 # More requests than this in a log take minutes a config: cut the log to its busy hour first.
 MAX_REQUESTS = 1000
 _DEFAULT_SPACE = {"n_batch": (32, 64, 128, 256, 512, 1024, 2048), "n_ubatch": (32, 64, 128, 256, 512, 1024, 2048)}
@@ -184,34 +196,55 @@ def _space_axes(space: SearchSpace) -> tuple[dict[str, tuple[ParamValue, ...]], 
     return axes, left_out
 
 
+@dataclass(frozen=True, kw_only=True)
+class StudyTraffic:
+    """What a study replays, for a prediction of its own trials (`search.predicted_from`): its workload, its
+    baseline's settings (every knob a config leaves alone) and its context size."""
+
+    trace: Trace
+    baseline: Mapping[str, ParamValue]
+    ctx_size: int | None
+    workload_seed: int
+    time_scale: float
+
+
 def predict(
     diagnosis: Diagnosis,
     log: Path,
     *,
     space_path: Path | None = None,
+    space: SearchSpace | None = None,
+    study: StudyTraffic | None = None,
     seeds: int = 3,
     long_prompt_tokens: int = 1000,
 ) -> Prediction:
     """Every config of the space (by default n_batch x n_ubatch on llama-server's ladder), replayed on the
-    simulated server `seeds` times with the log's traffic, ranked by the streams' speed during long prefills
-    among those that keep 80% of the baseline's prefill speed."""
+    simulated server `seeds` times with the log's traffic (or a study's workload, at its baseline), ranked by
+    the streams' speed during long prefills among those that keep 80% of the baseline's prefill speed."""
     if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
         written_by = diagnosis.server.engine if diagnosis.log_kind == "llama-server" else diagnosis.log_kind
         raise ConfigError(
             f"--predict reads llama-server logs (this is a {written_by} log): the simulated server models llama-server "
             "alone; run without --predict, or tune it with --study"
         )
-    space = load_search_space(space_path) if space_path is not None else None
+    if space is None and space_path is not None:
+        space = load_search_space(space_path)
     axes, left_out = _space_axes(space) if space is not None else (dict(_DEFAULT_SPACE), [])
     grid = _grid(axes, space)
-    trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
-    if not len(trace):
-        raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
+    if study is not None:
+        trace = study.trace
+    else:
+        trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
+        if not len(trace):
+            raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
     if len(trace) > MAX_REQUESTS:
-        raise ConfigError(
-            f"{log}: {len(trace):,} requests, more than the {MAX_REQUESTS:,} --predict replays; cut the log to its "
-            "busiest stretch first (journalctl -u UNIT --since ... --until ...)"
+        what = "the study's workload has" if study is not None else f"{log}:"
+        cut = (
+            "leave out search.predicted_from, or predict on a shorter workload"
+            if study is not None
+            else "cut the log to its busiest stretch first (journalctl -u UNIT --since ... --until ...)"
         )
+        raise ConfigError(f"{what} {len(trace):,} requests, more than the {MAX_REQUESTS:,} a prediction replays; {cut}")
     calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
     if left_out:
         calibration.kept.append(f"{', '.join(left_out)}: not modelled by the simulated server, left at the log's")
@@ -226,13 +259,24 @@ def predict(
             "n_batch 2048 for the log's server (llama-server's default: no chunk in the log shows it)"
         )
     base: dict[str, ParamValue] = {"n_batch": n_batch, "n_ubatch": min(ASSUMED_N_UBATCH, n_batch), "n_parallel": slots}
+    if study is not None:  # a study's trials run on its own baseline, whatever the log's server ran
+        base.update({k: v for k, v in study.baseline.items() if k in _MODELLED})
+        slots = int(str(base["n_parallel"]))
+        ctx = study.ctx_size or ctx
     baseline = {k: base[k] for k in axes if k in base}
     configs = [{**baseline, **config} for config in grid]
     if baseline not in configs:
         configs.append(baseline)
     token_range = engine.prompt_token_range()
+    workload_seed, time_scale = (study.workload_seed, study.time_scale) if study is not None else (0, 1.0)
     rounds = [
-        [r for session in synthesize_sessions(trace, token_range=token_range, seed=0, round_index=i) for r in session]
+        [
+            request
+            for session in synthesize_sessions(
+                trace, token_range=token_range, seed=workload_seed, round_index=i, time_scale=time_scale
+            )
+            for request in session
+        ]
         for i in range(seeds)
     ]
     results = []
@@ -322,3 +366,28 @@ def prediction_json(prediction: Prediction) -> dict[str, object]:
         "best": row(prediction.best) if prediction.best is not None else None,
         "configs": [row(c) for c in prediction.configs],
     }
+
+
+def prediction_record(prediction: Prediction, *, log: str) -> PredictionRecord:
+    """The prediction as a run directory stores it (`search.predicted_from`)."""
+
+    def figures(config: PredictedConfig) -> PredictedFigures:
+        return PredictedFigures(
+            settings=config.settings,
+            baseline=config.baseline,
+            eligible=config.eligible,
+            median=config.median,
+            spread=config.spread,
+        )
+
+    return PredictionRecord(
+        log=log,
+        factor=prediction.calibration.factor,
+        fitted=prediction.calibration.fitted,
+        kept=prediction.calibration.kept,
+        requests=prediction.requests,
+        seeds=prediction.seeds,
+        axes=list(prediction.configs[0].settings) if prediction.configs else [],
+        configs=[figures(c) for c in prediction.configs],
+        best=None if prediction.best is None else figures(prediction.best),
+    )

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.config import ParamValue
 from tuner.errors import ConfigError, StudyError
+from tuner.prediction_record import PredictedFigures, PredictionRecord
 from tuner.runs import RunDirectory
 from tuner.scoring import Verdict, verdict
 from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord
@@ -33,6 +34,7 @@ __all__ = [
     "Leaderboard",
     "LeaderboardDocument",
     "LeaderboardRow",
+    "PredictionOutcome",
     "Recommendation",
     "build_leaderboard",
     "leaderboard_document",
@@ -95,6 +97,18 @@ class Recommendation:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PredictionOutcome:
+    """The prediction the study started from, set beside what was measured: each trial's predicted figures
+    and whether the prediction held (its best is what the study recommends, or it expected no win and there
+    was none)."""
+
+    record: PredictionRecord
+    predicted: dict[int, PredictedFigures]  # trial number -> its config's predicted figures
+    held: bool | None  # None: its best has not been measured yet
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Leaderboard:
     study_name: str
     rows: list[LeaderboardRow]
@@ -102,6 +116,7 @@ class Leaderboard:
     pruned: int = 0
     pruning_saved_s: float = 0.0
     hosts: HostSpread | None = None  # a fleet's host effect; None in a one-host study
+    prediction: PredictionOutcome | None = None  # a study started from a prediction (`search.predicted_from`)
 
 
 def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
@@ -184,14 +199,67 @@ def build_leaderboard(study: optuna.Study | StudyView) -> Leaderboard:
     rows = [_row(t, view.front) for t in trials if t.state != TrialState.RUNNING]
     rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0), r.number))
     dropped = {host: record.dropped for host, record in view.hosts.items() if record.dropped}
+    recommendation = _recommend(view.record, rows, baselines, view.hosts)
+    prediction = view.prediction()
     return Leaderboard(
         study_name=view.name,
         rows=rows,
-        recommendation=_recommend(view.record, rows, baselines, view.hosts),
+        recommendation=recommendation,
         pruned=sum(1 for t in trials if t.state == TrialState.PRUNED),
         pruning_saved_s=sum(t.record.saved_s for t in trials),
         hosts=_host_spread(baselines, view.record.objectives, dropped),
+        prediction=None if prediction is None else _prediction_outcome(prediction, rows, recommendation),
     )
+
+
+def _prediction_outcome(
+    record: PredictionRecord, rows: list[LeaderboardRow], recommendation: Recommendation
+) -> PredictionOutcome:
+    predicted = {row.number: figures for row in rows if (figures := record.figures_for(row.settings)) is not None}
+    said = f"prediction from {record.log}"
+    chosen = recommendation.row
+    if record.best is None:
+        if chosen is None:
+            return PredictionOutcome(
+                record=record, predicted=predicted, held=True,
+                message=f"{said}: no config beats the baseline's stall speed; none was recommended: it held",
+            )  # fmt: skip
+        return PredictionOutcome(
+            record=record, predicted=predicted, held=False,
+            message=f"{said}: no config beats the baseline's stall speed, but trial {chosen.number} "
+            f"({_settings(chosen)}) was recommended: it did not hold",
+        )  # fmt: skip
+    best = record.best
+    shown = settings_text(best.settings, separator=", ")
+    measured = next(
+        (r for r in rows if r.state == "COMPLETE" and not r.baseline and predicted.get(r.number) == best), None
+    )
+    if measured is None:
+        return PredictionOutcome(
+            record=record, predicted=predicted, held=None, message=f"{said}: best {shown}, not measured yet"
+        )
+    stall = _predicted_against_measured(best, measured)
+    if chosen is not None and predicted.get(chosen.number) == best:
+        held, why = True, "it held: the recommendation is the predicted best"
+    elif chosen is None:
+        held, why = False, "it did not hold: no setting beat the baseline beyond noise"
+    else:
+        held, why = False, f"it did not hold: the recommendation is trial {chosen.number} ({_settings(chosen)})"
+    return PredictionOutcome(
+        record=record, predicted=predicted, held=held,
+        message=f"{said}: best {shown} (trial {measured.number}){stall}; {why}",
+    )  # fmt: skip
+
+
+def _predicted_against_measured(figures: PredictedFigures, row: LeaderboardRow) -> str:
+    """`, stall 2.10 tok/s predicted (1.90..2.30), 2.40 measured (+14%)`, or nothing where either is missing."""
+    predicted, spread = figures.median.get("stall_tok_s"), figures.spread.get("stall_tok_s")
+    if predicted is None or "stall_tok_s" not in row.metrics:
+        return ""
+    measured = row.metrics["stall_tok_s"][0]
+    between = f" ({spread[0]:.2f}..{spread[1]:.2f})" if spread is not None else ""
+    off = f" ({measured / predicted - 1:+.0%})" if predicted > 0 else ""
+    return f", stall {predicted:.2f} tok/s predicted{between}, {measured:.2f} measured{off}"
 
 
 def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = None) -> LeaderboardRow:
@@ -457,6 +525,16 @@ class HostSpreadDocument(_Document):
     dropped: dict[str, str] = Field(description="Hosts the fleet went on without, and why.")
 
 
+class PredictionDocument(_Document):
+    log: str = Field(description="The server log the prediction was calibrated from.")
+    best: dict[str, ParamValue] | None = Field(description="The config predicted to win; null: none beats baseline.")
+    held: bool | None = Field(description="Whether the study recommends the predicted best; null: not yet known.")
+    message: str = Field(description="What the leaderboard says of it.")
+    trials: dict[int, dict[str, float | None]] = Field(
+        description="Trial number -> its config's predicted figures (median over the simulator's seeds)."
+    )
+
+
 class LeaderboardDocument(_Document):
     """`tuner leaderboard RUN_DIR --json`: the leaderboard for scripts, rows best first."""
 
@@ -468,6 +546,9 @@ class LeaderboardDocument(_Document):
     pruning_saved_s: float
     rows: list[RowDocument]
     hosts: HostSpreadDocument | None = Field(default=None, description="A fleet's host effect; null on one host.")
+    prediction: PredictionDocument | None = Field(
+        default=None, description="The prediction the study started from (search.predicted_from); null: none."
+    )
 
 
 def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
@@ -509,5 +590,14 @@ def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
             between_hosts=board.hosts.between_hosts,
             between_rounds=board.hosts.between_rounds,
             dropped=board.hosts.dropped,
+        ),
+        prediction=None
+        if board.prediction is None
+        else PredictionDocument(
+            log=board.prediction.record.log,
+            best=None if board.prediction.record.best is None else board.prediction.record.best.settings,
+            held=board.prediction.held,
+            message=board.prediction.message,
+            trials={number: figures.median for number, figures in board.prediction.predicted.items()},
         ),
     )

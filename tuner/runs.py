@@ -53,6 +53,7 @@ _RESUMABLE_KEYS = (
     "seed",
     "search.sampler",
     "search.pruner",
+    "search.predicted_from",
     "hosts",
     "storage",
 )
@@ -191,6 +192,11 @@ class RunDirectory:
     def deployer_state_path(self, host: str | None) -> Path:
         """Where the deployer keeps what it must restore (the controller's own host, or a fleet's `host`)."""
         return self.path / ("deployer-state.json" if host is None else f"deployer-state-{host}.json")
+
+    @property
+    def prediction_path(self) -> Path:
+        """The prediction the study started from (`search.predicted_from`), written once at its first start."""
+        return self.path / "prediction.json"
 
     @property
     def leaderboard_path(self) -> Path:

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import ParamValue
+from tuner.prediction_record import PredictionRecord, read_prediction
 from tuner.runs import RunDirectory
 from tuner.storage import open_optuna_study_readonly
 from tuner.study_record import Confirmation, HostRecord, StudyRecord, TrialRecord, host_records
@@ -175,6 +176,10 @@ class StudyView:
     def open(cls, run_dir: RunDirectory, storage_url: str | None = None) -> StudyView:
         """The study a run directory holds (a fleet's from the storage its spec names), read-only."""
         return cls.of(open_optuna_study_readonly(run_dir, storage_url), run_dir)
+
+    def prediction(self) -> PredictionRecord | None:
+        """The prediction the study started from (`search.predicted_from`), where its run directory has one."""
+        return None if self.run_dir is None else read_prediction(self.run_dir.prediction_path)
 
     def in_state(self, *states: TrialState) -> list[TrialView]:
         return [t for t in self.trials if t.state in states]

@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -67,6 +68,7 @@ class PreparedStudy:
     # Every searched knob's value in the baseline: the engine's base setting, else the space's default.
     baseline_settings: dict[str, ParamValue]
     trace: Trace
+    predicted_from: Path | None = None  # `search.predicted_from`, resolved against the study file's directory
 
     def searched_values(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
         """Every searched knob's value in a trial with `settings` ({} for the baseline, which sets nothing)."""

@@ -128,6 +128,10 @@ def test_like_takes_the_servers_host_deploy_and_engine_as_written_and_passes_the
     assert {o["metric"] for o in written["objectives"]} == {"stall_tok_s", "prefill_tok_s", "ttft_p95_s"}
     assert "interleave" not in written
     assert passes_run_checks(out) == {"n_batch": 1536, "n_ubatch": 512}
+    # It starts from the prediction of the same log, named relative to the study file.
+    assert written["search"]["predicted_from"] == "../today.log"
+    spec, base_dir = load_study(out)
+    assert prepare_study(spec, base_dir).predicted_from == log.resolve()
     text = out.read_text(encoding="utf-8")
     assert not is_local_diagnose_study(text)
     assert f"[host], [deploy] and [engine] are {like}'s, copied as written" in text
@@ -250,6 +254,7 @@ def test_an_ollama_log_gets_a_study_of_ollamas_slots_and_context_with_the_model_
         "settings": {"num_parallel": 1, "context_length": 2048},  # the runner's one slot of 2048 tokens
     }
     assert set(study["search"]["params"]) == {"num_parallel", "context_length"}
+    assert "predicted_from" not in study["search"]  # the simulated server models llama-server alone
     assert "Not tuned: cache_ram, which the findings name but Ollama does not take" in text
     assert load_search_space(tmp_path / "fix.space.toml").engine == "ollama"
     assert len((tmp_path / "fix.workload.jsonl").read_text().splitlines()) == 1 + 4  # the runner's 4 requests

@@ -96,6 +96,13 @@ COMMANDS: tuple[Command, ...] = (
                 "study can run (exit 0) or what to fix (exit 1)",
             ),
             _storage("the study's storage instead of [storage] url (a fleet's shared database)"),
+            arg(
+                "--predicted-from",
+                type=Path,
+                metavar="LOG",
+                help="a llama-server log of the server the study tunes: measure the config the simulated server, "
+                "calibrated from it, predicts to win first after the baseline (search.predicted_from)",
+            ),
         ),
     ),
     Command(

@@ -113,6 +113,7 @@ def show(
     from tuner.report import build_leaderboard, leaderboard_document, leaderboard_frame, leaderboard_parquet
     from tuner.runs import RunDirectory
     from tuner.storage import open_optuna_study_readonly
+    from tuner.study_view import StudyView
 
     study_files = [run_path / name for name in STUDY_FILES]  # never to be overwritten by a report
     for flag, path in (("--csv", csv), ("--parquet", parquet)):
@@ -121,8 +122,8 @@ def show(
             check_not_in_run_directory(path, run_path, flag=flag, own="leaderboard." + flag.removeprefix("--"))
     if csv is not None and parquet is not None and check_output(csv) == check_output(parquet):
         raise ConfigError(f"--csv and --parquet both name {csv}: one would replace the other; pass two file names")
-    study = open_optuna_study_readonly(RunDirectory(run_path), storage_url)
-    board = build_leaderboard(study)
+    run_dir = RunDirectory(run_path)
+    board = build_leaderboard(StudyView.of(open_optuna_study_readonly(run_dir, storage_url), run_dir))
     if as_json:
         console.file.write(leaderboard_document(board).model_dump_json(indent=2) + "\n")
     else:

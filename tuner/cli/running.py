@@ -25,6 +25,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from tuner.config import load_study
 
     spec, base_dir = load_study(args.study, args.overrides)
+    if args.predicted_from is not None:  # a path from here, not from the study file's directory
+        search = spec.search.model_copy(update={"predicted_from": args.predicted_from.resolve()})
+        spec = spec.model_copy(update={"search": search})
     if args.storage or spec.storage is not None:
         from tuner.config import StorageSpec
         from tuner.storage import remember_url

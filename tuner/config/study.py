@@ -194,6 +194,12 @@ class SearchSpec(StrictModel):
         default="median",
         description="After round 1, stop a trial scoring below the median of earlier trials (Optuna's MedianPruner).",
     )
+    predicted_from: Path | None = Field(
+        default=None,
+        description="A llama-server log of the server this study tunes (relative to the study file): the config "
+        "the simulated server, calibrated from it, predicts to win on the study's workload is measured first after "
+        "the baseline, and the leaderboard sets the predicted figures beside the measured ones.",
+    )
 
     @field_validator("params")
     @classmethod

@@ -19,6 +19,7 @@ constraints come from the log.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shlex
 import tomllib
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tuner.catalog import SIMULATED_KNOBS
 from tuner.config import ParamValue, StudySpec, load_study, validate_options
 from tuner.diagnose.report import Diagnosis, Fix, ServerFacts, StudyConstraint, StudyObjective
 from tuner.errors import AssetError, ConfigError
@@ -366,6 +368,18 @@ def _space_text(plan: _Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _predicted_from(plan: _Plan, *, log: Path, out: Path) -> list[str]:
+    """A llama-server study of a knob the simulated server models starts from the prediction of this log."""
+    if plan.engine != "llama-server" or not any(knob in SIMULATED_KNOBS for knob in plan.params):
+        return []
+    relative = os.path.relpath(log.resolve(), out.resolve().parent)
+    return [
+        "# The config the simulated server, calibrated from the log, predicts to win is measured first after",
+        "# the baseline; the leaderboard sets its predicted figures beside the measured ones (docs/diagnose.md).",
+        f"predicted_from = {_toml(relative)}",
+    ]
+
+
 def _study_text(
     diagnosis: Diagnosis,
     plan: _Plan,
@@ -407,6 +421,7 @@ def _study_text(
         f"space = {_toml(space.name)}",
         f"params = {_toml(list(plan.params))}",
         'sampler = "tpe"',
+        *_predicted_from(plan, log=log, out=out),
         "",
         "[metrics]",
         f"long_prompt_tokens = {diagnosis.long_prompt_tokens}",

@@ -45,6 +45,7 @@ def page(c: Computed) -> str:
         _verdict(c),
         _apply(c),
         _leaderboard(c),
+        _prediction(c),
         _timeline(c),
         _spread(c),
         _workload(c),
@@ -234,6 +235,50 @@ def _leaderboard(c: Computed) -> str:
         f"{pruned}{skipped_html}{_every_metric(c)}"
     )
     return section("leaderboard-section", "Leaderboard", body)
+
+
+_PREDICTED_METRICS = (("stall_tok_s", "stall tok/s"), ("ttft_p95_s", "TTFT p95 s"), ("prefill_tok_s", "prefill tok/s"))
+
+
+def _prediction(c: Computed) -> str:
+    """The prediction the study started from (`search.predicted_from`), each trial's predicted figures beside
+    its measured ones; nothing for a study that started from none."""
+    outcome = c.g.board.prediction
+    if outcome is None:
+        return ""
+    record = outcome.record
+    head = "".join(
+        f"<th class='num'>{escape(label)} predicted</th><th class='num'>measured</th>"
+        for _, label in _PREDICTED_METRICS
+    )
+    lines = []
+    for row in c.g.board.rows:
+        figures = outcome.predicted.get(row.number)
+        if figures is None:
+            continue
+        cells = [f"<td class='num'>{row.number}</td>", f"<td>{_settings_cell(row)}</td>"]
+        for metric, _ in _PREDICTED_METRICS:
+            median, spread = figures.median.get(metric), figures.spread.get(metric)
+            between = ""
+            if spread is not None and fmt(spread[0]) != fmt(spread[1]):
+                between = f"<br><small>[{fmt(spread[0])}-{fmt(spread[1])}]</small>"
+            cells += [f"<td class='num'>{fmt(median)}{between}</td>", metric_cell(row, metric)]
+        lines.append(f"<tr data-trial='{row.number}'>{''.join(cells)}</tr>")
+    fitted = "".join(f"<li>{escape(line)}</li>" for line in record.fitted) or "<li>nothing: the shipped costs</li>"
+    kept = "".join(f"<li>{escape(line)}</li>" for line in record.kept)
+    verdict = "held" if outcome.held else "open" if outcome.held is None else "missed"
+    body = (
+        f"<p id='prediction-outcome' class='{verdict}'>{escape(outcome.message)}</p>"
+        "<p class='muted'>Before the first restart, the simulated llama-server replayed this study's workload for "
+        f"every config of its space, {record.seeds} rounds each, at a calibration from "
+        f"{escape(record.log)}: its costs {record.factor:.2f} times the shipped ones (median [lowest-highest] over "
+        "the simulated rounds; the measured figures as in the leaderboard).</p>"
+        f"<table id='prediction' class='board'><thead><tr><th class='num'>trial</th><th>settings changed</th>{head}"
+        f"</tr></thead><tbody>{''.join(lines)}</tbody></table>"
+        f"<details><summary>The calibration</summary><p>Fitted from the log:</p><ul>{fitted}</ul>"
+        f"<p>Kept, as the log cannot determine it:</p><ul>{kept}</ul></details>"
+    )
+    return section("prediction-section", "The prediction against the measurement", body)
 
 
 def _every_metric(c: Computed) -> str:

@@ -104,7 +104,33 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     adapters = {adapter for uses in trace.lora_mix() for adapter, _ in uses}
     if adapters:
         engine.check_lora_adapters(adapters)
-    return PreparedStudy(spec=spec, engine=engine, space=space, baseline_settings=baseline, trace=trace)
+    return PreparedStudy(
+        spec=spec,
+        engine=engine,
+        space=space,
+        baseline_settings=baseline,
+        trace=trace,
+        predicted_from=_predicted_from(spec, engine, base_dir),
+    )
+
+
+def _predicted_from(spec: StudySpec, engine: Engine, base_dir: Path) -> Path | None:
+    """The log `search.predicted_from` names, checked before a run directory exists."""
+    if spec.search.predicted_from is None:
+        return None
+    if engine.kind != "llama-server":
+        raise ConfigError(
+            f"search.predicted_from: the simulated server models llama-server alone, and this study tunes "
+            f"{engine.kind}; leave it out"
+        )
+    log = (base_dir / spec.search.predicted_from).resolve()
+    if not log.is_file():
+        what = "is a directory" if log.is_dir() else "does not exist"
+        raise ConfigError(
+            f"search.predicted_from: {log} {what}; name the llama-server log of the server this study tunes "
+            "(relative to the study file), or leave it out"
+        )
+    return log
 
 
 def check_simulated_server(spec: StudySpec, launch: LaunchSpec) -> None:

@@ -1,0 +1,151 @@
+"""A study that starts from a prediction (`search.predicted_from`, `tuner run --predicted-from LOG`): the
+predicted best is the first trial after the baseline, once across resumes; the prediction is stored in the
+run directory; the leaderboard sets each trial's predicted stall speed beside the measured one and says
+whether the prediction held; a log the study cannot predict from is one line, before a run directory exists.
+On the simulated llama-server (tests/support/sim_study.py), its log written by the same simulator."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.support import one_error_line, run_tuner
+from tests.support.diagnose_logs import simulated_log, stall_requests
+from tests.support.sim_study import DEMO, prepare_simulated, run_simulated
+from tuner.console import render_leaderboard
+from tuner.errors import ConfigError
+from tuner.morning_report import render_report
+from tuner.prediction_record import read_prediction
+from tuner.report import build_leaderboard
+from tuner.runs import RunDirectory
+from tuner.study_record import TrialRecord
+from tuner.study_view import StudyView
+
+BUDGET = ["budget.trials=3", "confirm.pairs=2"]
+
+
+@pytest.fixture(scope="module")
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo server's log at its defaults (n_batch 2048): two streams beside a long prompt."""
+    path = tmp_path_factory.mktemp("log") / "server.log"
+    path.write_text("\n".join(simulated_log(stall_requests(2000)).lines) + "\n")
+    return path
+
+
+def predicted_study(server_log: Path, run_path: Path, *, seed: int = 0) -> StudyView:
+    prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"'])
+    done = run_simulated(prepared, run_path, seed=seed, in_memory=False)
+    return StudyView.of(done.study, RunDirectory(run_path))
+
+
+def test_the_predicted_best_is_measured_first_after_the_baseline_and_stored_in_the_run(
+    server_log: Path, tmp_path: Path
+) -> None:
+    view = predicted_study(server_log, tmp_path / "run")
+    prediction = read_prediction(RunDirectory(tmp_path / "run").prediction_path)
+    assert prediction is not None and prediction.best is not None
+    assert prediction.axes == ["n_batch", "n_ubatch"]  # the study's search.params, not the log's space
+    assert int(str(prediction.best.settings["n_batch"])) < 2048  # the demo's stall is fixed by a smaller n_batch
+    baseline, first = view.trials[0], view.trials[1]
+    assert baseline.baseline
+    assert first.settings == prediction.best.settings and first.deployed
+
+
+def test_a_resumed_study_does_not_queue_the_predicted_best_again(server_log: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    predicted_study(server_log, run)
+    stored = RunDirectory(run).prediction_path.read_bytes()
+    prepared = prepare_simulated(["budget.trials=5", "confirm.pairs=2", f'search.predicted_from="{server_log}"'])
+    done = run_simulated(prepared, run, seed=1, in_memory=False)
+    assert RunDirectory(run).prediction_path.read_bytes() == stored  # read back, not predicted again
+    best = read_prediction(RunDirectory(run).prediction_path).best  # type: ignore[union-attr]
+    assert best is not None
+    same = [t for t in done.study.get_trials() if TrialRecord.of(t).settings == best.settings]
+    assert len(same) == 1, [TrialRecord.of(t).settings for t in done.study.get_trials()]
+
+
+def test_the_leaderboard_sets_the_prediction_beside_the_measurement_and_says_whether_it_held(
+    server_log: Path, tmp_path: Path
+) -> None:
+    view = predicted_study(server_log, tmp_path / "run")
+    board = build_leaderboard(view)
+    outcome = board.prediction
+    assert outcome is not None
+    assert set(outcome.predicted) == {row.number for row in board.rows}  # every config was in the prediction
+    assert outcome.message.startswith(f"prediction from {server_log}: best n_batch=")
+    chosen = board.recommendation.row
+    if chosen is not None and outcome.predicted[chosen.number] == outcome.record.best:
+        assert outcome.held and outcome.message.endswith("it held: the recommendation is the predicted best")
+    else:
+        assert outcome.held is False and "it did not hold" in outcome.message
+    assert "stall" in outcome.message and "predicted" in outcome.message and "measured" in outcome.message
+    console = Console(width=160, record=True)
+    render_leaderboard(board, console)
+    shown = console.export_text()
+    (header,) = [line for line in shown.splitlines() if line.startswith("┃ trial")]
+    assert header.index("stall") < header.index("predicted")  # the prediction beside the measured figure
+    assert outcome.message.split(":")[0] in shown and ("it held" in shown or "it did not hold" in shown)
+
+
+def test_the_leaderboard_json_carries_the_prediction(server_log: Path, tmp_path: Path) -> None:
+    predicted_study(server_log, tmp_path / "runs" / "stall-demo")
+    done = run_tuner("leaderboard", str(tmp_path / "runs" / "stall-demo"), "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)["prediction"]
+    assert document["log"] == str(server_log)
+    assert document["best"]["n_batch"] < 2048
+    assert document["held"] in (True, False)
+    assert set(document["trials"]) == {str(row["number"]) for row in json.loads(done.stdout)["rows"]}
+
+
+def test_a_study_without_a_prediction_shows_none(tmp_path: Path) -> None:
+    done = run_simulated(prepare_simulated(BUDGET), tmp_path / "run", seed=0, in_memory=False)
+    board = build_leaderboard(StudyView.of(done.study, RunDirectory(tmp_path / "run")))
+    assert board.prediction is None
+    assert not RunDirectory(tmp_path / "run").prediction_path.exists()
+
+
+def test_a_missing_log_is_refused_before_a_run_directory_exists(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"search.predicted_from: .*nowhere.log does not exist; name the llama-server"):
+        prepare_simulated([f'search.predicted_from="{tmp_path / "nowhere.log"}"'])
+    done = run_tuner(
+        "run", str(DEMO), "--runs-dir", str(tmp_path / "runs"), "--predicted-from", str(tmp_path / "nowhere.log")
+    )
+    assert done.returncode == 2
+    assert "nowhere.log does not exist" in one_error_line(done)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_another_engines_study_is_refused(tmp_path: Path, server_log: Path) -> None:
+    study = Path(__file__).resolve().parents[2] / "studies" / "ollama-ssh-systemd.toml"
+    done = run_tuner(
+        "run", str(study), "--runs-dir", str(tmp_path / "runs"), "--predicted-from", str(server_log), "--check"
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "models llama-server alone, and this study tunes ollama" in one_error_line(done)
+
+
+def test_the_morning_report_sets_each_trials_predicted_figures_beside_the_measured_ones(
+    server_log: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"'])
+    run_simulated(prepared, run, seed=0, in_memory=False, save_rounds=True)
+    page = render_report(run)
+    board = build_leaderboard(StudyView.open(RunDirectory(run)))
+    assert board.prediction is not None
+    assert "The prediction against the measurement" in page
+    assert html.escape(board.prediction.message) in page
+    table = page.split("<table id='prediction'", 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr data-trial=") == len(board.rows)  # every trial, each with its predicted figures
+    best = board.prediction.record.best
+    assert best is not None and f"{best.median['stall_tok_s']:.2f}" in table
+
+
+def test_the_morning_report_of_a_study_without_a_prediction_has_no_such_section(tmp_path: Path) -> None:
+    run_simulated(prepare_simulated(BUDGET), tmp_path / "run", seed=0, in_memory=False, save_rounds=True)
+    assert "prediction" not in render_report(tmp_path / "run")
