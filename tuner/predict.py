@@ -217,6 +217,7 @@ def predict(
     study: StudyTraffic | None = None,
     seeds: int = 3,
     long_prompt_tokens: int = 1000,
+    min_overlap_s: float = 0.5,
 ) -> Prediction:
     """Every config of the space (by default n_batch x n_ubatch on llama-server's ladder), replayed on the
     simulated server `seeds` times with the log's traffic (or a study's workload, at its baseline), ranked by
@@ -286,7 +287,7 @@ def predict(
         for seed, requests in enumerate(rounds):
             server = SimulatedLlamaServer(settings, cost=calibration.cost, noise=_NOISE, seed=seed)
             done = replay_virtual(requests, server, engine=engine, start_s=0.0, request_timeout_s=1e9)
-            metrics = compute_metrics(done.records, long_prompt_tokens=long_prompt_tokens, min_overlap_s=0.5)
+            metrics = compute_metrics(done.records, long_prompt_tokens=long_prompt_tokens, min_overlap_s=min_overlap_s)
             for name in _METRICS:
                 value = metrics.get(name)
                 if value is not None:

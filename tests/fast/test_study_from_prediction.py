@@ -22,6 +22,7 @@ from tuner.morning_report import render_report
 from tuner.prediction_record import read_prediction
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
+from tuner.search.prediction import study_prediction
 from tuner.study_record import TrialRecord
 from tuner.study_view import StudyView
 
@@ -149,3 +150,19 @@ def test_the_morning_report_sets_each_trials_predicted_figures_beside_the_measur
 def test_the_morning_report_of_a_study_without_a_prediction_has_no_such_section(tmp_path: Path) -> None:
     run_simulated(prepare_simulated(BUDGET), tmp_path / "run", seed=0, in_memory=False, save_rounds=True)
     assert "prediction" not in render_report(tmp_path / "run")
+
+
+@pytest.mark.parametrize(("min_overlap_s", "has_stall"), [(0.5, True), (60.0, False)])
+def test_the_prediction_measures_stalls_as_the_study_does(
+    server_log: Path, tmp_path: Path, min_overlap_s: float, has_stall: bool
+) -> None:
+    """The study's own metrics settings, not the diagnose defaults: a sped-up simulated study's overlaps are
+    shorter than 0.5 s, and its prediction had no stall figure until it took `metrics.min_overlap_s`."""
+    prepared = prepare_simulated(
+        [*BUDGET, f'search.predicted_from="{server_log}"', f"metrics.min_overlap_s={min_overlap_s}"]
+    )
+    with RunDirectory(tmp_path / "run", notice=lambda _line: None) as run_dir:
+        record = study_prediction(prepared, run_dir)
+    assert record is not None
+    baseline = next(config for config in record.configs if config.baseline)
+    assert (baseline.median["stall_tok_s"] is not None) is has_stall

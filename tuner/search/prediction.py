@@ -32,7 +32,9 @@ def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> Predicti
     from tuner.predict import StudyTraffic, predict, prediction_record
 
     spec = prepared.spec
-    diagnosis = diagnose_log(path, long_prompt_tokens=spec.metrics.long_prompt_tokens)
+    diagnosis = diagnose_log(
+        path, long_prompt_tokens=spec.metrics.long_prompt_tokens, min_overlap_s=spec.metrics.min_overlap_s
+    )
     settings = {**LLAMA_SERVER_DEFAULTS, **prepared.engine.effective_settings(prepared.baseline_settings)}
     ctx = settings.get("ctx_size")
     traffic = StudyTraffic(
@@ -43,7 +45,12 @@ def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> Predicti
         time_scale=spec.workload.time_scale,
     )
     prediction = predict(
-        diagnosis, path, space=prepared.space, study=traffic, long_prompt_tokens=spec.metrics.long_prompt_tokens
+        diagnosis,
+        path,
+        space=prepared.space,
+        study=traffic,
+        long_prompt_tokens=spec.metrics.long_prompt_tokens,
+        min_overlap_s=spec.metrics.min_overlap_s,
     )
     record = prediction_record(prediction, log=str(spec.search.predicted_from))
     write_prediction(run_dir.prediction_path, record)
