@@ -46,6 +46,7 @@ LAYERS = [
         "storage",
         "progress",
         "study_view",
+        "prediction_record",
         "progress_file",
         "status",
     },
