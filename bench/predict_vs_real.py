@@ -78,7 +78,11 @@ def main() -> int:
         (int(str(c.settings["n_batch"])), int(str(c.settings["n_ubatch"]))): c.median for c in prediction.configs
     }
     best = prediction.best.settings if prediction.best is not None else "the baseline"
-    print(f"calibration: the shipped costs x {prediction.calibration.factor:.2f}; predicted best: {best}")
+    calibration = prediction.calibration
+    print(
+        f"calibration: the shipped costs x {calibration.prefill_factor:.2f} for prefill, "
+        f"x {calibration.decode_factor:.2f} for decode; predicted best: {best}"
+    )
     print("| n_batch / n_ubatch | stall measured | stall predicted | prefill measured | prefill predicted |")
     print("|---|---|---|---|---|")
     for row in rows:
@@ -96,7 +100,15 @@ def main() -> int:
         row["predicted"] = guess
     if args.out is not None:
         args.out.write_text(
-            json.dumps({"long_prompt": args.long, "factor": prediction.calibration.factor, "rows": rows}, indent=1)
+            json.dumps(
+                {
+                    "long_prompt": args.long,
+                    "prefill_factor": prediction.calibration.prefill_factor,
+                    "decode_factor": prediction.calibration.decode_factor,
+                    "rows": rows,
+                },
+                indent=1,
+            )
             + "\n"
         )
     return 0

@@ -120,7 +120,11 @@ def render_prediction(prediction: Prediction, console: Console, *, top: int = 5)
         best = _settings_text(prediction.best.settings)
         console.print(f"   predicted best: {best}", markup=False, highlight=False)
     calibration = prediction.calibration
-    console.print(f"   calibration: the shipped costs x {calibration.factor:.2f}, from", markup=False)
+    console.print(
+        f"   calibration: the shipped costs x {calibration.prefill_factor:.2f} for prefill, "
+        f"x {calibration.decode_factor:.2f} for decode, from",
+        markup=False,
+    )
     for line in calibration.fitted or ["no figure of this log"]:
         console.print(f"     {line}", markup=False, highlight=False)
     console.print("   kept, which the log cannot determine:", markup=False)

@@ -64,7 +64,8 @@ _DEFAULT_SPACE = {"n_batch": (32, 64, 128, 256, 512, 1024, 2048), "n_ubatch": (3
 @dataclass(frozen=True)
 class Calibration:
     cost: CostModel
-    factor: float  # the log's server's costs over the shipped calibration's
+    prefill_factor: float  # the log's server's prefill costs over the shipped calibration's
+    decode_factor: float  # and its decode costs
     fitted: list[str]  # the figures of the log that gave it, one line each
     kept: list[str]  # the constants it cannot determine, at the shipped calibration's values
 
@@ -90,32 +91,39 @@ class Prediction:
 def calibrate_from_log(
     diagnosis: Diagnosis, tasks: Sequence[TaskTimeline] = (), shipped: CostModel | None = None
 ) -> Calibration:
-    """The shipped calibration's costs, every one scaled by one factor: how much slower (or faster) this
-    log's server ran what its lines time, against what the shipped costs give for the same work. Timed:
-    each prompt of at least _TIMED_PROMPT_TOKENS new tokens (its `prompt eval time`, in chunks of n_batch
-    and passes of ASSUMED_N_UBATCH), the fastest decode of at least 8 tokens (its `eval time`, taken as one
-    stream alone), the prefill speed by chunk size and the decode speed by batch width. The factor is the
-    median over them; how cost changes with a pass's width, the shipped calibration's."""
+    """The shipped calibration's costs scaled by two factors: how much slower (or faster) this log's server
+    prefilled, and decoded, than the shipped costs give for the same work (`CostModel.scaled`). Prefill is
+    timed by each prompt of at least _TIMED_PROMPT_TOKENS new tokens (its `prompt eval time`, in chunks of
+    n_batch and passes of ASSUMED_N_UBATCH) and the prefill speed by chunk size; decode by the fastest decode
+    of at least 8 tokens (its `eval time`, taken as one stream alone) and the decode speed by batch width.
+    Each factor is the median of its figures (the other's, where the log times none); the prefill's comes
+    from whole prompts where the log times any, since a prompt's time holds its attention to the tokens
+    before each chunk and a chunk's speed alone does not say how deep it ran. How cost changes with a pass's
+    width within each, and attention's share of it, the shipped calibration's. One factor for both would be
+    wrong by the ratio of the two: a GPU prefills 15 times faster than it decodes, the shipped CPU calibration 2
+    times (bench/predict_case_study.py)."""
     cost = shipped or load_cost_model()
     n_batch = diagnosis.server.n_batch or 2048
-    factors: list[float] = []
+    prefill: list[float] = []
+    chunks: list[float] = []  # a chunk's speed depends on how deep in its prompt it ran: used without prompts
+    decode: list[float] = []
     fitted: list[str] = []
     prompts = [t for t in tasks if t.prompt_n and t.prompt_ms and t.prompt_n >= _TIMED_PROMPT_TOKENS]
     for task in prompts:
         assert task.prompt_n is not None and task.prompt_ms is not None
-        factors.append(task.prompt_ms / 1000.0 / _prefill_s(cost, task.prompt_n, n_batch))
+        prefill.append(task.prompt_ms / 1000.0 / _prefill_s(cost, task.prompt_n, n_batch))
     if prompts:
-        low, high = min(factors), max(factors)
+        low, high = min(prefill), max(prefill)
         span = f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}x to {high:.2f}x"
         fitted.append(
-            f"{counted(len(prompts), 'prompt')} of {_TIMED_PROMPT_TOKENS}+ new tokens (prompt eval time): "
+            f"prefill: {counted(len(prompts), 'prompt')} of {_TIMED_PROMPT_TOKENS}+ new tokens (prompt eval time): "
             f"{span} the shipped costs"
         )
     decodes = [t.eval_n * 1000.0 / t.eval_ms for t in tasks if t.eval_n and t.eval_ms and t.eval_n >= 8]
     if decodes:
         fastest = max(decodes)
-        factors.append((1.0 / fastest) / (cost.forward_s(1, 0.0) + cost.sample_s))
-        fitted.append(f"the fastest decode, {fastest:.1f} tok/s (eval time), as one stream: {factors[-1]:.2f}x")
+        decode.append((1.0 / fastest) / (cost.forward_s(1, 0.0) + cost.sample_s))
+        fitted.append(f"decode: the fastest, {fastest:.1f} tok/s (eval time), as one stream: {decode[-1]:.2f}x")
     for figure in diagnosis.profile:
         if figure.value is None or figure.value <= 0:
             continue
@@ -123,25 +131,39 @@ def calibrate_from_log(
             size = int(figure.name.rsplit("_", 1)[1])
             width = min(size, ASSUMED_N_UBATCH)
             measured, shipped_s = size / figure.value, math.ceil(size / width) * cost.forward_s(width, 0.0)
-            what = f"prefill {figure.value:.1f} tok/s in chunks of up to {size}"
+            what, factors = f"prefill: {figure.value:.1f} tok/s in chunks of up to {size}", chunks
         elif figure.name.startswith("decode_tok_s_width_"):
             width = int(figure.name.rsplit("_", 1)[1])
             measured, shipped_s = 1.0 / figure.value, cost.forward_s(width, 0.0) + cost.sample_s * width
-            what = f"decode {figure.value:.1f} tok/s a stream with {width} decoding"
+            what, factors = f"decode: {figure.value:.1f} tok/s a stream with {width} decoding", decode
         else:
             continue
         factors.append(measured / shipped_s)
         fitted.append(f"{what} ({figure.label.rsplit('(', 1)[-1]}: {measured / shipped_s:.2f}x the shipped costs")
     kept = [
-        "how a pass's cost changes with its width, a prompt cache's copy and a model's load: the shipped "
-        "calibration's (SmolLM2-135M on a 2-core CPU), scaled",
+        "how a pass's cost changes with its width, within prefill and within decode, a prompt cache's copy and a "
+        "model's load: the shipped calibration's (SmolLM2-135M on a 2-core CPU), scaled",
         f"n_ubatch {ASSUMED_N_UBATCH} for the log's server (llama-server's default: the log shows chunks, not passes)",
     ]
-    if not factors:
+    if prompts and chunks:
+        fitted.append("prefill: the prompts set its level; a chunk's speed depends on its depth in the prompt")
+    prefill = prefill or chunks
+    if not prefill and not decode:
         kept.insert(0, "the costs' level: the log times no prompt, decode or pass, so the shipped one")
-        return Calibration(cost=cost, factor=1.0, fitted=fitted, kept=kept)
-    factor = statistics.median(factors)
-    return Calibration(cost=cost.scaled(factor), factor=factor, fitted=fitted, kept=kept)
+        return Calibration(cost=cost, prefill_factor=1.0, decode_factor=1.0, fitted=fitted, kept=kept)
+    prefill_factor = statistics.median(prefill or decode)
+    decode_factor = statistics.median(decode or prefill)
+    if not prefill:
+        kept.insert(0, "prefill costs: the log times no prefill, so scaled as its decode")
+    if not decode:
+        kept.insert(0, "decode costs: the log times no decode, so scaled as its prefill")
+    return Calibration(
+        cost=cost.scaled(prefill_factor, decode=decode_factor),
+        prefill_factor=prefill_factor,
+        decode_factor=decode_factor,
+        fitted=fitted,
+        kept=kept,
+    )
 
 
 def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
@@ -245,7 +267,8 @@ def predict(
             if study is not None
             else "cut the log to its busiest stretch first (journalctl -u UNIT --since ... --until ...)"
         )
-        raise ConfigError(f"{what} {len(trace):,} requests, more than the {MAX_REQUESTS:,} a prediction replays; {cut}")
+        replays = "a prediction replays" if study is not None else "--predict replays"
+        raise ConfigError(f"{what} {len(trace):,} requests, more than the {MAX_REQUESTS:,} {replays}; {cut}")
     calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
     if left_out:
         calibration.kept.append(f"{', '.join(left_out)}: not modelled by the simulated server, left at the log's")
@@ -356,11 +379,12 @@ def prediction_json(prediction: Prediction) -> dict[str, object]:
         }
 
     return {
-        "version": 1,
+        "version": 2,
         "requests": prediction.requests,
         "seeds": prediction.seeds,
         "calibration": {
-            "factor": prediction.calibration.factor,
+            "prefill_factor": prediction.calibration.prefill_factor,
+            "decode_factor": prediction.calibration.decode_factor,
             "fitted": prediction.calibration.fitted,
             "kept": prediction.calibration.kept,
         },
@@ -383,7 +407,8 @@ def prediction_record(prediction: Prediction, *, log: str) -> PredictionRecord:
 
     return PredictionRecord(
         log=log,
-        factor=prediction.calibration.factor,
+        prefill_factor=prediction.calibration.prefill_factor,
+        decode_factor=prediction.calibration.decode_factor,
         fitted=prediction.calibration.fitted,
         kept=prediction.calibration.kept,
         requests=prediction.requests,

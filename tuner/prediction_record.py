@@ -34,7 +34,8 @@ class PredictedFigures(_Stored):
 class PredictionRecord(_Stored):
     version: int = PREDICTION_VERSION
     log: str = Field(description="The server log it was calibrated from, as the study names it.")
-    factor: float = Field(description="The log's server's costs over the simulator's shipped calibration.")
+    prefill_factor: float = Field(description="The log's server's prefill costs over the shipped calibration's.")
+    decode_factor: float = Field(description="And its decode costs.")
     fitted: list[str] = Field(description="The log's figures the calibration was fitted from.")
     kept: list[str] = Field(description="What the log cannot determine, kept at the shipped calibration's.")
     requests: int = Field(description="Requests a simulated round replayed.")

@@ -64,7 +64,8 @@ def test_the_prediction_recovers_the_servers_speed_and_its_own_stall_and_names_a
     assert measured is not None
     diagnosis = diagnose_log(log, long_prompt_tokens=LONG)
     prediction = predict(diagnosis, log, long_prompt_tokens=LONG)
-    assert prediction.calibration.factor == pytest.approx(SLOWER, rel=0.15), prediction.calibration.fitted
+    assert prediction.calibration.prefill_factor == pytest.approx(SLOWER, rel=0.15), prediction.calibration.fitted
+    assert prediction.calibration.decode_factor == pytest.approx(SLOWER, rel=0.15), prediction.calibration.fitted
     (baseline,) = [c for c in prediction.configs if c.baseline]
     assert baseline.settings == {"n_batch": 2048, "n_ubatch": 512}
     assert baseline.median["stall_tok_s"] == pytest.approx(measured, rel=0.25)

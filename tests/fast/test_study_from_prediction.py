@@ -111,7 +111,7 @@ def test_a_study_without_a_prediction_shows_none(tmp_path: Path) -> None:
 
 
 def test_a_missing_log_is_refused_before_a_run_directory_exists(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"search.predicted_from: .*nowhere.log does not exist; name the llama-server"):
+    with pytest.raises(ConfigError, match=r"search.predicted_from: .*nowhere.log does not exist; name the"):
         prepare_simulated([f'search.predicted_from="{tmp_path / "nowhere.log"}"'])
     done = run_tuner(
         "run", str(DEMO), "--runs-dir", str(tmp_path / "runs"), "--predicted-from", str(tmp_path / "nowhere.log")

@@ -13,9 +13,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CostModel", "NoiseModel", "SimSettings", "load_cost_model"]
+__all__ = ["NARROW_PASS", "CostModel", "NoiseModel", "SimSettings", "load_cost_model"]
 
 _CALIBRATION = "calibration.json"
+
+
+# The widest pass a calibration counts as decode (one token for each decoding slot); wider ones are prefill.
+NARROW_PASS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,15 +51,20 @@ class CostModel:
         share = (math.log(width) - math.log(w0)) / (math.log(w1) - math.log(w0))
         return c0 + share * (c1 - c0)
 
-    def scaled(self, factor: float) -> CostModel:
+    def scaled(self, factor: float, *, decode: float | None = None) -> CostModel:
         """The same server `factor` times slower: every cost of a pass times it (a prompt cache's copy and
-        the model's load stay as they are)."""
+        the model's load stay as they are). With `decode`, the narrow passes (up to NARROW_PASS tokens, as
+        decoding slots make), the per-pass cost and sampling take that factor instead, and the wide ones
+        (prefill) and their attention `factor`: a GPU prefills many times faster than it decodes, a CPU not."""
+        narrow = factor if decode is None else decode
         return dataclasses.replace(
             self,
-            pass_s=self.pass_s * factor,
-            token_points=tuple((width, cost * factor) for width, cost in self.token_points),
+            pass_s=self.pass_s * narrow,
+            token_points=tuple(
+                (width, cost * (narrow if width <= NARROW_PASS else factor)) for width, cost in self.token_points
+            ),
             context_s=self.context_s * factor,
-            sample_s=self.sample_s * factor,
+            sample_s=self.sample_s * narrow,
         )
 
     def forward_s(self, width: int, context_tokens: float) -> float:
