@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -46,10 +48,15 @@ from tuner.observers import NullObserver  # noqa: E402
 from tuner.report import build_leaderboard  # noqa: E402
 from tuner.runs import RunDirectory  # noqa: E402
 from tuner.search import PreparedStudy, open_optuna_study, run_search  # noqa: E402
+from tuner.search.prediction import study_prediction  # noqa: E402
 from tuner.search.samplers import SAMPLERS as MAKE_SAMPLER  # noqa: E402
-from tuner.sim.model import NoiseModel  # noqa: E402
+from tuner.sim.command_line import parse_command_line  # noqa: E402
+from tuner.sim.log_lines import format_log_line, startup_lines  # noqa: E402
+from tuner.sim.model import CostModel, NoiseModel, SimulatedLlamaServer, load_cost_model  # noqa: E402
 from tuner.sim.runner import SimulatedTrialRunner  # noqa: E402
+from tuner.sim.virtual import replay_virtual  # noqa: E402
 from tuner.study_record import TrialRecord  # noqa: E402
+from tuner.trial_runner import round_requests  # noqa: E402
 
 FIVE_KNOBS = ["n_batch", "n_ubatch", "n_parallel", "cache_ram", "kv_unified"]
 SPACES: dict[str, list[str]] = {
@@ -67,15 +74,42 @@ SPACES: dict[str, list[str]] = {
         "engine.settings.n_parallel=8",
     ],
 }
-SAMPLERS = ["tpe", "tpe-maximin", "grid", "random"]
+# The demo's space on servers whose knee sits elsewhere than the shipped calibration's (n_batch 128): the
+# simulated server with other costs (COSTS), the study unchanged.
+SPACES["demo-knee-32"] = []
+SPACES["demo-knee-1024"] = []
+_SHIPPED = load_cost_model()
+COSTS: dict[str, CostModel] = {
+    # Every width costs the same per token and a pass almost nothing beside it: a small n_batch costs no
+    # prefill, so the smallest wins (a server bound by its weights' memory traffic at every width).
+    "demo-knee-32": dataclasses.replace(_SHIPPED, pass_s=0.0005, token_points=((1, 0.0052), (512, 0.0052))),
+    # A pass costs 0.1 s beside its tokens, and passes wider than 512 are cheaper per token (a GPU's kernels
+    # fill up): n_ubatch = n_batch = 1024 prefills far faster than the baseline's passes of 512.
+    "demo-knee-1024": dataclasses.replace(
+        _SHIPPED,
+        pass_s=0.1,
+        token_points=(
+            (1, 0.0025),
+            (4, 0.002),
+            (32, 0.0085),
+            (64, 0.0052),
+            (512, 0.0052),
+            (1024, 0.0028),
+            (2048, 0.0027),
+        ),
+    ),
+}
+# tpe-predicted: the study's sampler, starting from `search.predicted_from`, a log of the baseline's first
+# round on that server (its own costs): the predicted best is the first trial after the baseline.
+SAMPLERS = ["tpe", "tpe-maximin", "grid", "random", "tpe-predicted"]
 # A fixed budget per space, for the share of seeds whose study as a user would run it (one budget, chosen
 # beforehand) recommends a near-optimal config: the demo's own 5 trials; 14 on the five-knob space, 15 real
 # trials with the baseline (the issue's target).
-FIXED_BUDGET = {"demo": 5, "five-knob": 14, "five-knob-8-slots": 14}
+FIXED_BUDGET = {"demo": 5, "five-knob": 14, "five-knob-8-slots": 14, "demo-knee-32": 5, "demo-knee-1024": 5}
 # The largest budget a study gets (grid search: its size). The loop redeploys a config that was pruned or
 # failed when a sampler proposes it again, so a study on the demo's 28 configs may run long after it has
 # measured them all; 100 trials are 3.5 times the grid.
-CAP = {"demo": 100, "five-knob": 400, "five-knob-8-slots": 400}
+CAP = {"demo": 100, "five-knob": 400, "five-knob-8-slots": 400, "demo-knee-32": 100, "demo-knee-1024": 100}
 NEAR = 0.95  # near-optimal: at least 95% of the best score
 
 
@@ -153,14 +187,17 @@ def run_study(
     sampler: str,
     seed: int,
     noise: NoiseModel,
+    space: str,
     stop_at: set[Key] | None = None,
     after: int = 0,
 ) -> Outcome:
     """One simulated study (the study's own loop, as tests/support/sim_study.run_simulated runs it); grid search
     replaces the sampler, which the study's file cannot name."""
-    runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise)
+    runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise, cost=COSTS.get(space))
     observer = _Deployed(stop_at, after)
     with tempfile.TemporaryDirectory(dir=scratch) as path, RunDirectory(Path(path), notice=lambda _l: None) as run_dir:
+        if prepared.predicted_from is not None:  # predicted once per space (the same for every seed), not per study
+            shutil.copyfile(prediction_of(space, prepared, scratch), run_dir.prediction_path)
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=optuna.storages.InMemoryStorage())
         if sampler == "grid":
             study.sampler = GridOrder(prepared.space, seed)
@@ -176,8 +213,47 @@ def run_study(
 
 
 def prepare(space: str, sampler: str, seed: int, *extra: str) -> PreparedStudy:
-    sampler_name = {"grid": "random", "tpe-maximin": "tpe"}.get(sampler, sampler)  # run_study replaces these
-    return prepare_simulated([*SPACES[space], f"seed={seed}", f'search.sampler="{sampler_name}"', *extra])
+    sampler_name = {"grid": "random", "tpe-maximin": "tpe", "tpe-predicted": "tpe"}.get(sampler, sampler)
+    predicted = [f'search.predicted_from="{baseline_log(space)}"'] if sampler == "tpe-predicted" else []
+    return prepare_simulated([*SPACES[space], f"seed={seed}", f'search.sampler="{sampler_name}"', *predicted, *extra])
+
+
+_LOGS = Path(tempfile.mkdtemp(prefix="search-efficiency-"))
+
+
+def baseline_log(space: str) -> Path:
+    """The server log of the baseline's first round on the space's server (noise off), as an operator would
+    have it from production before the study."""
+    path = _LOGS / f"{space}.log"
+    if not path.exists():
+        prepared = prepare(space, "tpe", 0)
+        lines: list[str] = []
+        cost = COSTS.get(space, _SHIPPED)
+        launch = prepared.engine.launch_spec({})
+        settings = parse_command_line(launch.args, launch.env).settings
+        lines += [format_log_line(0.0, line) for line in startup_lines(settings)]
+        server = SimulatedLlamaServer(
+            settings,
+            cost=cost,
+            noise=NoiseModel(),
+            seed=0,
+            log=lambda at, line: lines.append(format_log_line(at, line)),
+        )
+        requests = round_requests(prepared, {}, prompts_index=0)
+        replay_virtual(requests, server, engine=prepared.engine, start_s=1.0, request_timeout_s=1e9)
+        path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def prediction_of(space: str, prepared: PreparedStudy, scratch: Path) -> Path:
+    """The study's prediction from `baseline_log(space)`, made once per space, as its first start makes it."""
+    path = _LOGS / f"{space}.prediction.json"
+    if not path.exists():
+        scratch_run = Path(tempfile.mkdtemp(dir=scratch))
+        with RunDirectory(scratch_run, notice=lambda _l: None) as run_dir:
+            study_prediction(prepared, run_dir)
+            shutil.copyfile(run_dir.prediction_path, path)
+    return path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +272,7 @@ def reference(space: str, scratch: Path) -> Reference:
         space, "grid", 0, f"budget.trials={len(configs)}", 'search.pruner="none"', "confirm.top=0",
         "extra_rounds_if_noisy=0",
     )  # fmt: skip
-    outcome = run_study(prepared, scratch, sampler="grid", seed=0, noise=NoiseModel())
+    outcome = run_study(prepared, scratch, sampler="grid", seed=0, noise=NoiseModel(), space=space)
     scores: dict[Key, float | None] = {key(c): None for c in configs}
     for trial in outcome.study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -216,7 +292,9 @@ def next_near(
     # Random search may propose a config again (the loop redeploys one that was pruned or failed), so the
     # budget is the cap, not the grid's size.
     prepared = prepare(space, sampler, seed, f"budget.trials={cap}")
-    outcome = run_study(prepared, scratch, sampler=sampler, seed=seed, noise=NOISE, stop_at=near, after=after)
+    outcome = run_study(
+        prepared, scratch, sampler=sampler, seed=seed, noise=NOISE, space=space, stop_at=near, after=after
+    )
     return next((i for i, k in enumerate(outcome.deployed) if i > after and k in near), None)
 
 
@@ -235,7 +313,7 @@ def trials_to_recommend(
     budget = found
     while budget is not None and budget <= cap:
         prepared = prepare(space, sampler, seed, f"budget.trials={budget}")
-        outcome = run_study(prepared, scratch, sampler=sampler, seed=seed, noise=NOISE)
+        outcome = run_study(prepared, scratch, sampler=sampler, seed=seed, noise=NOISE, space=space)
         if outcome.recommended is not None and outcome.recommended in near:
             return budget + 1  # + the baseline
         if len(outcome.deployed) < budget + 1:  # the sampler had nothing new: a larger budget runs the same
@@ -375,7 +453,9 @@ def main() -> int:
                     f = None if position is None else position + 1  # real trials: the baseline is one
                     r = trials_to_recommend(space, sampler, seed, near=near, found=position, cap=cap, scratch=scratch)
                     prepared = prepare(space, sampler, seed, f"budget.trials={FIXED_BUDGET[space]}")
-                    chosen = run_study(prepared, scratch, sampler=sampler, seed=seed, noise=NOISE).recommended
+                    chosen = run_study(
+                        prepared, scratch, sampler=sampler, seed=seed, noise=NOISE, space=space
+                    ).recommended
                     found.append(f)
                     recommended.append(r)
                     fixed.append(chosen is not None and chosen in ref.near)

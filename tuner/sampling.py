@@ -141,28 +141,7 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         baseline = next((t for t in trials if TrialRecord.of(t).baseline and t.params), None)
         if baseline is None or any(n not in search_space for n in names):
             return None
-        # Each config's best measured score: -inf when it failed, was pruned, broke a constraint or was
-        # skipped as one that cannot run (it would not fit), None while it is being measured. A trial the
-        # controller's stop interrupted says nothing of its config: a resumed study proposes it again.
-        values: dict[tuple[tuple[str, Any], ...], float | None] = {}
-        for trial in trials:
-            record = TrialRecord.of(trial)
-            interrupted = trial.state == TrialState.FAIL and (record.fail_reason or "").startswith(INTERRUPTED)
-            if record.duplicate_of is not None or interrupted or not all(n in trial.params for n in names):
-                continue
-            config = tuple(sorted(self._space.decode(trial.params).items()))
-            if record.skip_reason:
-                # A repeat skipped for a trial of the same settings is that trial's; any other skip is final.
-                if not record.skip_reason.startswith("same settings as trial"):
-                    values.setdefault(config, -math.inf)
-                continue
-            earlier = values.get(config)
-            if trial.state == TrialState.COMPLETE and record.score is not None and not record.violates:
-                values[config] = record.score if earlier is None else max(record.score, earlier)
-            elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
-                values.setdefault(config, None)
-            elif earlier is None:
-                values[config] = -math.inf
+        values = self._measured(trials, names)
         base = self._space.decode(baseline.params)
         line = self._space.line
         choices = [self._space.params[n].choices or [] for n in line]
@@ -175,8 +154,12 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         def farther_first(positions: list[int], toward: int) -> list[int]:
             return sorted(positions, key=lambda i: -abs(i - toward))
 
-        # The line's middle and its neighbours, the one farther from the baseline first: it tells more.
+        # The line's middle and its neighbours, the one farther from the baseline first: it tells more. A study
+        # that starts from a prediction (its predicted best queued after the baseline) walks from there instead.
         middle = (len(ladder) - 1) // 2
+        predicted = next((t for t in trials if t.params and TrialRecord.of(t).predicted), None)
+        if predicted is not None and (at := self._space.decode(predicted.params)[line[0]]) in ladder:
+            middle = ladder.index(at)
         at_base = ladder.index(base[line[0]]) if base[line[0]] in ladder else len(ladder) - 1
         for index in [middle, *farther_first([middle - 1, middle + 1], at_base)]:
             point = {**base, **dict.fromkeys(line, ladder[index])} if 0 <= index < len(ladder) else None
@@ -202,6 +185,33 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
             else:
                 steps += [{**best, name: choice} for choice in param.choices if choice != best[name]]
         return next((self._space.encode(step) for step in steps if untried(step)), None)
+
+    def _measured(
+        self, trials: Sequence[FrozenTrial], names: Sequence[str]
+    ) -> dict[tuple[tuple[str, Any], ...], float | None]:
+        """Each config's best measured score: -inf when it failed, was pruned, broke a constraint or was
+        skipped as one that cannot run (it would not fit), None while it is being measured. A trial the
+        controller's stop interrupted says nothing of its config: a resumed study proposes it again."""
+        values: dict[tuple[tuple[str, Any], ...], float | None] = {}
+        for trial in trials:
+            record = TrialRecord.of(trial)
+            interrupted = trial.state == TrialState.FAIL and (record.fail_reason or "").startswith(INTERRUPTED)
+            if record.duplicate_of is not None or interrupted or not all(n in trial.params for n in names):
+                continue
+            config = tuple(sorted(self._space.decode(trial.params).items()))
+            if record.skip_reason:
+                # A repeat skipped for a trial of the same settings is that trial's; any other skip is final.
+                if not record.skip_reason.startswith("same settings as trial"):
+                    values.setdefault(config, -math.inf)
+                continue
+            earlier = values.get(config)
+            if trial.state == TrialState.COMPLETE and record.score is not None and not record.violates:
+                values[config] = record.score if earlier is None else max(record.score, earlier)
+            elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+                values.setdefault(config, None)
+            elif earlier is None:
+                values[config] = -math.inf
+        return values
 
     def _valid(self, sampled: dict[str, Any]) -> bool:
         settings = self._space.decode(sampled)

@@ -49,7 +49,8 @@ RECORD_KEY = "serve_tuner"
 # 3: a confirmation's `planned_pairs` and `stopped` (the sequential confirmation). Optional in every version
 # (all pairs ran before it), but a version-2 reader would call a record holding them damaged; this way it
 # asks for an upgrade instead.
-RECORD_VERSION = 3
+# 4: a trial's `predicted` (the study's predicted best, queued after the baseline), likewise optional.
+RECORD_VERSION = 4
 # The fields each version added, which a record of an older version may lack.
 _ADDED_IN = {2: {"host", "requeued_from", "objectives"}}
 # Per-host study state: each host is driven by exactly one controller (its lock), so no two controllers
@@ -115,6 +116,9 @@ class TrialRecord(_Record):
     host: str | None = Field(default=None, description="The fleet host that measured it; None: a one-host study.")
     requeued_from: int | None = Field(
         default=None, description="The failed trial whose settings this one measures again (a dead controller's)."
+    )
+    predicted: bool = Field(
+        default=False, description="The config the study's prediction (search.predicted_from) expects to win."
     )
 
     @classmethod

@@ -166,3 +166,17 @@ def test_the_prediction_measures_stalls_as_the_study_does(
     assert record is not None
     baseline = next(config for config in record.configs if config.baseline)
     assert (baseline.median["stall_tok_s"] is not None) is has_stall
+
+
+def test_the_line_walk_starts_beside_the_predicted_best_not_at_the_ladders_middle(
+    server_log: Path, tmp_path: Path
+) -> None:
+    view = predicted_study(server_log, tmp_path / "run")
+    best = read_prediction(RunDirectory(tmp_path / "run").prediction_path).best  # type: ignore[union-attr]
+    assert best is not None and best.settings["n_batch"] == best.settings["n_ubatch"]  # on the line
+    ladder = [32, 64, 128, 256, 512, 1024, 2048]
+    at = ladder.index(int(str(best.settings["n_batch"])))
+    first_batch = [dict(t.settings) for t in view.trials[1:4]]  # the baseline goes alone, then interleave 3
+    beside = [{"n_batch": ladder[i], "n_ubatch": ladder[i]} for i in (at - 1, at + 1) if 0 <= i < len(ladder)]
+    assert first_batch[0] == best.settings
+    assert sorted(first_batch[1:], key=str) == sorted(beside, key=str), first_batch

@@ -97,8 +97,22 @@ def test_a_record_holding_a_sequential_confirmation_asks_the_version_before_for_
     study.set_user_attr(RECORD_KEY, stored)
     assert StudyRecord.of(study).confirmations[3] == confirmation
     monkeypatch.setattr(study_record, "RECORD_VERSION", 2)  # the reader of the version before it
-    with pytest.raises(StudyError, match=r"stored by a newer serve-tuner \(record version 3, this one reads 2\)"):
+    with pytest.raises(StudyError, match=r"stored by a newer serve-tuner \(record version 4, this one reads 2\)"):
         StudyRecord.of(study)
+
+
+def test_a_trial_the_prediction_queued_asks_the_version_before_for_an_upgrade_not_as_damaged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tuner import study_record
+
+    study = optuna.create_study()
+    study.enqueue_trial({}, user_attrs=new_trial_attrs(TrialRecord(settings={"n_batch": 64}, predicted=True)))
+    (trial,) = study.get_trials()
+    assert TrialRecord.of(trial).predicted
+    monkeypatch.setattr(study_record, "RECORD_VERSION", 3)  # the reader of the version before it
+    with pytest.raises(StudyError, match=r"stored by a newer serve-tuner \(record version 4, this one reads 3\)"):
+        TrialRecord.of(trial)
 
 
 def test_a_damaged_record_is_refused_naming_the_field(tmp_path: Path) -> None:

@@ -71,4 +71,5 @@ def queue_predicted_best(study: optuna.Study, prepared: PreparedStudy, predictio
         interrupted = trial.state == TrialState.FAIL and record.fail_reason == INTERRUPTED
         if record.settings == settings and not interrupted:
             return
-    study.enqueue_trial(prepared.space.encode(settings), user_attrs=new_trial_attrs(TrialRecord(settings=settings)))
+    record = TrialRecord(settings=settings, predicted=True)  # the line walk starts beside it (tuner/sampling.py)
+    study.enqueue_trial(prepared.space.encode(settings), user_attrs=new_trial_attrs(record))
