@@ -173,7 +173,11 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         if best[line[0]] in ladder and all(best[n] == best[line[0]] for n in line):
             here = ladder.index(best[line[0]])
             around = [i for i in farther_first([here - 1, here + 1], at_base) if 0 <= i < len(ladder)]
-            steps += [{**best, **dict.fromkeys(line, ladder[i])} for i in around]
+            # Then the line's far end from the best, once: the score need not have one peak along the line
+            # (a GPU whose passes wider than the baseline's micro-batch are cheaper per token has a second
+            # one at the top: bench/search_efficiency.py's knee at 1024), and a better end is walked from.
+            far = 0 if here >= len(ladder) / 2 else len(ladder) - 1
+            steps += [{**best, **dict.fromkeys(line, ladder[i])} for i in [*around, far]]
         for name in names:
             param = self._space.params[name]
             if name in line or param.choices is None:

@@ -92,10 +92,33 @@ def test_a_space_with_a_line_starts_with_the_lines_middle_and_its_neighbours_in_
     assert settings == {"n_batch": 64, "n_ubatch": 64}
     update_trial_record(trial, score=0.5, violates=["prefill_tok_s 150 is not >= 221"])
     study.tell(trial, 0.5)
-    # 128/128 is the best and both its neighbours are measured: the model proposes from here on.
+    # 128/128 is the best and both its neighbours are measured: the line's far end, once, in case the score
+    # has a second peak there.
+    trial, settings = _ask(study, distributions)
+    assert settings == {"n_batch": 2048, "n_ubatch": 2048}
+    update_trial_record(trial, score=0.7)
+    study.tell(trial, 0.7)
+    # It did not beat 128/128: the model proposes from here on.
     sampler = study.sampler
     assert isinstance(sampler, SpaceFillingStart)
     assert sampler._line_point(study, distributions) is None
+
+
+def test_a_far_end_of_the_line_that_beats_the_best_is_walked_from() -> None:
+    study, distributions = _line_study()
+    for score in (1.3, 1.6, 0.9):  # 256, 128, 512 as above
+        trial, _ = _ask(study, distributions)
+        update_trial_record(trial, score=score)
+        study.tell(trial, score)
+    trial, _ = _ask(study, distributions)  # 64/64
+    update_trial_record(trial, score=1.2)
+    study.tell(trial, 1.2)
+    trial, settings = _ask(study, distributions)
+    assert settings == {"n_batch": 2048, "n_ubatch": 2048}
+    update_trial_record(trial, score=2.2)  # a second peak at the top
+    study.tell(trial, 2.2)
+    _, settings = _ask(study, distributions)
+    assert settings == {"n_batch": 1024, "n_ubatch": 1024}
 
 
 def test_a_line_point_skipped_as_one_that_would_not_fit_is_not_proposed_again() -> None:
