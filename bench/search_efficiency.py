@@ -394,11 +394,19 @@ def table(result: Mapping[str, Any]) -> str:
 
 
 def _write(out: Path, result: Mapping[str, Any]) -> None:
-    """Writes the figures; spaces that an earlier run measured, each with its own command, stay."""
-    spaces = dict(result["spaces"])
+    """Writes the figures; the spaces and samplers an earlier run measured, each with its command, stay."""
+    spaces = {space: {**entry, "samplers": dict(entry["samplers"])} for space, entry in result["spaces"].items()}
     if out.exists():
         for space, entry in json.loads(out.read_text()).get("spaces", {}).items():
-            spaces.setdefault(space, entry)
+            if space not in spaces:
+                spaces[space] = entry
+                continue
+            for sampler, figures in entry["samplers"].items():
+                if sampler not in spaces[space]["samplers"]:
+                    spaces[space]["samplers"][sampler] = {
+                        **figures,
+                        "command": figures.get("command", entry["command"]),
+                    }
     out.write_text(json.dumps({**result, "spaces": spaces}, indent=1) + "\n")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -214,7 +215,10 @@ def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
     return seconds
 
 
-def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None) -> list[dict[str, ParamValue]]:
+def _grid(
+    space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None, *, limit: int | None
+) -> list[dict[str, ParamValue]]:
+    """Every valid config of the axes; of a larger space, `limit` of them chosen at random (seed 0)."""
     names = list(space)
     configs = [dict(zip(names, values, strict=True)) for values in itertools.product(*space.values())]
     if constraints is not None:
@@ -223,11 +227,9 @@ def _grid(space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | 
         configs = [c for c in configs if all(rule.holds(c) for rule in rules)]
     else:
         configs = [c for c in configs if int(str(c.get("n_ubatch", 0))) <= int(str(c.get("n_batch", 1 << 30)))]
-    if len(configs) > _GRID_LIMIT:
-        raise ConfigError(
-            f"the search space has {len(configs)} configs, more than the {_GRID_LIMIT} a prediction replays; "
-            "narrow it (search.params, or fewer values) or let a study's sampler search it"
-        )
+    if limit is not None and len(configs) > limit:  # a seeded choice, in the grid's order: the same every time
+        chosen = set(random.Random(0).sample(range(len(configs)), limit))
+        configs = [config for index, config in enumerate(configs) if index in chosen]
     return configs
 
 
@@ -287,25 +289,17 @@ def predict(
     if space is None and space_path is not None:
         space = load_search_space(space_path)
     axes, left_out = _space_axes(space) if space is not None else (dict(_DEFAULT_SPACE), [])
-    grid = _grid(axes, space)
-    if study is not None:
-        trace = study.trace
-    else:
-        trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
-        if not len(trace):
-            raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
-    if len(trace) > MAX_REQUESTS:
-        what = "the study's workload has" if study is not None else f"{log}:"
-        cut = (
-            "leave out search.predicted_from, or predict on a shorter workload"
-            if study is not None
-            else "cut the log to its busiest stretch first (journalctl -u UNIT --since ... --until ...)"
-        )
-        replays = "a prediction replays" if study is not None else "--predict replays"
-        raise ConfigError(f"{what} {len(trace):,} requests, more than the {MAX_REQUESTS:,} {replays}; {cut}")
+    grid = _grid(axes, space, limit=_GRID_LIMIT)
+    valid = len(_grid(axes, space, limit=None))
+    trace = _traffic(log, study)
     calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
     if left_out:
         calibration.kept.append(f"{', '.join(left_out)}: not modelled by the simulated server, left at the log's")
+    if valid > len(grid):
+        calibration.kept.append(
+            f"{len(grid)} of the space's {valid:,} configs, chosen at random (seed 0), and the baseline: more than "
+            f"{_GRID_LIMIT} take minutes; narrow search.params or --space for every one"
+        )
     engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
     slots = diagnosis.server.n_slots or 4
     ctx = (diagnosis.server.n_ctx_slot or 4096) * slots
@@ -351,6 +345,26 @@ def predict(
                     samples[name].append(value)
         results.append((config, samples))
     return _ranked(calibration, sum(len(r) for r in rounds) // seeds, seeds, results, baseline)
+
+
+def _traffic(log: Path, study: StudyTraffic | None) -> Trace:
+    """What the prediction replays: the study's workload, else the log's own requests."""
+    if study is not None:
+        trace = study.trace
+    else:
+        trace = LlamaServerLogImporter().read(log, LlamaServerLogOptions(), name=log.stem)
+        if not len(trace):
+            raise ConfigError(f"{log}: no finished request to replay; --predict needs a log of served traffic")
+    if len(trace) > MAX_REQUESTS:
+        what = "the study's workload has" if study is not None else f"{log}:"
+        cut = (
+            "leave out search.predicted_from, or predict on a shorter workload"
+            if study is not None
+            else "cut the log to its busiest stretch first (journalctl -u UNIT --since ... --until ...)"
+        )
+        replays = "a prediction replays" if study is not None else "--predict replays"
+        raise ConfigError(f"{what} {len(trace):,} requests, more than the {MAX_REQUESTS:,} {replays}; {cut}")
+    return trace
 
 
 def _sim_settings(config: Mapping[str, ParamValue], *, slots: int, ctx: int) -> SimSettings:

@@ -150,3 +150,17 @@ def test_a_log_of_more_requests_than_a_prediction_replays_is_refused_naming_how_
     monkeypatch.setattr("tuner.predict.MAX_REQUESTS", 3)
     with pytest.raises(ConfigError, match="4 requests, more than the 3 --predict replays; cut the log"):
         predict(diagnose_log(log, long_prompt_tokens=LONG), log, long_prompt_tokens=LONG)
+
+
+def test_a_space_of_more_configs_than_a_prediction_replays_is_predicted_on_a_seeded_choice_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "server.log"
+    simulated_log(log)
+    monkeypatch.setattr("tuner.predict._GRID_LIMIT", 5)  # the default space's 28 configs
+    diagnosis = diagnose_log(log, long_prompt_tokens=LONG)
+    first = predict(diagnosis, log, long_prompt_tokens=LONG, seeds=1)
+    again = predict(diagnosis, log, long_prompt_tokens=LONG, seeds=1)
+    assert [c.settings for c in first.configs] == [c.settings for c in again.configs]  # the same choice each time
+    assert len(first.configs) <= 6 and any(c.baseline for c in first.configs)  # 5 of them, and the baseline
+    assert any("5 of the space's 28 configs, chosen at random" in line for line in first.calibration.kept)
