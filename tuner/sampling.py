@@ -1,8 +1,10 @@
 """The start of the study's model-based samplers: a walk along the space's line, or a space-filling design.
 
 A space that names a `line` (llama-server's: n_ubatch = n_batch) starts with a walk along it, the other
-knobs at the baseline's values (`_line_point` says why the best config lies near it), then steps of one
-knob at a time from the best config measured, until its neighbours are measured; then TPE models the rest
+knobs at the baseline's values (`_line_point` says why the best config lies near it), from the line's middle
+or, in a study that starts from a prediction, beside the predicted best; then the line's far end from the
+best, once; then steps of one knob at a time from the best config measured, until its neighbours are
+measured; then TPE models the rest
 (bench/search_efficiency.py measures it against the design below, grid and random search:
 docs/benchmarks.md). A space without a line starts with the design.
 
@@ -130,10 +132,11 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         iteration while a long prompt is prefilled, and an iteration carries n_batch prompt tokens, so stall
         speed is about prefill speed / n_batch; prefill speed only grows with the micro-batch, so for each
         n_batch the largest micro-batch is never worse, and along the line the score rises as n_batch falls
-        until prefill falls off its knee. The walk first measures the line's middle and both its neighbours
-        (a batch of three needs no feedback), then the unmeasured neighbours of the best config measured:
-        one step along the line, then one step of each other knob (the next choice either way of an
-        ascending knob, every other choice of another), until every neighbour of the best is measured.
+        until prefill falls off its knee. The walk first measures the line's middle (or the predicted best's
+        place on it) and both its neighbours (a batch of three needs no feedback), then the unmeasured
+        neighbours of the best config measured: one step along the line, the line's far end from it (once:
+        a second peak there is walked from), then one step of each other knob (the next choice either way
+        of an ascending knob, every other choice of another), until every neighbour of the best is measured.
         Neighbours are proposed while others are being measured: a batch's trials are asked together.
         """
         names = sorted(self._space.params)
