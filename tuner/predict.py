@@ -26,7 +26,7 @@ from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServer
 from tuner.metrics import compute_metrics
 from tuner.models import TaskTimeline
 from tuner.prediction_record import PredictedFigures, PredictionRecord
-from tuner.sim.inputs import NARROW_PASS, CostModel, NoiseModel, SimSettings, load_cost_model
+from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
 from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
 from tuner.workloads.synthesis import synthesize_sessions
@@ -53,8 +53,6 @@ _NOISE = NoiseModel(restart=0.05, iteration=0.1)
 _MIN_PREFILL_VS_BASELINE = 0.8
 # A prompt this long times the server's prefill (a shorter one, mostly its fixed costs).
 _TIMED_PROMPT_TOKENS = 256
-# A shorter prompt from this long is one narrow prefill pass: how the prefill's cost changes with width.
-_NARROW_PROMPT_TOKENS = 2 * NARROW_PASS
 # Configs replayed at most: a larger space is for the study's sampler, not a grid.
 _GRID_LIMIT = 200
 _METRICS = ("stall_tok_s", "ttft_p95_s", "prefill_tok_s")
@@ -122,7 +120,6 @@ def calibrate_from_log(
             f"prefill: {counted(len(prompts), 'prompt')} of {_TIMED_PROMPT_TOKENS}+ new tokens (prompt eval time): "
             f"{span} the shipped costs"
         )
-    by_width = _narrow_prefill(cost, tasks, n_batch, fitted)
     decodes = [t.eval_n * 1000.0 / t.eval_ms for t in tasks if t.eval_n and t.eval_ms and t.eval_n >= 8]
     if decodes:
         fastest = max(decodes)
@@ -145,9 +142,8 @@ def calibrate_from_log(
         factors.append(measured / shipped_s)
         fitted.append(f"{what} ({figure.label.rsplit('(', 1)[-1]}: {measured / shipped_s:.2f}x the shipped costs")
     kept = [
-        "how a pass's cost changes with its width, within decode and within prefill (but for the widths the log's "
-        "short prompts show), attention's share of it, a prompt cache's copy and a model's load: the shipped "
-        "calibration's (SmolLM2-135M on a 2-core CPU), scaled",
+        "how a pass's cost changes with its width, within prefill and within decode, attention's share of it, a "
+        "prompt cache's copy and a model's load: the shipped calibration's (SmolLM2-135M on a 2-core CPU), scaled",
         f"n_ubatch {ASSUMED_N_UBATCH} for the log's server (llama-server's default: the log shows chunks, not passes)",
     ]
     if prompts and chunks:
@@ -162,43 +158,13 @@ def calibrate_from_log(
         kept.insert(0, "prefill costs: the log times no prefill, so scaled as its decode")
     if not decode:
         kept.insert(0, "decode costs: the log times no decode, so scaled as its prefill")
-    if by_width:
-        by_width[ASSUMED_N_UBATCH] = prefill_factor
     return Calibration(
-        cost=cost.scaled(prefill_factor, decode=decode_factor, by_width=by_width),
+        cost=cost.scaled(prefill_factor, decode=decode_factor),
         prefill_factor=prefill_factor,
         decode_factor=decode_factor,
         fitted=fitted,
         kept=kept,
     )
-
-
-def _narrow_prefill(
-    cost: CostModel, tasks: Sequence[TaskTimeline], n_batch: int, fitted: list[str]
-) -> dict[int, float]:
-    """The prefill factor at narrow widths, from the prompts of _NARROW_PROMPT_TOKENS to _TIMED_PROMPT_TOKENS
-    new tokens (each one pass of its own width): by power-of-two bucket, the fastest (a prompt that shared its
-    iterations with another's prefill only ran slower). Where the log has such prompts, the prefill's cost by
-    width follows them down from the wide passes' level instead of the shipped curve's shape."""
-    buckets: dict[int, list[tuple[float, int]]] = {}
-    for task in tasks:
-        if (
-            task.prompt_n is None
-            or not task.prompt_ms
-            or not _NARROW_PROMPT_TOKENS <= task.prompt_n < _TIMED_PROMPT_TOKENS
-        ):
-            continue
-        factor = task.prompt_ms / 1000.0 / _prefill_s(cost, task.prompt_n, n_batch)
-        buckets.setdefault(1 << (task.prompt_n - 1).bit_length(), []).append((factor, task.prompt_n))
-    by_width: dict[int, float] = {}
-    for size, found in sorted(buckets.items()):
-        factor, width = min(found)
-        by_width[width] = factor
-        fitted.append(
-            f"prefill by width: {counted(len(found), 'prompt')} of {size // 2 + 1}-{size} new tokens, the fastest "
-            f"({width} tokens): {factor:.2f}x the shipped costs"
-        )
-    return by_width
 
 
 def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:

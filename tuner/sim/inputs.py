@@ -8,7 +8,6 @@ import bisect
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,41 +51,17 @@ class CostModel:
         share = (math.log(width) - math.log(w0)) / (math.log(w1) - math.log(w0))
         return c0 + share * (c1 - c0)
 
-    def scaled(
-        self, factor: float, *, decode: float | None = None, by_width: Mapping[int, float] | None = None
-    ) -> CostModel:
+    def scaled(self, factor: float, *, decode: float | None = None) -> CostModel:
         """The same server `factor` times slower: every cost of a pass times it (a prompt cache's copy and
         the model's load stay as they are). With `decode`, the narrow passes (up to NARROW_PASS tokens, as
         decoding slots make), the per-pass cost and sampling take that factor instead, and the wide ones
-        (prefill) and their attention `factor`: a GPU prefills many times faster than it decodes, a CPU not.
-        `by_width` gives a wide pass's factor at some widths instead (interpolated on log(width) between
-        them, the nearest one's beyond): a server whose narrow prefill passes cost more, or less, per token
-        than the shipped curve says."""
+        (prefill) and their attention `factor`: a GPU prefills many times faster than it decodes, a CPU not."""
         narrow = factor if decode is None else decode
-        wide = dict(by_width or {})
-
-        def prefill_factor(width: int) -> float:
-            if not wide:
-                return factor
-            widths = sorted(wide)
-            if width <= widths[0]:
-                return wide[widths[0]]
-            if width >= widths[-1]:
-                return wide[widths[-1]]
-            right = bisect.bisect_left(widths, width)
-            w0, w1 = widths[right - 1], widths[right]
-            share = (math.log(width) - math.log(w0)) / (math.log(w1) - math.log(w0))
-            return wide[w0] + share * (wide[w1] - wide[w0])
-
-        # The widths the factors were measured at become points of the curve too (the shipped cost there,
-        # scaled), so that a factor measured between two of its points is not lost to the interpolation.
-        widths = sorted({w for w, _ in self.token_points} | {w for w in wide if w > NARROW_PASS})
         return dataclasses.replace(
             self,
             pass_s=self.pass_s * narrow,
             token_points=tuple(
-                (width, self.token_s(width) * (narrow if width <= NARROW_PASS else prefill_factor(width)))
-                for width in widths
+                (width, cost * (narrow if width <= NARROW_PASS else factor)) for width, cost in self.token_points
             ),
             context_s=self.context_s * factor,
             sample_s=self.sample_s * narrow,
