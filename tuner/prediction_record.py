@@ -5,6 +5,7 @@ the leaderboard and the morning report read it to set the predicted figures besi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,12 +66,15 @@ def read_prediction(path: Path) -> PredictionRecord | None:
     except OSError as exc:
         raise StudyError(f"{path}: cannot read it ({exc.strerror}); check its permissions") from None
     try:
-        record = PredictionRecord.model_validate_json(text)
+        raw = json.loads(text)
+    except ValueError:
+        raw = None
+    # A newer serve-tuner's file may hold fields this one does not know: its version is read first.
+    if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] > PREDICTION_VERSION:
+        raise StudyError(f"{path} was written by a newer serve-tuner (version {raw['version']}); upgrade serve-tuner")
+    try:
+        return PredictionRecord.model_validate(raw)
     except ValidationError:
         raise StudyError(
-            f"{path} is not a prediction this serve-tuner can read (damaged, or written by a newer one); remove it "
-            "to predict again at the next start, or upgrade serve-tuner"
+            f"{path} is not a prediction serve-tuner wrote (damaged?); remove it to predict again at the next start"
         ) from None
-    if record.version > PREDICTION_VERSION:
-        raise StudyError(f"{path} was written by a newer serve-tuner (version {record.version}); upgrade serve-tuner")
-    return record

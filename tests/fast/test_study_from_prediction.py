@@ -180,3 +180,23 @@ def test_the_line_walk_starts_beside_the_predicted_best_not_at_the_ladders_middl
     beside = [{"n_batch": ladder[i], "n_ubatch": ladder[i]} for i in (at - 1, at + 1) if 0 <= i < len(ladder)]
     assert first_batch[0] == best.settings
     assert sorted(first_batch[1:], key=str) == sorted(beside, key=str), first_batch
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"version": 1, "log": 3}', "is not a prediction serve-tuner wrote (damaged?); remove it to predict again"),
+        ('{"version": 2, "log": "x.log", "calibrated_by": "a newer field"}', "was written by a newer serve-tuner"),
+        ("not json", "is not a prediction serve-tuner wrote (damaged?)"),
+    ],
+)
+def test_a_damaged_or_newer_prediction_is_one_line_naming_the_file(
+    server_log: Path, tmp_path: Path, text: str, said: str
+) -> None:
+    run = tmp_path / "runs" / "stall-demo"
+    predicted_study(server_log, run)
+    RunDirectory(run).prediction_path.write_text(text)
+    done = run_tuner("leaderboard", str(run))
+    assert done.returncode == 1
+    line = one_error_line(done)
+    assert "prediction.json" in line and said in line
