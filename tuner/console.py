@@ -23,6 +23,7 @@ from tuner.text import settings_text
 if TYPE_CHECKING:
     from tuner.config import ParamValue
     from tuner.metrics import MetricInfo
+    from tuner.prediction_record import PredictedFigures
     from tuner.report import Leaderboard, LeaderboardRow
     from tuner.study_record import Confirmation
     from tuner.workloads import TraceSummary
@@ -96,6 +97,16 @@ class ConsoleObserver(NullObserver):
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         resumed = f", resuming: baseline and {trials_done} trials already measured" if baseline_done else ""
         self._say(f"[bold]study {name}[/]  in {run_dir}  budget {budget} trials after the baseline{resumed}")
+
+    def predicting(self, *, log: str) -> None:
+        self._say(f"predicting from {escape(log)} on the simulated server ...")
+
+    def predicted(self, *, log: str, best: Mapping[str, ParamValue] | None, queued: bool, note: str | None) -> None:
+        if best is None:
+            said = "no config is predicted to beat the baseline: the search starts as usual"
+        else:
+            said = f"predicted best {_settings(best)}" + (", queued first after the baseline" if queued else "")
+        self._say(f"prediction from {escape(log)}: {escape(said)}" + (f" ({escape(note)})" if note else ""))
 
     def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         what = "baseline (the server's own settings)" if baseline else _settings(settings)
@@ -275,9 +286,23 @@ def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
         columns.append(_Column(header=header, cells=[_cell(row, name, ranges=layout.metric_ranges) for row in rows]))
         if name == "stall_tok_s" and board.prediction is not None:  # the prediction beside what was measured
             predicted = board.prediction.predicted
-            cells = [Text(_fmt(f.median.get(name)) if (f := predicted.get(row.number)) else "-") for row in rows]
+            cells = [
+                _predicted_cell(predicted.get(row.number), row.number == board.prediction.best_trial) for row in rows
+            ]
             columns.append(_Column(header=_PREDICTED_HEADER[layout.short_headers], cells=cells))
     return columns
+
+
+def _predicted_cell(figures: PredictedFigures | None, best: bool) -> Text:
+    """The predicted stall speed; `*` marks the predicted best, `x` a config predicted to lose too much prefill."""
+    if figures is None:
+        return Text("-")
+    cell = Text(_fmt(figures.median.get("stall_tok_s")))
+    if best:
+        cell.append(" *", style="green")
+    elif not figures.eligible:
+        cell.append(" x", style="yellow")
+    return cell
 
 
 def _settings_min_width(cells: list[Text]) -> int:
@@ -387,7 +412,8 @@ def _render_notes(
     if board.prediction is not None and "stall_tok_s" in layout.metrics:
         console.print(
             f"predicted: the stall speed the simulated server, calibrated from {board.prediction.record.log}, "
-            f"expected for the trial's config (median of {board.prediction.record.seeds} simulated rounds)",
+            f"expected for the trial's config (median of {board.prediction.record.seeds} simulated rounds); "
+            "* = the predicted best, x = predicted to prefill under 80% of the baseline's speed",
             markup=False,
             highlight=False,
         )

@@ -84,6 +84,13 @@ class StudyObserver:
     def search_exhausted(self, *, proposals: int) -> None:
         pass
 
+    def predicting(self, *, log: str) -> None:
+        """The study's prediction (`search.predicted_from`) is being made: seconds, minutes for 200 configs."""
+
+    def predicted(self, *, log: str, best: Mapping[str, ParamValue] | None, queued: bool, note: str | None) -> None:
+        """The study's prediction, made now or read back from its run directory; whether its best was queued
+        now (a resume finds it measured or queued already); `note`, what a person should know of it."""
+
     def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         pass
 

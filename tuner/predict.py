@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuner.catalog import SIMULATED_KNOBS
 from tuner.config import ParamValue, PluginSpec, SearchSpace, load_search_space
+from tuner.diagnose import diagnose_log
 from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
 from tuner.engines.llama_server_log import parse_llama_server_log
@@ -38,6 +39,7 @@ __all__ = [
     "Prediction",
     "StudyTraffic",
     "calibrate_from_log",
+    "check_prediction_log",
     "predict",
     "prediction_json",
     "prediction_record",
@@ -101,7 +103,7 @@ def calibrate_from_log(
     from whole prompts where the log times any, since a prompt's time holds its attention to the tokens
     before each chunk and a chunk's speed alone does not say how deep it ran. How cost changes with a pass's
     width within each, and attention's share of it, the shipped calibration's. One factor for both would be
-    wrong by the ratio of the two: a GPU prefills 15 times faster than it decodes, the shipped CPU calibration 2
+    wrong by the ratio of the two: a GPU prefills 16 times faster than it decodes, the shipped CPU calibration 2
     times (bench/predict_case_study.py)."""
     cost = shipped or load_cost_model()
     n_batch = diagnosis.server.n_batch or 2048
@@ -165,6 +167,35 @@ def calibrate_from_log(
         fitted=fitted,
         kept=kept,
     )
+
+
+def _not_llama_server(diagnosis: Diagnosis) -> str | None:
+    """The server that wrote the log where it is not llama-server (Ollama's runner writes llama-server's
+    lines), else None."""
+    if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
+        return diagnosis.server.engine if diagnosis.log_kind == "llama-server" else diagnosis.log_kind
+    return None
+
+
+def check_prediction_log(log: Path) -> None:
+    """A study's `search.predicted_from`, read before its run directory exists: a llama-server log whose
+    lines time a prompt or a decode, of which a calibration can be made. `ConfigError` names what it is not."""
+    said = "search.predicted_from (--predicted-from)"
+    try:
+        diagnosis = diagnose_log(log)
+    except ConfigError as exc:
+        raise ConfigError(f"{said}: {exc}") from None
+    if (written_by := _not_llama_server(diagnosis)) is not None:
+        raise ConfigError(
+            f"{said}: {log} is a {written_by} log, and the simulated server models llama-server alone; name a log "
+            "of the llama-server this study tunes, or leave it out"
+        )
+    tasks = parse_llama_server_log(read_lines(log))
+    if not any(t.prompt_ms or t.eval_ms for t in tasks):
+        raise ConfigError(
+            f"{said}: {log} times no prompt and no decode (no print_timing line), so no calibration can be made "
+            "of it; name a log of the server while it served requests"
+        )
 
 
 def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
@@ -246,8 +277,7 @@ def predict(
     """Every config of the space (by default n_batch x n_ubatch on llama-server's ladder), replayed on the
     simulated server `seeds` times with the log's traffic (or a study's workload, at its baseline), ranked by
     the streams' speed during long prefills among those that keep 80% of the baseline's prefill speed."""
-    if diagnosis.log_kind != "llama-server" or diagnosis.server.engine != "llama-server":
-        written_by = diagnosis.server.engine if diagnosis.log_kind == "llama-server" else diagnosis.log_kind
+    if (written_by := _not_llama_server(diagnosis)) is not None:
         raise ConfigError(
             f"--predict reads llama-server logs (this is a {written_by} log): the simulated server models llama-server "
             "alone; run without --predict, or tune it with --study"

@@ -106,6 +106,7 @@ class PredictionOutcome:
     predicted: dict[int, PredictedFigures]  # trial number -> its config's predicted figures
     held: bool | None  # None: its best has not been measured yet
     message: str
+    best_trial: int | None = None  # the trial that measured the predicted best
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,13 +232,19 @@ def _prediction_outcome(
         )  # fmt: skip
     best = record.best
     shown = settings_text(best.settings, separator=", ")
-    measured = next(
-        (r for r in rows if r.state == "COMPLETE" and not r.baseline and predicted.get(r.number) == best), None
-    )
+    tried = [r for r in rows if not r.baseline and predicted.get(r.number) == best]
+    measured = next((r for r in tried if r.state == "COMPLETE"), None)
     if measured is None:
+        if not tried:
+            return PredictionOutcome(
+                record=record, predicted=predicted, held=None, message=f"{said}: best {shown}, not measured yet"
+            )
+        ended = tried[0]  # pruned or failed: it cannot be the recommendation
         return PredictionOutcome(
-            record=record, predicted=predicted, held=None, message=f"{said}: best {shown}, not measured yet"
-        )
+            record=record, predicted=predicted, held=False, best_trial=ended.number,
+            message=f"{said}: best {shown} (trial {ended.number}); it did not hold: the trial was "
+            f"{ended.state.lower()} ({ended.reason or 'no reason recorded'})",
+        )  # fmt: skip
     stall = _predicted_against_measured(best, measured)
     if chosen is not None and predicted.get(chosen.number) == best:
         held, why = True, "it held: the recommendation is the predicted best"
@@ -246,7 +253,7 @@ def _prediction_outcome(
     else:
         held, why = False, f"it did not hold: the recommendation is trial {chosen.number} ({_settings(chosen)})"
     return PredictionOutcome(
-        record=record, predicted=predicted, held=held,
+        record=record, predicted=predicted, held=held, best_trial=measured.number,
         message=f"{said}: best {shown} (trial {measured.number}){stall}; {why}",
     )  # fmt: skip
 
@@ -525,14 +532,19 @@ class HostSpreadDocument(_Document):
     dropped: dict[str, str] = Field(description="Hosts the fleet went on without, and why.")
 
 
+class PredictedTrialDocument(_Document):
+    median: dict[str, float | None] = Field(description="Each metric's median over the simulator's seeds.")
+    spread: dict[str, tuple[float, float] | None] = Field(description="Each metric's lowest and highest.")
+    eligible: bool = Field(description="Predicted to keep 80% of the baseline's prefill speed.")
+
+
 class PredictionDocument(_Document):
     log: str = Field(description="The server log the prediction was calibrated from.")
     best: dict[str, ParamValue] | None = Field(description="The config predicted to win; null: none beats baseline.")
     held: bool | None = Field(description="Whether the study recommends the predicted best; null: not yet known.")
     message: str = Field(description="What the leaderboard says of it.")
-    trials: dict[int, dict[str, float | None]] = Field(
-        description="Trial number -> its config's predicted figures (median over the simulator's seeds)."
-    )
+    best_trial: int | None = Field(description="The trial that measured the predicted best; null: none yet.")
+    trials: dict[int, PredictedTrialDocument] = Field(description="Trial number -> its config's predicted figures.")
 
 
 class LeaderboardDocument(_Document):
@@ -598,6 +610,10 @@ def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
             best=None if board.prediction.record.best is None else board.prediction.record.best.settings,
             held=board.prediction.held,
             message=board.prediction.message,
-            trials={number: figures.median for number, figures in board.prediction.predicted.items()},
+            best_trial=board.prediction.best_trial,
+            trials={
+                number: PredictedTrialDocument(median=figures.median, spread=figures.spread, eligible=figures.eligible)
+                for number, figures in board.prediction.predicted.items()
+            },
         ),
     )

@@ -3,8 +3,8 @@
 A space that names a `line` (llama-server's: n_ubatch = n_batch) starts with a walk along it, the other
 knobs at the baseline's values (`_line_point` says why the best config lies near it), from the line's middle
 or, in a study that starts from a prediction, beside the predicted best; then the line's far end from the
-best, once; then steps of one knob at a time from the best config measured, until its neighbours are
-measured; then TPE models the rest
+best (and, should that end win, the other); then steps of one knob at a time from the best config
+measured, until its neighbours are measured; then TPE models the rest
 (bench/search_efficiency.py measures it against the design below, grid and random search:
 docs/benchmarks.md). A space without a line starts with the design.
 
@@ -134,9 +134,10 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         n_batch the largest micro-batch is never worse, and along the line the score rises as n_batch falls
         until prefill falls off its knee. The walk first measures the line's middle (or the predicted best's
         place on it) and both its neighbours (a batch of three needs no feedback), then the unmeasured
-        neighbours of the best config measured: one step along the line, the line's far end from it (once:
-        a second peak there is walked from), then one step of each other knob (the next choice either way
-        of an ascending knob, every other choice of another), until every neighbour of the best is measured.
+        neighbours of the best config measured: one step along the line, the line's far end from it (a second
+        peak there is walked from; should it win, the other end follows), then one step of each other knob (the
+        next choice either way of an ascending knob, every other choice of another), until every neighbour of
+        the best is measured.
         Neighbours are proposed while others are being measured: a batch's trials are asked together.
         """
         names = sorted(self._space.params)
@@ -176,7 +177,7 @@ class SpaceFillingStart(optuna.samplers.BaseSampler):
         if best[line[0]] in ladder and all(best[n] == best[line[0]] for n in line):
             here = ladder.index(best[line[0]])
             around = [i for i in farther_first([here - 1, here + 1], at_base) if 0 <= i < len(ladder)]
-            # Then the line's far end from the best, once: the score need not have one peak along the line
+            # Then the line's far end from the best: the score need not have one peak along the line
             # (a GPU whose passes wider than the baseline's micro-batch are cheaper per token has a second
             # one at the top: bench/search_efficiency.py's knee at 1024), and a better end is walked from.
             far = 0 if here >= len(ladder) / 2 else len(ladder) - 1

@@ -164,3 +164,33 @@ def test_a_space_of_more_configs_than_a_prediction_replays_is_predicted_on_a_see
     assert [c.settings for c in first.configs] == [c.settings for c in again.configs]  # the same choice each time
     assert len(first.configs) <= 6 and any(c.baseline for c in first.configs)  # 5 of them, and the baseline
     assert any("5 of the space's 28 configs, chosen at random" in line for line in first.calibration.kept)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8, 12, 16, 17, 24, 32, 64, 512, 2048])
+def test_a_pass_takes_the_decode_factor_up_to_16_tokens_and_the_prefill_factor_above(width: int) -> None:
+    """Scaled by two factors, every pass takes its own side's: none a blend of the two (the calibration's
+    points are at 1, 4, 32, ..., and a pass of 8 or 24 lay between the sides)."""
+    shipped = load_cost_model()
+    scaled = shipped.scaled(0.2, decode=2.0)
+    factor = 2.0 if width <= 16 else 0.2
+    assert scaled.token_s(width) == pytest.approx(factor * shipped.token_s(width), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("figure", "kept"),
+    [
+        ("decode_tok_s_width_1", "prefill costs: the log times no prefill, so scaled as its decode"),
+        ("prefill_tok_s_chunk_512", "decode costs: the log times no decode, so scaled as its prefill"),
+    ],
+)
+def test_a_log_that_times_one_of_prefill_and_decode_scales_both_by_it_and_says_so(figure: str, kept: str) -> None:
+    from tuner.diagnose.report import Diagnosis, Figure, ServerFacts
+    from tuner.predict import calibrate_from_log
+
+    diagnosis = Diagnosis(
+        source="x.log", log_kind="llama-server", lines=1, tasks=1, span_s=1.0, long_prompt_tokens=1000,
+        server=ServerFacts(n_batch=2048), profile=[Figure(name=figure, label="a figure (2 lines)", value=50.0)],
+    )  # fmt: skip
+    calibration = calibrate_from_log(diagnosis)
+    assert calibration.prefill_factor == calibration.decode_factor
+    assert kept in calibration.kept

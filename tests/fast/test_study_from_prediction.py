@@ -19,10 +19,13 @@ from tests.support.sim_study import DEMO, prepare_simulated, run_simulated
 from tuner.console import render_leaderboard
 from tuner.errors import ConfigError
 from tuner.morning_report import render_report
+from tuner.observers import NullObserver
 from tuner.prediction_record import read_prediction
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.search.prediction import study_prediction
+from tuner.sim.inputs import SimSettings
+from tuner.sim.log_lines import format_log_line, startup_lines
 from tuner.study_record import TrialRecord
 from tuner.study_view import StudyView
 
@@ -111,7 +114,7 @@ def test_a_study_without_a_prediction_shows_none(tmp_path: Path) -> None:
 
 
 def test_a_missing_log_is_refused_before_a_run_directory_exists(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"search.predicted_from: .*nowhere.log does not exist; name the"):
+    with pytest.raises(ConfigError, match=r"search.predicted_from \(--predicted-from\): .*nowhere.log does not exist"):
         prepare_simulated([f'search.predicted_from="{tmp_path / "nowhere.log"}"'])
     done = run_tuner(
         "run", str(DEMO), "--runs-dir", str(tmp_path / "runs"), "--predicted-from", str(tmp_path / "nowhere.log")
@@ -149,7 +152,8 @@ def test_the_morning_report_sets_each_trials_predicted_figures_beside_the_measur
 
 def test_the_morning_report_of_a_study_without_a_prediction_has_no_such_section(tmp_path: Path) -> None:
     run_simulated(prepare_simulated(BUDGET), tmp_path / "run", seed=0, in_memory=False, save_rounds=True)
-    assert "prediction" not in render_report(tmp_path / "run")
+    page = render_report(tmp_path / "run")
+    assert "The prediction against the measurement" not in page and "id='prediction'" not in page
 
 
 @pytest.mark.parametrize(("min_overlap_s", "has_stall"), [(0.5, True), (60.0, False)])
@@ -200,3 +204,71 @@ def test_a_damaged_or_newer_prediction_is_one_line_naming_the_file(
     assert done.returncode == 1
     line = one_error_line(done)
     assert "prediction.json" in line and said in line
+
+
+class Told(NullObserver):
+    def __init__(self) -> None:
+        self.said: list[tuple[str, dict[str, object]]] = []
+
+    def predicting(self, **told: object) -> None:
+        self.said.append(("predicting", told))
+
+    def predicted(self, **told: object) -> None:
+        self.said.append(("predicted", told))
+
+
+def test_the_run_says_it_predicts_then_what_it_queued_and_a_resume_what_it_kept(
+    server_log: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    first = Told()
+    prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"'])
+    run_simulated(prepared, run, seed=0, in_memory=False, observer=first)
+    best = read_prediction(RunDirectory(run).prediction_path).best  # type: ignore[union-attr]
+    assert best is not None
+    assert first.said == [
+        ("predicting", {"log": str(server_log)}),
+        ("predicted", {"log": str(server_log), "best": best.settings, "queued": True, "note": None}),
+    ]
+    other = tmp_path / "other.log"
+    other.write_bytes(server_log.read_bytes())
+    again = Told()
+    prepared = prepare_simulated(["budget.trials=4", "confirm.pairs=2", f'search.predicted_from="{other}"'])
+    run_simulated(prepared, run, seed=1, in_memory=False, observer=again)
+    (said,) = again.said  # read back, not made again: no "predicting"
+    assert said[0] == "predicted" and said[1]["queued"] is False and said[1]["log"] == str(server_log)
+    assert f"to predict from {other}" in str(said[1]["note"])
+
+
+VLLM_LINE = (
+    "INFO 12-04 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 100.0 tokens/s, Avg generation "
+    "throughput: 20.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit "
+    "rate: 0.0%\n"
+)
+IDLE_LINES = "".join(format_log_line(0.0, line) + "\n" for line in startup_lines(SimSettings()))  # no request
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("logs", None, "is a directory; name the llama-server log"),
+        ("empty.log", "", "empty.log"),
+        ("vllm.log", VLLM_LINE, "vllm.log is a vllm log, and the simulated server models llama-server"),
+        ("idle.log", IDLE_LINES, "idle.log times no prompt and no decode (no print_timing line)"),
+    ],
+    ids=["directory", "empty", "vllm", "no-request"],
+)
+def test_a_log_no_prediction_can_be_made_of_is_refused_by_the_check_before_a_run_directory_exists(
+    tmp_path: Path, name: str, text: str | None, said: str
+) -> None:
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" if text is None else tmp_path / "logs" / name
+    if text is not None:
+        log.write_text(text)
+    runs = tmp_path / "runs"
+    for command in (["run", str(DEMO)], ["run", str(DEMO), "--check"]):
+        done = run_tuner(*command, "--runs-dir", str(runs), "--predicted-from", str(log), "--set", "budget.trials=1")
+        assert done.returncode == 2, done.stdout + done.stderr
+        line = one_error_line(done)
+        assert line.startswith("error: search.predicted_from (--predicted-from): ") and said in line, line
+        assert not runs.exists()

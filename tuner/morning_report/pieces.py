@@ -201,6 +201,7 @@ h1{margin:18px 0 2px;font-size:26px}h2{border-bottom:1px solid #ddd;padding-bott
 .muted{color:#666;font-size:13px;margin:2px 0}.absent{color:#8a6d00;font-style:italic}
 .verdict{font-size:22px;font-weight:600;padding:10px 14px;border-radius:6px;margin:12px 0}
 .verdict.win{background:#e3f4ea;color:#0b5d2a}.verdict.keep{background:#fdf3d8;color:#6b5000}
+#prediction-outcome.held{color:#0b5d2a;font-weight:600}#prediction-outcome.missed{color:#b00020;font-weight:600}
 .good{color:#0b7a3a;font-weight:600}.bad{color:#b00020;font-weight:600}
 table{border-collapse:collapse;font-size:13px}td,th{padding:4px 8px;border-bottom:1px solid #eee;text-align:left;
 vertical-align:top}

@@ -22,7 +22,7 @@ from tuner.search.confirm import Confirmation
 from tuner.search.ending import end_trial, finish_measured, skip_trial
 from tuner.search.gates import Gates
 from tuner.search.peers import Peers, Pending, SoloPeers
-from tuner.search.prediction import queue_predicted_best, study_prediction
+from tuner.search.prediction import start_from_prediction
 from tuner.search.queries import BestSoFar, claimed_trials, is_baseline
 from tuner.search.samplers import distribution
 from tuner.server_reuse import Servers
@@ -73,7 +73,7 @@ class StudyRun:
                 objectives=[o.metric for o in spec.objectives],
             )
             self.peers.begin()
-            queue_predicted_best(study, self.prepared, study_prediction(self.prepared, self.run_dir))
+            start_from_prediction(study, self.prepared, self.run_dir, self.observer)
             self.observer.study_started(
                 name=spec.name,
                 run_dir=str(self.run_dir.path),

@@ -9,15 +9,36 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config import ParamValue
+from tuner.observers import StudyObserver
 from tuner.prediction_record import PredictionRecord, read_prediction, write_prediction
 from tuner.runs import RunDirectory
 from tuner.study_record import INTERRUPTED, TrialRecord, new_trial_attrs
 from tuner.trial_runner import PreparedStudy
 
-__all__ = ["LLAMA_SERVER_DEFAULTS", "queue_predicted_best", "study_prediction"]
+__all__ = ["LLAMA_SERVER_BATCH_DEFAULTS", "queue_predicted_best", "start_from_prediction", "study_prediction"]
 
 # What llama-server runs with where neither the study nor its space sets the knob.
-LLAMA_SERVER_DEFAULTS: dict[str, ParamValue] = {"n_batch": 2048, "n_ubatch": 512}
+LLAMA_SERVER_BATCH_DEFAULTS: dict[str, ParamValue] = {"n_batch": 2048, "n_ubatch": 512}
+
+
+def start_from_prediction(
+    study: optuna.Study, prepared: PreparedStudy, run_dir: RunDirectory, observer: StudyObserver
+) -> None:
+    """A study with `search.predicted_from`: its prediction made (or read back) and its best queued, each told."""
+    path = prepared.predicted_from
+    if path is None:
+        return
+    stored = read_prediction(run_dir.prediction_path)
+    note = None
+    if stored is not None and stored.log != str(path):
+        note = f"kept from its first start: remove {run_dir.prediction_path} to predict from {path}"
+    if stored is None:
+        observer.predicting(log=str(path))
+    prediction = stored or study_prediction(prepared, run_dir)
+    assert prediction is not None
+    best = None if prediction.best is None else prediction.best.settings
+    queued = queue_predicted_best(study, prepared, prediction)
+    observer.predicted(log=prediction.log, best=best, queued=queued, note=note)
 
 
 def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> PredictionRecord | None:
@@ -35,7 +56,7 @@ def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> Predicti
     diagnosis = diagnose_log(
         path, long_prompt_tokens=spec.metrics.long_prompt_tokens, min_overlap_s=spec.metrics.min_overlap_s
     )
-    settings = {**LLAMA_SERVER_DEFAULTS, **prepared.engine.effective_settings(prepared.baseline_settings)}
+    settings = {**LLAMA_SERVER_BATCH_DEFAULTS, **prepared.engine.effective_settings(prepared.baseline_settings)}
     ctx = settings.get("ctx_size")
     traffic = StudyTraffic(
         trace=prepared.trace,
@@ -52,24 +73,25 @@ def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> Predicti
         long_prompt_tokens=spec.metrics.long_prompt_tokens,
         min_overlap_s=spec.metrics.min_overlap_s,
     )
-    record = prediction_record(prediction, log=str(spec.search.predicted_from))
+    record = prediction_record(prediction, log=str(path))
     write_prediction(run_dir.prediction_path, record)
     return record
 
 
-def queue_predicted_best(study: optuna.Study, prepared: PreparedStudy, prediction: PredictionRecord | None) -> None:
+def queue_predicted_best(study: optuna.Study, prepared: PreparedStudy, prediction: PredictionRecord | None) -> bool:
     """Queues the predicted best (the baseline's value for every knob it leaves alone) unless a trial of those
-    settings exists already, other than one the controller's stop interrupted: queued once, across resumes and
-    a fleet's hosts."""
+    settings exists already, other than one the controller's stop interrupted: queued once across resumes,
+    and by one controller for all its hosts. Returns whether it queued it now."""
     if prediction is None or prediction.best is None:
-        return
+        return False
     settings = {**prepared.baseline_settings, **prediction.best.settings}
     if not all(prepared.space.params[name].allows(value) for name, value in settings.items()):
-        return  # a knob's value the space no longer offers (narrowed since): the sampler searches as usual
+        return False  # a knob's value the space no longer offers (narrowed since): the sampler searches as usual
     for trial in study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
-        interrupted = trial.state == TrialState.FAIL and record.fail_reason == INTERRUPTED
+        interrupted = trial.state == TrialState.FAIL and (record.fail_reason or "").startswith(INTERRUPTED)
         if record.settings == settings and not interrupted:
-            return
+            return False
     record = TrialRecord(settings=settings, predicted=True)  # the line walk starts beside it (tuner/sampling.py)
     study.enqueue_trial(prepared.space.encode(settings), user_attrs=new_trial_attrs(record))
+    return True

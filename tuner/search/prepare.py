@@ -118,18 +118,21 @@ def _predicted_from(spec: StudySpec, engine: Engine, base_dir: Path) -> Path | N
     """The log `search.predicted_from` names, checked before a run directory exists."""
     if spec.search.predicted_from is None:
         return None
+    said = "search.predicted_from (--predicted-from)"
     if engine.kind != "llama-server":
         raise ConfigError(
-            f"search.predicted_from: the simulated server models llama-server alone, and this study tunes "
-            f"{engine.kind}; leave it out"
+            f"{said}: the simulated server models llama-server alone, and this study tunes {engine.kind}; leave it out"
         )
     log = (base_dir / spec.search.predicted_from).resolve()
     if not log.is_file():
         what = "is a directory" if log.is_dir() else "does not exist"
         raise ConfigError(
-            f"search.predicted_from: {log} {what}; name the llama-server log of the server this study tunes "
-            "(relative to the study file), or leave it out"
+            f"{said}: {log} {what}; name the llama-server log of the server this study tunes (in the study file, "
+            "relative to it), or leave it out"
         )
+    from tuner.predict import check_prediction_log  # the simulator and the log reader, for such a study alone
+
+    check_prediction_log(log)
     return log
 
 

@@ -57,11 +57,15 @@ class CostModel:
         decoding slots make), the per-pass cost and sampling take that factor instead, and the wide ones
         (prefill) and their attention `factor`: a GPU prefills many times faster than it decodes, a CPU not."""
         narrow = factor if decode is None else decode
+        # The curve gets points at both sides of the boundary, so that a pass between two of its old points
+        # takes its own side's factor rather than a blend of the two (a pass of 8 between the points at 4
+        # and 32).
+        widths = sorted({w for w, _ in self.token_points} | {NARROW_PASS, NARROW_PASS + 1})
         return dataclasses.replace(
             self,
             pass_s=self.pass_s * narrow,
             token_points=tuple(
-                (width, cost * (narrow if width <= NARROW_PASS else factor)) for width, cost in self.token_points
+                (width, self.token_s(width) * (narrow if width <= NARROW_PASS else factor)) for width in widths
             ),
             context_s=self.context_s * factor,
             sample_s=self.sample_s * narrow,
