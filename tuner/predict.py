@@ -213,9 +213,10 @@ def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
 
 
 def _grid(
-    space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None, *, limit: int | None
-) -> list[dict[str, ParamValue]]:
-    """Every valid config of the axes; of a larger space, `limit` of them chosen at random (seed 0)."""
+    space: Mapping[str, Sequence[ParamValue]], constraints: SearchSpace | None
+) -> tuple[list[dict[str, ParamValue]], int]:
+    """The configs to replay, and how many valid ones the axes have: every one, or of a larger space
+    _GRID_LIMIT of them chosen at random (seed 0)."""
     names = list(space)
     configs = [dict(zip(names, values, strict=True)) for values in itertools.product(*space.values())]
     if constraints is not None:
@@ -224,10 +225,11 @@ def _grid(
         configs = [c for c in configs if all(rule.holds(c) for rule in rules)]
     else:
         configs = [c for c in configs if int(str(c.get("n_ubatch", 0))) <= int(str(c.get("n_batch", 1 << 30)))]
-    if limit is not None and len(configs) > limit:  # a seeded choice, in the grid's order: the same every time
-        chosen = set(random.Random(0).sample(range(len(configs)), limit))
+    valid = len(configs)
+    if valid > _GRID_LIMIT:  # a seeded choice, in the grid's order: the same every time
+        chosen = set(random.Random(0).sample(range(valid), _GRID_LIMIT))
         configs = [config for index, config in enumerate(configs) if index in chosen]
-    return configs
+    return configs, valid
 
 
 def _space_axes(space: SearchSpace) -> tuple[dict[str, tuple[ParamValue, ...]], list[str]]:
@@ -285,8 +287,7 @@ def predict(
     if space is None and space_path is not None:
         space = load_search_space(space_path)
     axes, left_out = _space_axes(space) if space is not None else (dict(_DEFAULT_SPACE), [])
-    grid = _grid(axes, space, limit=_GRID_LIMIT)
-    valid = len(_grid(axes, space, limit=None))
+    grid, valid = _grid(axes, space)
     trace = _traffic(log, study)
     calibration = calibrate_from_log(diagnosis, parse_llama_server_log(read_lines(log)))
     if left_out:

@@ -5,6 +5,8 @@ leaderboard and the report. Computed once, at the study's first start; a resume 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 from optuna.trial import TrialState
 
@@ -34,8 +36,7 @@ def start_from_prediction(
         note = f"kept from its first start: remove {run_dir.prediction_path} to predict from {path}"
     if stored is None:
         observer.predicting(log=str(path))
-    prediction = stored or study_prediction(prepared, run_dir)
-    assert prediction is not None
+    prediction = stored or _predict(prepared, path, run_dir)
     best = None if prediction.best is None else prediction.best.settings
     queued = queue_predicted_best(study, prepared, prediction)
     observer.predicted(log=prediction.log, best=best, queued=queued, note=note)
@@ -46,9 +47,11 @@ def study_prediction(prepared: PreparedStudy, run_dir: RunDirectory) -> Predicti
     path = prepared.predicted_from
     if path is None:
         return None
-    stored = read_prediction(run_dir.prediction_path)
-    if stored is not None:
-        return stored
+    return read_prediction(run_dir.prediction_path) or _predict(prepared, path, run_dir)
+
+
+def _predict(prepared: PreparedStudy, path: Path, run_dir: RunDirectory) -> PredictionRecord:
+    """The study's prediction from the log at `path`, made now and stored in the run directory."""
     from tuner.diagnose import diagnose_log
     from tuner.predict import StudyTraffic, predict, prediction_record
 
