@@ -11,6 +11,7 @@ registries: a plugin registered without its name here fails that test.
 from __future__ import annotations
 
 __all__ = [
+    "CAPACITY_SHAPES",
     "DEPLOYER_KINDS",
     "ENGINE_KINDS",
     "GENERATOR_KINDS",
@@ -27,6 +28,8 @@ TRANSPORT_KINDS = ("local", "ssh")
 DEPLOYER_KINDS = ("container", "process", "systemd")
 ENGINE_KINDS = ("llama-server", "ollama", "vllm")
 GENERATOR_KINDS = ("agent", "chat", "stall", "summarize")
+# `tuner capacity`'s request shapes (config's `CapacitySpec.shape`, the capacity package's `SHAPES`).
+CAPACITY_SHAPES = ("workload", "summary")
 
 # Each importer's `description`, which its class takes from here.
 IMPORTER_FORMATS = {

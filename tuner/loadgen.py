@@ -25,7 +25,7 @@ from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimi
 from tuner.redact import redact
 from tuner.streaming_http import StreamError, StreamingClient, StreamingResponse
 
-__all__ = ["replay", "replay_sessions", "scrape_prometheus", "sessions_in_order", "with_answers"]
+__all__ = ["replay", "replay_sessions", "scrape_prometheus", "send_request", "sessions_in_order", "with_answers"]
 
 _START_LEAD_S = 0.05
 _DRAIN_S = 1.0
@@ -104,7 +104,7 @@ async def replay_sessions(
                 # nothing to speak of at a few), spent running whatever else is ready meanwhile.
                 while time.perf_counter() - started < due:
                     await asyncio.sleep(0)
-                record, answers[request.request_id] = await _send(
+                record, answers[request.request_id] = await send_request(
                     client, engine, with_answers(request, answers), started, request_timeout_s, due_s=due
                 )
                 records.append(record)
@@ -144,7 +144,9 @@ def with_answers(request: ReplayRequest, answers: Mapping[str, Sequence[int]]) -
     return request.model_copy(update={"prompt_token_ids": tuple(tokens)})
 
 
-async def _send(
+# One request sent on `client` and its stream read: its record (times on the clock that began at `started`)
+# and the token ids the server generated. Never raises for what the server does.
+async def send_request(
     client: StreamingClient,
     engine: Engine,
     request: ReplayRequest,

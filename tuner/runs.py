@@ -48,6 +48,7 @@ __all__ = ["RunDirectory", "spec_differences"]
 _RESUMABLE_KEYS = (
     "budget",
     "confirm",
+    "capacity",
     "description",
     "interleave",
     "seed",
@@ -188,6 +189,21 @@ class RunDirectory:
     def apply_log_path(self, stamp: str, host: str | None) -> Path:
         """The server log of `tuner apply`'s verification run started at `stamp`, on `host` of a fleet."""
         return self.path / "apply" / f"{stamp}{'' if host is None else '-' + host}-server.log"
+
+    def capacity_path(self, stamp: str, host: str | None) -> Path:
+        """`tuner capacity`'s sweep started at `stamp` (on `host` of a fleet): every level's figures."""
+        return self.path / "capacity" / f"{stamp}{'' if host is None else '-' + host}.json"
+
+    def capacity_log_path(self, stamp: str, host: str | None, trial: int | None, round_: int) -> Path:
+        """The server log of one round of that sweep: the baseline's (`trial` None) or trial `trial`'s."""
+        config = "baseline" if trial is None else f"trial-{trial}"
+        return (
+            self.path / "capacity" / f"{stamp}{'' if host is None else '-' + host}-{config}-round-{round_}-server.log"
+        )
+
+    def capacity_paths(self) -> list[Path]:
+        """Every sweep of `tuner capacity` kept in the run directory, oldest first."""
+        return sorted((self.path / "capacity").glob("*.json"))
 
     def deployer_state_path(self, host: str | None) -> Path:
         """Where the deployer keeps what it must restore (the controller's own host, or a fleet's `host`)."""

@@ -54,7 +54,7 @@ LAYERS = [
     {"loadgen", "gate", "record", "gpu", "diagnose"},
     {"trial_runner", "server_reuse"},
     {"sampling"},
-    {"search", "report", "apply", "check", "sim", "morning_report", "predict"},
+    {"search", "report", "apply", "check", "sim", "morning_report", "predict", "capacity"},
     {"console", "live", "diagnose_console"},
     {"cli", "__main__", "__init__"},
 ]

@@ -18,6 +18,8 @@ __all__ = [
     "check_record",
     "check_workload_show",
     "duration",
+    "length",
+    "user_levels",
     "listen_address",
     "long_tokens",
     "port",
@@ -74,6 +76,24 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{exc}: pass a time from the log's first line, e.g. 90s, 15m, 2h or 1h30m"
         ) from None
+
+
+def length(text: str) -> float:
+    """A length of time such as 60s, 2m or 1m30s, in seconds."""
+    from tuner.diagnose import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}: pass a length such as 60s, 2m or 1m30s") from None
+
+
+def user_levels(text: str) -> list[int]:
+    """`--users 1,2,4,8` as its levels."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of user counts; pass e.g. 1,2,4,8,16")
+    return [int(part) for part in parts]
 
 
 def listen_address(listen: str) -> tuple[str, int]:

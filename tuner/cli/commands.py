@@ -15,7 +15,7 @@ from typing import Any
 
 from tuner import catalog
 from tuner.cli import checks
-from tuner.cli.checks import duration, long_tokens, port, positive, positive_float
+from tuner.cli.checks import duration, length, long_tokens, port, positive, positive_float, user_levels
 
 __all__ = ["COMMANDS", "Arg", "Command", "arg", "chosen"]
 
@@ -125,6 +125,48 @@ COMMANDS: tuple[Command, ...] = (
             _runs_dir(),
             arg("--trial", type=int, help="apply this trial instead of the recommendation"),
             _hosts("apply on this host of the study's [[hosts]] only (repeatable; default: each in turn)"),
+            _storage(_FROM_STORAGE),
+            _hidden_overrides(),
+        ),
+    ),
+    Command(
+        "capacity",
+        "how many closed-loop users the baseline and the recommended settings each serve within the SLO",
+        run="tuner.cli.capacity:capacity",
+        restores_host=True,
+        description=(
+            "Starts each config on the study's host as a trial, then runs levels of closed-loop users (each sends\n"
+            "its next request when its answer is in): a warm-up, then a measured window per level, climbing until\n"
+            "two levels in a row break metrics.slo, in rounds (round 1 climbs, round 2 comes back down). The\n"
+            "capacity is the most users that held the SLO in every round. The host is back on its baseline after.\n"
+            "Defaults come from the study's [capacity] table."
+        ),
+        args=(
+            arg("study", type=Path, help="the study file"),
+            _runs_dir(),
+            arg(
+                "--trial",
+                type=int,
+                exclusive="config",
+                help="sweep this trial alone instead of baseline and recommendation",
+            ),
+            arg("--baseline", action="store_true", exclusive="config", help="sweep the baseline alone (no run needed)"),
+            arg("--users", type=user_levels, metavar="N,N,...", help="the levels of users, e.g. 1,2,4,8,16"),
+            arg(
+                "--shape",
+                choices=catalog.CAPACITY_SHAPES,
+                help="what users ask: the study's workload, or seed 004's summaries",
+            ),
+            arg("--warm-up", dest="warm_up", type=length, metavar="LENGTH", help="load before each window, e.g. 15s"),
+            arg("--window", type=length, metavar="LENGTH", help="each level's measured window, e.g. 60s"),
+            arg("--rounds", type=positive, help="rounds per level"),
+            arg("--host", metavar="NAME", help="the host of the study's [[hosts]] to measure"),
+            arg("--json", action="store_true", help="print the sweep as JSON"),
+            arg(
+                "--check",
+                action="store_true",
+                help="change nothing: look at the host as `tuner run --check` does, and say how long the sweep takes",
+            ),
             _storage(_FROM_STORAGE),
             _hidden_overrides(),
         ),

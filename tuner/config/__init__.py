@@ -15,6 +15,7 @@ from tuner.config.space import Constraint, ParamSpec, ParamValue, SearchSpace, l
 from tuner.config.study import (
     NAME_PATTERN,
     BudgetSpec,
+    CapacitySpec,
     ConfirmSpec,
     GateSpec,
     HostEntry,
@@ -33,6 +34,7 @@ from tuner.config.study import (
 __all__ = [
     "NAME_PATTERN",
     "BudgetSpec",
+    "CapacitySpec",
     "ConfirmSpec",
     "Constraint",
     "GateSpec",

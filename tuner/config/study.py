@@ -4,6 +4,7 @@ the gate, the confirmation, objectives, search, storage, a fleet's hosts), the `
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from tuner.errors import ConfigError
 __all__ = [
     "NAME_PATTERN",
     "BudgetSpec",
+    "CapacitySpec",
     "ConfirmSpec",
     "GateSpec",
     "HostEntry",
@@ -176,6 +178,40 @@ class ConfirmSpec(StrictModel):
     )
 
 
+class CapacitySpec(StrictModel):
+    """`tuner capacity`: closed-loop users at each level, a warm-up, then a measured window, in rounds."""
+
+    users: list[int] = Field(
+        default=[1, 2, 4, 8, 16, 32, 64, 128],
+        min_length=1,
+        max_length=64,
+        description="The levels of concurrent users, climbed in this order until two in a row fail.",
+    )
+    shape: Literal["workload", "summary"] = Field(
+        default="workload",
+        description="workload: the study's own requests, each user taking the next in turn; summary: seed 004's "
+        "document summaries (about 640 prompt tokens behind a shared 67-token system prompt, 140 tokens out).",
+    )
+    warm_up_s: float = Field(
+        default=15.0, ge=0, le=3600, description="Load before the window, once every user's first answer is in."
+    )
+    window_s: float = Field(
+        default=60.0, gt=0, le=3600, description="The measured window: the requests sent in it are the level's."
+    )
+    rounds: int = Field(
+        default=2, ge=1, le=10, description="Rounds per level (round 1 climbs, round 2 comes back down, ...)."
+    )
+
+    @field_validator("users")
+    @classmethod
+    def _users_climb(cls, users: list[int]) -> list[int]:
+        if any(u < 1 or u > 4096 for u in users):
+            raise ValueError("takes levels of 1 to 4096 users")
+        if any(b <= a for a, b in itertools.pairwise(users)):
+            raise ValueError("must climb: each level more users than the one before")
+        return users
+
+
 class ObjectiveSpec(StrictModel):
     metric: str = Field(description="A metric name, e.g. stall_tok_s, prefill_tok_s, ttft_p95_s.")
     direction: Literal["maximize", "minimize"]
@@ -308,6 +344,7 @@ class StudySpec(StrictModel):
     metrics: MetricsSpec = MetricsSpec()
     confirm: ConfirmSpec = ConfirmSpec()
     gate: GateSpec = GateSpec()
+    capacity: CapacitySpec = CapacitySpec()
     objectives: list[ObjectiveSpec] = Field(min_length=1)
     combine: Literal["weighted", "pareto"] = Field(
         default="weighted",

@@ -1,0 +1,234 @@
+"""`tuner capacity`: a level's figures and verdict as seed 004 defines them, the sweep's rounds and climb,
+the capacity rule, the command's refusals, and a whole sweep on the simulated llama-server through the
+process deployer (the real server's sweep is in tests/real/test_capacity_real.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, run_cli, run_tuner
+from tests.support.sim_study import DEMO, prepare_simulated, run_simulated
+from tuner.capacity.closed_loop import LevelRun
+from tuner.capacity.levels import LevelFigures, capacity, climb_stops, level_figures
+from tuner.capacity.record import CapacitySweep, SweptConfig, read_sweep
+from tuner.capacity.shapes import CapacityRequests
+from tuner.capacity.sweep import run_sweep
+from tuner.config import SloSpec
+from tuner.models import RequestRecord, RequestStatus
+
+SLO = SloSpec(ttft_p95_s=2.0, decode_tok_s=10.0, min_requests=3)
+
+
+def _record(send: float, first: float, tokens: int, gap: float, *, ok: bool = True) -> RequestRecord:
+    token_s = tuple(first + i * gap for i in range(tokens)) if ok else ()
+    return RequestRecord(
+        request_id=f"r{send}", session="u", tag="summary", prompt_tokens=640, output_tokens_requested=tokens,
+        send_s=send, due_s=send, token_s=token_s, end_s=token_s[-1] if token_s else send + 1,
+        status=RequestStatus.OK if ok else RequestStatus.TIMEOUT, error=None if ok else "no answer",
+    )  # fmt: skip
+
+
+def test_a_levels_figures_are_the_windows_requests_tokens_and_speeds_as_seed_004_defines_them() -> None:
+    records = [
+        _record(0.0, 0.5, 11, 0.1),  # warm-up: sent before the window, its late tokens still count in the total
+        _record(2.0, 2.4, 11, 0.05),  # 20 tok/s, TTFT 0.4 s
+        _record(3.0, 4.0, 21, 0.1),  # 10 tok/s, TTFT 1.0 s
+        _record(4.0, 4.2, 6, 0.2),  # 5 tok/s, TTFT 0.2 s
+        _record(12.0, 12.1, 5, 0.1),  # sent after the window: not the level's
+    ]
+    figures = level_figures(records, users=2, round_=1, window=(1.0, 11.0), slo=SLO)
+    assert figures.requests == 3 and figures.errors == 0
+    # Tokens that arrived inside 1..11 s: 6 of the warm-up's (1.0 .. 1.5), 11 + 21 + 6 of the window's.
+    assert figures.total_tok_s == pytest.approx((6 + 11 + 21 + 6) / 10.0)
+    assert figures.per_user_tok_s == pytest.approx(10.0)  # the median of 20, 10 and 5
+    assert figures.ttft_p95_s == pytest.approx(0.94)  # numpy's p95 of 0.2, 0.4, 1.0
+    assert figures.verdict == "pass" and figures.why == ""
+
+
+@pytest.mark.parametrize(
+    ("records", "verdict", "why"),
+    [
+        ([_record(2.0, 5.0, 11, 0.05)] * 3, "fail", "TTFT p95 3.00 s > 2 s"),
+        ([_record(2.0, 2.1, 11, 0.2)] * 3, "fail", "5.0 tok/s per user < 10"),
+        ([_record(2.0, 2.1, 11, 0.05)] * 3 + [_record(3.0, 0, 0, 0, ok=False)], "fail", "1 of 4 requests failed"),
+        ([_record(2.0, 2.1, 11, 0.05)] * 2, "too few", "2 requests in the window, fewer than metrics.slo.min_requests"),
+    ],
+    ids=["ttft", "per-user speed", "errors", "too few"],
+)
+def test_a_level_fails_naming_what_broke_the_slo_or_cannot_be_judged_on_too_few_requests(
+    records: list[RequestRecord], verdict: str, why: str
+) -> None:
+    figures = level_figures(records, users=4, round_=2, window=(1.0, 11.0), slo=SLO)
+    assert figures.verdict == verdict
+    assert why in figures.why
+
+
+def _figures(users: int, round_: int, verdict: str) -> LevelFigures:
+    return LevelFigures(
+        users=users, round=round_, requests=30, errors=0, total_tok_s=100.0, per_user_tok_s=20.0, ttft_p50_s=0.3,
+        ttft_p95_s=0.5, verdict=verdict, why="" if verdict == "pass" else "x",  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_the_capacity_is_the_most_users_that_held_the_slo_in_every_round() -> None:
+    # Seed 004's llama-server -np 16 row: 4 users failed between levels that held, and 16 held in both.
+    levels = [(1, "pass"), (2, "pass"), (4, "fail"), (8, "pass"), (16, "pass"), (32, "fail")]
+    both = [_figures(u, r, v) for r in (1, 2) for u, v in levels]
+    assert capacity(both, 2) == 16
+    # A level that held in one round only is not within the SLO.
+    assert capacity([*both[:-2], _figures(16, 2, "fail")], 2) == 8
+    assert capacity([_figures(1, 1, "fail"), _figures(1, 2, "pass")], 2) is None
+    assert capacity([_figures(2, 1, "too few"), _figures(2, 2, "pass")], 2) is None
+
+
+def test_a_climb_stops_after_two_failed_levels_in_a_row_and_not_on_one_that_is_too_short_to_judge() -> None:
+    assert not climb_stops([_figures(1, 1, "pass"), _figures(2, 1, "fail")])
+    assert not climb_stops([_figures(2, 1, "fail"), _figures(4, 1, "too few")])
+    assert climb_stops([_figures(1, 1, "pass"), _figures(2, 1, "fail"), _figures(4, 1, "fail")])
+
+
+class _ScriptedTarget:
+    """A target whose levels fail from `fails_from` users on: it records what the sweep asked, in order."""
+
+    def __init__(self, fails_from: dict[int | None, int]) -> None:
+        self.fails_from = fails_from
+        self.asked: list[str] = []
+        self._config: SweptConfig | None = None
+
+    async def start(self, config: SweptConfig, *, round_: int) -> None:
+        self._config = config
+        self.asked.append(f"start {config.label} round {round_}")
+
+    async def run_level(self, users: int, requests: CapacityRequests, *, warm_up_s: float, window_s: float) -> LevelRun:
+        assert self._config is not None
+        self.asked.append(f"{users}")
+        request = requests.next_for(0)
+        # Failing levels answer slowly: a TTFT of 5 s breaks the 2 s line.
+        first = 5.0 if users >= self.fails_from[self._config.trial] else 0.2
+        records = [_record(1.0 + i, 1.0 + i + first, 11, 0.05) for i in range(5)]
+        assert request.prompt_tokens > 0
+        return LevelRun(records=records, window=(0.5, 10.0))
+
+
+def _sweep(configs: Sequence[SweptConfig], users: list[int], rounds: int = 2) -> CapacitySweep:
+    return CapacitySweep(
+        study="s", host=None, started="2026-12-04T00:00:00+00:00", shape="summary", users=users, warm_up_s=0.0,
+        window_s=1.0, rounds=rounds, slo_ttft_p95_s=2.0, slo_decode_tok_s=10.0, slo_min_requests=3,
+        configs=list(configs),
+    )  # fmt: skip
+
+
+def test_round_one_climbs_each_config_until_two_levels_fail_and_round_two_comes_back_down_in_swapped_order() -> None:
+    import asyncio
+
+    prepared = prepare_simulated()
+    target = _ScriptedTarget({None: 4, 3: 16})
+    sweep = _sweep([SweptConfig(trial=None, settings={}), SweptConfig(trial=3, settings={"n_batch": 128})],
+                   [1, 2, 4, 8, 16, 32, 64])  # fmt: skip
+    saved: list[int] = []
+    done = asyncio.run(
+        run_sweep(sweep, target, prepared, save=lambda s: saved.append(len(s.configs[0].levels)), say=lambda _: None)
+    )
+    assert target.asked == [
+        "start the baseline round 1", "1", "2", "4", "8",
+        "start trial 3 round 1", "1", "2", "4", "8", "16", "32",
+        "start trial 3 round 2", "32", "16", "8", "4", "2", "1",
+        "start the baseline round 2", "8", "4", "2", "1",
+    ]  # fmt: skip
+    assert [c.capacity for c in done.configs] == [2, 8]
+    assert done.finished and len(saved) == 20 + 1  # after every level, and once at the end
+
+
+def test_the_cli_refuses_bad_levels_and_a_sweep_without_a_run_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = str(tmp_path / "runs")
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--users", "1,x")
+    assert refused.code == 2 and "'1,x' is not a list of user counts; pass e.g. 1,2,4,8,16" in refused.err
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--users", "4,2")
+    assert refused.code == 2
+    assert refused.error_line() == (
+        "error: tuner capacity: users: must climb: each level more users than the one before (got [4, 2])"
+    )
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--trial", "2")
+    assert refused.code == 2 and "not allowed with argument" in refused.err
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs)
+    assert refused.code == 2
+    assert refused.error_line() == (
+        f"error: {runs}/stall-demo holds no study to take the recommendation from; run `tuner run {DEMO}` first, or "
+        "pass --baseline to measure the baseline alone"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def _simulated_sweep_args(runs: Path, *extra: str) -> list[str]:
+    marker = f'--sim-seed", "{os.getpid()}'
+    return [
+        "capacity", str(DEMO), "--runs-dir", str(runs), "--set", 'engine.binary="simulated"',
+        "--set", f'engine.extra_args=["--sim-speed", "20", "{marker}"]', "--shape", "summary",
+        "--warm-up", "0.2s", "--window", "1s", "--set", "metrics.slo.min_requests=1", *extra,
+    ]  # fmt: skip
+
+
+def _servers_of_this_test() -> list[int]:
+    marker = str(os.getpid()).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"tuner.sim" in argv and marker in argv:
+                found.append(int(proc.name))
+    return found
+
+
+def test_a_sweep_of_the_baseline_and_the_recommendation_on_the_simulated_server_says_how_many_users_each_serves(
+    tmp_path: Path,
+) -> None:
+    runs = tmp_path / "runs"
+    prepared = prepare_simulated()
+    run_simulated(prepared, runs / "stall-demo", seed=0, in_memory=False)
+    done = run_tuner(*_simulated_sweep_args(runs, "--users", "1,2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    order = [line.split(":")[0] for line in lines if ", round " in line and "tok/s in all" in line]
+    trial = order[2].split(",")[0]
+    assert trial.startswith("trial ")
+    rounds = ["the baseline, round 1", f"{trial}, round 1", f"{trial}, round 2", "the baseline, round 2"]
+    assert order == [label for label in rounds for _ in range(2)]
+    assert any(
+        line.startswith("the recommended settings (trial ") and "; the baseline served" in line for line in lines
+    )
+    assert _servers_of_this_test() == [], "a simulated server was left running"
+    (stored,) = (runs / "stall-demo" / "capacity").glob("*.json")
+    sweep = read_sweep(stored)
+    assert sweep.finished and [c.trial is None for c in sweep.configs] == [True, False]
+    assert all(len(c.levels) == 4 for c in sweep.configs)  # two levels, two rounds
+
+
+def test_a_sweep_stopped_by_sigterm_leaves_no_server_and_keeps_the_levels_it_measured(tmp_path: Path) -> None:
+    args = _simulated_sweep_args(tmp_path / "runs", "--baseline", "--users", "1,2,4,8,16,32", "--window", "2s")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "round 1: 1 user:" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert _servers_of_this_test() == [], "a simulated server was left running"
+    (stored,) = (tmp_path / "runs" / "stall-demo" / "capacity").glob("*.json")
+    kept = json.loads(stored.read_text())
+    assert not kept["finished"] and kept["configs"][0]["levels"][0]["users"] == 1

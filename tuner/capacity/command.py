@@ -1,0 +1,145 @@
+"""`tuner capacity`: how many closed-loop users the baseline and a study's trial each serve within the SLO.
+
+The configs go on the host as the study's trials do (through its deployer, which restores the baseline at
+the end, whatever happens), under the run directory's lock, so a sweep never runs beside the study's own
+run on the same host. The sweep is stored in the run directory after every level.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.capacity.closed_loop import LevelRun, run_closed_loop
+from tuner.capacity.record import CapacitySweep, SweptConfig, write_sweep
+from tuner.capacity.shapes import CapacityRequests
+from tuner.capacity.sweep import run_sweep
+from tuner.config import CapacitySpec, ParamValue, StudySpec
+from tuner.errors import ConfigError
+from tuner.runs import RunDirectory
+from tuner.trial_runner import PreparedStudy, ServerTrialRunner
+
+__all__ = ["CapacityPlan", "measure_capacity", "plan_capacity", "sweep_seconds"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityPlan:
+    """What a sweep will measure, checked before any host is touched."""
+
+    spec: StudySpec
+    prepared: PreparedStudy
+    host: str | None
+    configs: list[SweptConfig]
+    options: CapacitySpec
+
+
+def plan_capacity(
+    spec: StudySpec,
+    base_dir: Path,
+    run_path: Path,
+    *,
+    trial: int | None,
+    baseline_only: bool,
+    host: str | None,
+    options: CapacitySpec,
+    storage_url: str | None = None,
+) -> CapacityPlan:
+    """The configs to sweep: the baseline alone (`baseline_only`), trial `trial` alone, or by default the
+    baseline and the study's recommendation side by side."""
+    from tuner.report import row_to_apply
+    from tuner.search import fleet_hosts, prepare_study
+
+    if spec.hosts:
+        if host is None:
+            names = ", ".join(h.name for h in spec.hosts)
+            raise ConfigError(f"a sweep measures one host: name one of the study's hosts with --host ({names})")
+        spec = spec.for_host(fleet_hosts(spec, [host])[0])
+    elif host is not None:
+        fleet_hosts(spec, [host])  # refused: the study has no [[hosts]]
+    prepared = prepare_study(spec, base_dir)
+    configs: list[SweptConfig] = []
+    if trial is None:
+        configs.append(SweptConfig(trial=None, settings={}))
+    if not baseline_only:
+        row = row_to_apply(run_path, trial, storage_url)
+        settings: dict[str, ParamValue] = dict(row.settings)
+        prepared.engine.check_settings(settings)
+        prepared.engine.launch_spec(_server(prepared, settings))  # a bad setting is refused before the host
+        if row.number == 0:
+            if trial is None:
+                raise ConfigError("the study recommends its baseline: pass --baseline to measure it alone")
+            configs.append(SweptConfig(trial=None, settings={}))
+        else:
+            configs.append(SweptConfig(trial=row.number, settings=settings))
+    return CapacityPlan(spec=spec, prepared=prepared, host=host, configs=configs, options=options)
+
+
+def _server(prepared: PreparedStudy, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
+    return {k: v for k, v in settings.items() if prepared.engine.knobs[k].scope == "server"}
+
+
+def sweep_seconds(plan: CapacityPlan, *, start_s: float) -> tuple[float, float]:
+    """The sweep's shortest and longest length: each level at least its warm-up and window, the first
+    round's climb stopping at once or running every level; a server start per config and round."""
+    options, configs = plan.options, len(plan.configs)
+    level_s = options.warm_up_s + options.window_s
+    shortest = configs * options.rounds * (start_s + min(2, len(options.users)) * level_s)
+    longest = configs * options.rounds * (start_s + len(options.users) * level_s)
+    return shortest, longest
+
+
+class _ServerTarget:
+    """The sweep's target on a real host: the config started through the study's deployer."""
+
+    def __init__(self, runner: ServerTrialRunner, run_dir: RunDirectory, stamp: str, host: str | None) -> None:
+        self._runner, self._run_dir, self._stamp, self._host = runner, run_dir, stamp, host
+
+    async def start(self, config: SweptConfig, *, round_: int) -> None:
+        log_path = self._run_dir.capacity_log_path(self._stamp, self._host, config.trial, round_)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        server = _server(self._runner.prepared, config.settings)
+        await self._runner.start(server, number=config.trial or 0, log_path=str(log_path))
+
+    async def run_level(self, users: int, requests: CapacityRequests, *, warm_up_s: float, window_s: float) -> LevelRun:
+        prepared = self._runner.prepared
+        return await run_closed_loop(
+            users,
+            requests.next_for,
+            engine=prepared.engine,
+            base_url=self._runner.base_url,
+            warm_up_s=warm_up_s,
+            window_s=window_s,
+            request_timeout_s=prepared.spec.workload.request_timeout_s,
+        )
+
+
+async def measure_capacity(
+    plan: CapacityPlan, run_path: Path, *, say: Callable[[str], None], saved: Callable[[Path], None]
+) -> CapacitySweep:
+    """Sweeps the plan's configs on the study's host, which is back on its baseline afterwards."""
+    from tuner.deployers.base import RecoveringDeployer, create_deployer
+    from tuner.transports.base import create_transport
+
+    spec, options, slo = plan.spec, plan.options, plan.spec.metrics.slo
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    sweep = CapacitySweep(
+        study=spec.name, host=plan.host, started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        shape=options.shape, users=list(options.users), warm_up_s=options.warm_up_s, window_s=options.window_s,
+        rounds=options.rounds, slo_ttft_p95_s=slo.ttft_p95_s, slo_decode_tok_s=slo.decode_tok_s,
+        slo_min_requests=slo.min_requests, configs=[c.model_copy(deep=True) for c in plan.configs],
+    )  # fmt: skip
+    with RunDirectory(run_path, hosts=() if plan.host is None else (plan.host,)) as run_dir:
+        path = run_dir.capacity_path(stamp, plan.host)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        saved(path)
+        async with create_transport(spec.host) as transport:
+            deployer = create_deployer(spec.deploy, transport=transport)
+            if isinstance(deployer, RecoveringDeployer):
+                deployer.remember_in(run_dir.deployer_state_path(plan.host))
+            async with deployer:
+                runner = ServerTrialRunner(plan.prepared, deployer=deployer, transport=transport)
+                target = _ServerTarget(runner, run_dir, stamp, plan.host)
+                return await run_sweep(sweep, target, plan.prepared, save=lambda s: write_sweep(path, s), say=say)

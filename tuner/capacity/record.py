@@ -1,0 +1,74 @@
+"""A capacity sweep as the run directory stores it (`runs/<study>/capacity/<stamp>.json`): the settings
+swept, every level's figures per round, and each config's capacity. Written after every level, so an
+interrupted sweep keeps what it measured; `finished` says whether it ran to its end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner.capacity.levels import LevelFigures
+from tuner.config import ParamValue
+from tuner.errors import StudyError
+from tuner.files import write_atomic
+
+__all__ = ["CAPACITY_VERSION", "CapacitySweep", "SweptConfig", "read_sweep", "write_sweep"]
+
+CAPACITY_VERSION = 1
+
+
+class _Stored(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SweptConfig(_Stored):
+    trial: int | None = Field(description="The study's trial whose settings were swept; null: the baseline.")
+    settings: dict[str, ParamValue] = Field(description="Its settings over the engine's base settings.")
+    levels: list[LevelFigures] = Field(default_factory=list, description="Every level measured, in order.")
+    capacity: int | None = Field(default=None, description="Most users within the SLO in every round.")
+
+    @property
+    def label(self) -> str:
+        return "the baseline" if self.trial is None else f"trial {self.trial}"
+
+
+class CapacitySweep(_Stored):
+    version: int = CAPACITY_VERSION
+    study: str
+    host: str | None = Field(description="A fleet's host; null for a one-host study.")
+    started: str = Field(description="When the sweep started (local time, ISO 8601).")
+    shape: str = Field(description="What the users asked: the study's workload, or seed 004's summaries.")
+    users: list[int] = Field(description="The levels the sweep could climb.")
+    warm_up_s: float
+    window_s: float
+    rounds: int
+    slo_ttft_p95_s: float
+    slo_decode_tok_s: float
+    slo_min_requests: int
+    configs: list[SweptConfig]
+    finished: bool = False
+
+
+def write_sweep(path: Path, sweep: CapacitySweep) -> None:
+    write_atomic(path, (sweep.model_dump_json(indent=2) + "\n").encode())
+
+
+def read_sweep(path: Path) -> CapacitySweep:
+    """A stored sweep; `StudyError` naming the file if it is not one this version can read."""
+    try:
+        raw = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise StudyError(f"{path}: cannot read the capacity sweep ({exc}); run `tuner capacity` again") from None
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version > CAPACITY_VERSION:
+        raise StudyError(f"{path} was written by a newer serve-tuner (version {version}); upgrade to read it")
+    try:
+        return CapacitySweep.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise StudyError(
+            f"{path}: not a capacity sweep ({where}: {first['msg']}); run `tuner capacity` again"
+        ) from None

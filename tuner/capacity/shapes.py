@@ -1,0 +1,99 @@
+"""What a capacity sweep's users ask: the study's own requests, or seed 004's document summaries.
+
+Users take the shape's requests in turn (user u's k-th request is the lap's request k * users + u), each
+with prompts of its own: a level, a round and a lap of the shape each get fresh tokens, so that no request
+is served from another's cache beyond what the shape itself shares (its shared prefixes, the summaries'
+system prompt), as in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tuner.config import ParamValue
+from tuner.engines.base import Engine
+from tuner.models import ReplayRequest
+from tuner.trial_runner import PreparedStudy
+from tuner.workloads import Trace
+from tuner.workloads.synthesis import synthesize_requests, thin_sessions
+from tuner.workloads.synthetic import SynthOptions, synthesize_trace
+
+__all__ = ["CapacityRequests", "shape_trace"]
+
+# A lap of the shape: the study's workload thinned to about this many requests, or this many summaries.
+_LAP_REQUESTS = 2048
+# Seed 004 asked for at most 256 tokens and the answers averaged 129 to 150; a replayed request asks for an
+# exact count, so a summary asks for their middle.
+SUMMARY_OUTPUT_TOKENS = 140
+# Far from the study's rounds (1, 2, ...), the confirmation's and `tuner apply`'s verification run.
+_PROMPTS_BASE = 3_000_000_000
+
+
+def shape_trace(prepared: PreparedStudy, shape: str) -> Trace:
+    """The requests one lap of the shape holds, in the order users take them."""
+    if shape == "summary":
+        options = SynthOptions(users=_LAP_REQUESTS, turns=1, seed=prepared.spec.workload.seed, long_tokens=0)
+        return synthesize_trace("summarize", options)
+    trace = prepared.trace
+    if len(trace) > _LAP_REQUESTS:
+        trace = thin_sessions(trace, keep=_LAP_REQUESTS / len(trace), seed=prepared.spec.workload.seed)
+    return trace.in_arrival_order()
+
+
+class CapacityRequests:
+    """The requests of one level's round: `next_for(user)` is that user's next request."""
+
+    def __init__(
+        self,
+        prepared: PreparedStudy,
+        trace: Trace,
+        settings: Mapping[str, ParamValue],
+        *,
+        users: int,
+        round_: int,
+        output_tokens: int | None = None,
+    ) -> None:
+        self._prepared, self._engine, self._trace = prepared, prepared.engine, trace
+        self._settings, self._users, self._round, self._output_tokens = settings, users, round_, output_tokens
+        self._laps: dict[int, list[ReplayRequest]] = {}
+        self._taken = [0] * users
+
+    def next_for(self, user: int) -> ReplayRequest:
+        index = self._taken[user] * self._users + user
+        self._taken[user] += 1
+        lap, at = divmod(index, len(self._trace))
+        request = self._lap(lap)[at]
+        return request.model_copy(
+            update={
+                "request_id": f"{self._users}u-r{self._round}-user{user}-{self._taken[user]}",
+                "session": f"user{user}",
+                "turn": self._taken[user],
+                "offset_s": 0.0,
+                "think_s": 0.0,
+                "answer_spans": (),  # a user's requests are its own conversation's only in the study's replay
+            }
+        )
+
+    def _lap(self, lap: int) -> list[ReplayRequest]:
+        made = self._laps.get(lap)
+        if made is None:
+            self._laps.clear()  # a lap is taken in order: the one before is done with
+            made = _prompts(
+                self._trace,
+                self._engine,
+                self._settings,
+                seed=self._prepared.spec.workload.seed,
+                round_index=_PROMPTS_BASE + (self._round * 10_000 + self._users) * 1_000 + lap,
+            )
+            if self._output_tokens is not None:
+                made = [r.model_copy(update={"output_tokens": self._output_tokens}) for r in made]
+            self._laps[lap] = made
+        return made
+
+
+def _prompts(
+    trace: Trace, engine: Engine, settings: Mapping[str, ParamValue], *, seed: int, round_index: int
+) -> list[ReplayRequest]:
+    made = synthesize_requests(trace, token_range=engine.prompt_token_range(), seed=seed, round_index=round_index)
+    # Request-scope knobs (a LoRA policy) as a trial with these settings sends them.
+    return engine.apply_request_settings(made, settings, lora_mix=trace.lora_mix())

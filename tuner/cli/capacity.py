@@ -1,0 +1,156 @@
+"""`tuner capacity`: the sweep of closed-loop users, its table and the sentence an operator passes on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.cli.reading import holds_study, use_storage
+from tuner.cli.signals import run_stoppable, stop_on_signals
+from tuner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tuner.capacity.command import CapacityPlan
+    from tuner.capacity.record import CapacitySweep, SweptConfig
+    from tuner.config import CapacitySpec
+
+__all__ = ["capacity", "capacity_sentence"]
+
+
+def _options(args: argparse.Namespace, configured: CapacitySpec) -> CapacitySpec:
+    """The study's [capacity] table with the command line's values over it, validated as the file is."""
+    from tuner.config import CapacitySpec, validate_strictly
+
+    given: dict[str, Any] = {
+        "users": args.users, "shape": args.shape, "warm_up_s": args.warm_up, "window_s": args.window,
+        "rounds": args.rounds,
+    }  # fmt: skip
+    merged = {**configured.model_dump(), **{k: v for k, v in given.items() if v is not None}}
+    return validate_strictly(CapacitySpec, merged, source="tuner capacity")
+
+
+def capacity(args: argparse.Namespace, console: Console) -> int:
+    from tuner.capacity.command import measure_capacity, plan_capacity
+    from tuner.config import load_study
+
+    storage_url = use_storage(args)
+    spec, base_dir = load_study(args.study, args.overrides)
+    options = _options(args, spec.capacity)
+    run_path = args.runs_dir / spec.name
+    if not args.baseline and not holds_study(run_path, storage_url):
+        what = f"trial {args.trial}" if args.trial is not None else "the recommendation"
+        raise ConfigError(
+            f"{run_path} holds no study to take {what} from; run `tuner run {args.study}` first, or pass --baseline "
+            "to measure the baseline alone"
+        )
+    plan = plan_capacity(
+        spec, base_dir, run_path, trial=args.trial, baseline_only=args.baseline, host=args.host, options=options,
+        storage_url=storage_url,
+    )  # fmt: skip
+    if args.check:
+        return _check(plan, base_dir, run_path, console)
+
+    def say(line: str) -> None:
+        if not args.json:
+            console.print(line, highlight=False, markup=False)
+
+    received: list[int] = []
+
+    def saved(path: Path) -> None:
+        say(f"the sweep is kept in {path}")
+
+    async def main() -> CapacitySweep:
+        stop_on_signals(received)
+        return await measure_capacity(plan, run_path, say=say, saved=saved)
+
+    sweep = run_stoppable(main(), received)
+    if args.json:
+        print(sweep.model_dump_json(indent=2))
+        return 0
+    _print_table(sweep, console)
+    console.print(capacity_sentence(sweep), highlight=False, markup=False)
+    return 0
+
+
+def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console) -> int:
+    from tuner.capacity.command import sweep_seconds
+    from tuner.check import DEFAULT_LOCAL_RESTART_S, DEFAULT_RESTART_S, check_study
+    from tuner.text import duration_text
+
+    lines = asyncio.run(check_study(plan.spec, base_dir, run_path))
+    lines = [line for line in lines if not line.subject.endswith("duration")]
+    start_s = DEFAULT_LOCAL_RESTART_S if plan.spec.host.kind == "local" else DEFAULT_RESTART_S
+    shortest, longest = sweep_seconds(plan, start_s=start_s)
+    configs = " and ".join(c.label for c in plan.configs)
+    options = plan.options
+    failed = [line for line in lines if not line.ok]
+    for line in lines:
+        detail = " ".join(line.detail.split())
+        console.print(f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {detail}", markup=False, highlight=False,
+                      soft_wrap=True)  # fmt: skip
+    console.print(
+        f"ok    duration: {duration_text(shortest, style='estimate')} to {duration_text(longest, style='estimate')} "
+        f"for {configs}: {options.rounds} rounds of up to {len(options.users)} levels, each a "
+        f"{options.warm_up_s:g} s warm-up and a {options.window_s:g} s window, and a server start per round",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    if failed:
+        console.print(f"{len(failed)} of {len(lines) + 1} checks failed: fix them first, then check again")
+        return 1
+    console.print(f"the sweep can run ({len(lines) + 1} checks passed; nothing on the host was changed)")
+    return 0
+
+
+def _cell(config: SweptConfig, users: int, round_: int) -> str:
+    figures = next((f for f in config.levels if f.users == users and f.round == round_), None)
+    if figures is None:
+        return ""
+    mark = {"pass": "ok", "fail": "FAIL", "too few": "?"}[figures.verdict]
+    per_user = "-" if figures.per_user_tok_s is None else f"{figures.per_user_tok_s:.1f}"
+    p95 = "-" if figures.ttft_p95_s is None else f"{figures.ttft_p95_s:.2f}"
+    return f"{figures.total_tok_s:.1f} / {per_user} / {p95} s {mark}"
+
+
+def _print_table(sweep: CapacitySweep, console: Console) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"total tok/s / per-user tok/s / TTFT p95 per round; ok: within the SLO (TTFT p95 <= "
+        f"{sweep.slo_ttft_p95_s:g} s, >= {sweep.slo_decode_tok_s:g} tok/s per user)",
+        title_justify="left",
+    )
+    table.add_column("users", justify="right")
+    for config in sweep.configs:
+        for round_ in range(1, sweep.rounds + 1):
+            table.add_column(f"{config.label}, round {round_}")
+    for users in sweep.users:
+        cells = [_cell(config, users, r) for config in sweep.configs for r in range(1, sweep.rounds + 1)]
+        if any(cells):
+            table.add_row(str(users), *cells)
+    console.print(table)
+
+
+def capacity_sentence(sweep: CapacitySweep) -> str:
+    """What the sweep found, as one sentence: the trial's capacity against the baseline's."""
+
+    def served(config: SweptConfig) -> str:
+        if config.capacity is None:
+            return "no level of users"
+        return f"{config.capacity} user{'s' if config.capacity != 1 else ''}"
+
+    slo = f"within your SLO (TTFT p95 at most {sweep.slo_ttft_p95_s:g} s, {sweep.slo_decode_tok_s:g} tok/s per user)"
+    rounds = "in both rounds" if sweep.rounds == 2 else f"in all {sweep.rounds} rounds" if sweep.rounds > 2 else ""
+    baseline = next((c for c in sweep.configs if c.trial is None), None)
+    trial = next((c for c in sweep.configs if c.trial is not None), None)
+    if trial is not None and baseline is not None:
+        return (
+            f"the recommended settings ({trial.label}) serve {served(trial)} {slo} {rounds}; the baseline served "
+            f"{served(baseline)}"
+        ).replace("  ", " ")
+    only = trial or baseline
+    assert only is not None
+    return f"{only.label} serves {served(only)} {slo} {rounds}".replace("  ", " ").strip()
