@@ -232,3 +232,16 @@ def test_a_sweep_stopped_by_sigterm_leaves_no_server_and_keeps_the_levels_it_mea
     (stored,) = (tmp_path / "runs" / "stall-demo" / "capacity").glob("*.json")
     kept = json.loads(stored.read_text())
     assert not kept["finished"] and kept["configs"][0]["levels"][0]["users"] == 1
+
+
+def test_check_looks_at_the_host_and_gives_the_sweeps_length_without_starting_anything(tmp_path: Path) -> None:
+    done = run_tuner(*_simulated_sweep_args(tmp_path / "runs", "--baseline", "--users", "1,2,4", "--check"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("ok    host: reached over local") for line in lines), lines
+    (duration,) = [line for line in lines if "duration:" in line]
+    # The baseline alone, 2 rounds: at least 2 levels of 1.2 s each a round, at most 3, and a start per round.
+    assert "for the baseline: 2 rounds of up to 3 levels, each a 0.2 s warm-up and a 1 s window" in duration
+    assert lines[-1].startswith("the sweep can run (") and "nothing on the host was changed" in lines[-1]
+    assert _servers_of_this_test() == []
+    assert not (tmp_path / "runs" / "stall-demo" / "capacity").exists()
