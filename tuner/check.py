@@ -119,7 +119,26 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path, 
         except TunerError as exc:
             lines.append(CheckLine("host", False, str(exc)))
         lines += _memory_lines(prepared, sized)
-    return [*lines, _duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts)]
+    lines.append(_duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts))
+    if spec.capacity.after_study:
+        lines.append(_capacity_line(spec, startup_s=startup_s))
+    return lines
+
+
+def _capacity_line(spec: StudySpec, *, startup_s: float | None) -> CheckLine:
+    """`[capacity] after_study`: the sweep's length, after the study's."""
+    from tuner.capacity.command import sweep_seconds
+
+    default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
+    options = spec.capacity
+    shortest, longest = sweep_seconds(options, configs=2, start_s=default_s if startup_s is None else startup_s)
+    return CheckLine(
+        "capacity",
+        True,
+        f"then {duration_text(shortest, style='estimate')} to {duration_text(longest, style='estimate')} for the "
+        f"capacity sweep of the baseline and the recommendation: {options.rounds} rounds of up to "
+        f"{len(options.users)} levels, each a {options.warm_up_s:g} s warm-up and a {options.window_s:g} s window",
+    )
 
 
 async def _with_model_from_host(engine: Engine, deployer: object, transport: Transport, scratch: Path) -> Engine:

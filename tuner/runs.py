@@ -190,19 +190,14 @@ class RunDirectory:
         """The server log of `tuner apply`'s verification run started at `stamp`, on `host` of a fleet."""
         return self.path / "apply" / f"{stamp}{'' if host is None else '-' + host}-server.log"
 
-    def capacity_path(self, stamp: str, host: str | None) -> Path:
-        """`tuner capacity`'s sweep started at `stamp` (on `host` of a fleet): every level's figures."""
-        return self.path / "capacity" / f"{stamp}{'' if host is None else '-' + host}.json"
-
-    def capacity_log_path(self, stamp: str, host: str | None, trial: int | None, round_: int) -> Path:
-        """The server log of one round of that sweep: the baseline's (`trial` None) or trial `trial`'s."""
-        config = "baseline" if trial is None else f"trial-{trial}"
-        return (
-            self.path / "capacity" / f"{stamp}{'' if host is None else '-' + host}-{config}-round-{round_}-server.log"
-        )
+    def capacity_path(self, stamp: str, host: str | None, trial: int | None = None, round_: int = 0) -> Path:
+        """`tuner capacity`'s sweep started at `stamp` (on a fleet's `host`); with `round_`, the server log of that
+        round of the baseline (`trial` None) or of trial `trial`."""
+        name, config = stamp if host is None else f"{stamp}-{host}", "baseline" if trial is None else f"trial-{trial}"
+        return self.path / "capacity" / (f"{name}-{config}-round-{round_}.log" if round_ else f"{name}.json")
 
     def capacity_paths(self) -> list[Path]:
-        """Every sweep of `tuner capacity` kept in the run directory, oldest first."""
+        """Every sweep of `tuner capacity` in the run directory, oldest first."""
         return sorted((self.path / "capacity").glob("*.json"))
 
     def deployer_state_path(self, host: str | None) -> Path:

@@ -18,7 +18,7 @@ from tests.support import ROOT, run_cli, run_tuner
 from tests.support.sim_study import DEMO, prepare_simulated, run_simulated
 from tuner.capacity.closed_loop import LevelRun
 from tuner.capacity.levels import LevelFigures, capacity, climb_stops, level_figures
-from tuner.capacity.record import CapacitySweep, SweptConfig, read_sweep
+from tuner.capacity.record import CapacitySweep, SweptConfig, read_sweep, write_sweep
 from tuner.capacity.shapes import CapacityRequests
 from tuner.capacity.sweep import run_sweep
 from tuner.config import SloSpec
@@ -245,3 +245,33 @@ def test_check_looks_at_the_host_and_gives_the_sweeps_length_without_starting_an
     assert lines[-1].startswith("the sweep can run (") and "nothing on the host was changed" in lines[-1]
     assert _servers_of_this_test() == []
     assert not (tmp_path / "runs" / "stall-demo" / "capacity").exists()
+
+
+def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_charts_and_a_damaged_one_in_a_line(
+    tmp_path: Path,
+) -> None:
+    from tuner.morning_report import render_report
+    from tuner.runs import RunDirectory
+
+    run_path = tmp_path / "runs" / "stall-demo"
+    run_simulated(prepare_simulated(), run_path, seed=0, in_memory=False)
+    baseline = SweptConfig(trial=None, settings={}, levels=[_figures(1, 1, "pass"), _figures(2, 1, "fail")], capacity=1)
+    trial = SweptConfig(trial=3, settings={"n_batch": 128}, levels=[_figures(1, 1, "pass"), _figures(2, 1, "pass")],
+                        capacity=2)  # fmt: skip
+    sweep = _sweep([baseline, trial], [1, 2, 4], rounds=1).model_copy(update={"finished": True})
+    directory = RunDirectory(run_path)
+    write_sweep(directory.capacity_path("20261204T010000", None), sweep)
+    page = render_report(run_path)
+    assert (
+        "id='capacity-sentence'>The recommended settings (trial 3) serve 2 users within your SLO (TTFT p95 at most "
+        "2 s, 10 tok/s per user); the baseline served 1 user.</p>"
+    ) in page
+    section = page[page.index("id='capacity-section'") :]
+    section = section[: section.index("</section>")]
+    assert section.count('<svg class="chart"') == 2 and ">SLO</text>" in section
+    assert "<td class='fail' title='x'>100 / 20.0 / 0.5 s FAIL</td>" in section
+    directory.capacity_path("20261204T020000", None).write_text('{"version": 1, "study": 3}')
+    page = render_report(run_path)
+    section = page[page.index("id='capacity-section'") :]
+    section = section[: section.index("</section>")]
+    assert "20261204T020000.json: not a capacity sweep (" in section

@@ -173,7 +173,7 @@ def leaky_engine(monkeypatch: pytest.MonkeyPatch) -> LlamaServerEngine:
 def test_a_refused_request_is_recorded_without_the_key_the_server_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     """The record's error is what the round's records file stores and what a failed trial's reason quotes;
     the key sits past the 300 characters a record keeps, so the scrub must come before the cut."""
-    from tuner.loadgen import _send
+    from tuner.loadgen import send_request
 
     engine = leaky_engine(monkeypatch)
     padding = "x" * 260  # the key then starts at character 287 of the record's error
@@ -200,7 +200,7 @@ def test_a_refused_request_is_recorded_without_the_key_the_server_quoted(monkeyp
             ) as client,
         ):
             request = ReplayRequest(request_id="a", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
-            record, _ = await _send(client, engine, request, 0.0, 5.0, due_s=0.0)
+            record, _ = await send_request(client, engine, request, 0.0, 5.0, due_s=0.0)
             return record
 
     record = asyncio.run(scenario())

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port
+from tuner.capacity.record import read_sweep
 from tuner.config import PluginSpec
 from tuner.engines import create_engine
 from tuner.engines.llama_server_log import parse_llama_server_log
@@ -254,7 +255,9 @@ def _sim_study(tmp_path: Path, *extra: str, speed: int = 20) -> Path:
 
 
 def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer(tmp_path: Path) -> None:
-    study = _sim_study(tmp_path, speed=10)  # the stall picture the assertion reads, less blurred than at 20
+    capacity = ["[capacity]", "after_study = true", "users = [1, 2]", "warm_up_s = 0.2", "window_s = 1.0"]
+    # the stall picture the assertion reads, less blurred than at 20
+    study = _sim_study(tmp_path, *capacity, "[metrics.slo]", "min_requests = 1", speed=10)
     marker = str(os.getpid())
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")],
@@ -272,6 +275,15 @@ def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer
     assert small.metrics["stall_tok_s"][0] >= 2.5 * baseline.metrics["stall_tok_s"][0]
     assert "server_stall_tok_s" in baseline.metrics or "server_wait_max_s" in baseline.metrics
     assert (tmp_path / "runs" / "tiny" / "trials" / "0000" / "server.log").read_text().count("processing task") > 0
+    # [capacity] after_study: the baseline and the recommendation swept once the study ended, the report showing it.
+    if board.recommendation.row is None:
+        assert "no capacity sweep: no recommendation to sweep" in done.stdout, done.stdout[-3000:]
+    else:
+        (stored,) = (tmp_path / "runs" / "tiny" / "capacity").glob("*.json")
+        sweep = read_sweep(stored)
+        assert sweep.finished and [c.trial for c in sweep.configs] == [None, board.recommendation.row.number]
+        assert "the baseline served" in done.stdout.replace("\n", " ")
+        assert "id='capacity-sentence'" in (tmp_path / "runs" / "tiny" / "report.html").read_text()
 
 
 def test_a_baseline_whose_objective_has_no_data_ends_the_run_with_one_line(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tuner.capacity.record import CapacitySweep, SweptConfig, write_sweep
 from tuner.capacity.shapes import CapacityRequests
 from tuner.capacity.sweep import run_sweep
 from tuner.config import CapacitySpec, ParamValue, StudySpec
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner
 
@@ -49,8 +49,9 @@ def plan_capacity(
 ) -> CapacityPlan:
     """The configs to sweep: the baseline alone (`baseline_only`), trial `trial` alone, or by default the
     baseline and the study's recommendation side by side."""
-    from tuner.report import row_to_apply
+    from tuner.report import build_leaderboard, row_to_apply
     from tuner.search import fleet_hosts, prepare_study
+    from tuner.study_view import StudyView
 
     if spec.hosts:
         if host is None:
@@ -64,7 +65,16 @@ def plan_capacity(
     if trial is None:
         configs.append(SweptConfig(trial=None, settings={}))
     if not baseline_only:
-        row = row_to_apply(run_path, trial, storage_url)
+        if trial is None:
+            board = build_leaderboard(StudyView.open(RunDirectory(run_path), storage_url))
+            row = board.recommendation.row
+            if row is None:
+                raise StudyError(
+                    f"no recommendation to sweep ({board.recommendation.message}); pass --trial N to sweep a trial, or "
+                    "--baseline"
+                )
+        else:
+            row = row_to_apply(run_path, trial, storage_url)
         settings: dict[str, ParamValue] = dict(row.settings)
         prepared.engine.check_settings(settings)
         prepared.engine.launch_spec(_server(prepared, settings))  # a bad setting is refused before the host
@@ -81,10 +91,9 @@ def _server(prepared: PreparedStudy, settings: dict[str, ParamValue]) -> dict[st
     return {k: v for k, v in settings.items() if prepared.engine.knobs[k].scope == "server"}
 
 
-def sweep_seconds(plan: CapacityPlan, *, start_s: float) -> tuple[float, float]:
-    """The sweep's shortest and longest length: each level at least its warm-up and window, the first
-    round's climb stopping at once or running every level; a server start per config and round."""
-    options, configs = plan.options, len(plan.configs)
+def sweep_seconds(options: CapacitySpec, *, configs: int, start_s: float) -> tuple[float, float]:
+    """A sweep's shortest and longest length: each level at least its warm-up and window, the first round's
+    climb stopping after two levels or running every level; a server start per config and round."""
     level_s = options.warm_up_s + options.window_s
     shortest = configs * options.rounds * (start_s + min(2, len(options.users)) * level_s)
     longest = configs * options.rounds * (start_s + len(options.users) * level_s)
@@ -98,7 +107,7 @@ class _ServerTarget:
         self._runner, self._run_dir, self._stamp, self._host = runner, run_dir, stamp, host
 
     async def start(self, config: SweptConfig, *, round_: int) -> None:
-        log_path = self._run_dir.capacity_log_path(self._stamp, self._host, config.trial, round_)
+        log_path = self._run_dir.capacity_path(self._stamp, self._host, config.trial, round_)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         server = _server(self._runner.prepared, config.settings)
         await self._runner.start(server, number=config.trial or 0, log_path=str(log_path))

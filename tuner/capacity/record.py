@@ -14,7 +14,7 @@ from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.files import write_atomic
 
-__all__ = ["CAPACITY_VERSION", "CapacitySweep", "SweptConfig", "read_sweep", "write_sweep"]
+__all__ = ["CAPACITY_VERSION", "CapacitySweep", "SweptConfig", "capacity_sentence", "read_sweep", "write_sweep"]
 
 CAPACITY_VERSION = 1
 
@@ -72,3 +72,26 @@ def read_sweep(path: Path) -> CapacitySweep:
         raise StudyError(
             f"{path}: not a capacity sweep ({where}: {first['msg']}); run `tuner capacity` again"
         ) from None
+
+
+def capacity_sentence(sweep: CapacitySweep) -> str:
+    """What the sweep found, as one sentence: the trial's capacity against the baseline's."""
+
+    def served(config: SweptConfig) -> str:
+        if config.capacity is None:
+            return "no level of users"
+        return f"{config.capacity} user{'s' if config.capacity != 1 else ''}"
+
+    slo = f"within your SLO (TTFT p95 at most {sweep.slo_ttft_p95_s:g} s, {sweep.slo_decode_tok_s:g} tok/s per user)"
+    if sweep.rounds > 1:
+        slo += " in both rounds" if sweep.rounds == 2 else f" in all {sweep.rounds} rounds"
+    if not sweep.finished:
+        return "the sweep stopped before its end: no capacity is known (`tuner capacity` measures it again)"
+    baseline = next((c for c in sweep.configs if c.trial is None), None)
+    trial = next((c for c in sweep.configs if c.trial is not None), None)
+    if trial is not None and baseline is not None:
+        recommended = f"the recommended settings ({trial.label}) serve {served(trial)} {slo}"
+        return f"{recommended}; the baseline served {served(baseline)}"
+    only = trial or baseline
+    assert only is not None
+    return f"{only.label} serves {served(only)} {slo}"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tuner.capacity.record import CapacitySweep, SweptConfig
     from tuner.config import CapacitySpec
 
-__all__ = ["capacity", "capacity_sentence"]
+__all__ = ["capacity"]
 
 
 def _options(args: argparse.Namespace, configured: CapacitySpec) -> CapacitySpec:
@@ -35,6 +35,7 @@ def _options(args: argparse.Namespace, configured: CapacitySpec) -> CapacitySpec
 
 def capacity(args: argparse.Namespace, console: Console) -> int:
     from tuner.capacity.command import measure_capacity, plan_capacity
+    from tuner.capacity.record import capacity_sentence
     from tuner.config import load_study
 
     storage_url = use_storage(args)
@@ -84,7 +85,7 @@ def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console)
     lines = asyncio.run(check_study(plan.spec, base_dir, run_path))
     lines = [line for line in lines if not line.subject.endswith("duration")]
     start_s = DEFAULT_LOCAL_RESTART_S if plan.spec.host.kind == "local" else DEFAULT_RESTART_S
-    shortest, longest = sweep_seconds(plan, start_s=start_s)
+    shortest, longest = sweep_seconds(plan.options, configs=len(plan.configs), start_s=start_s)
     configs = " and ".join(c.label for c in plan.configs)
     options = plan.options
     failed = [line for line in lines if not line.ok]
@@ -132,25 +133,3 @@ def _print_table(sweep: CapacitySweep, console: Console) -> None:
         if any(cells):
             table.add_row(str(users), *cells)
     console.print(table)
-
-
-def capacity_sentence(sweep: CapacitySweep) -> str:
-    """What the sweep found, as one sentence: the trial's capacity against the baseline's."""
-
-    def served(config: SweptConfig) -> str:
-        if config.capacity is None:
-            return "no level of users"
-        return f"{config.capacity} user{'s' if config.capacity != 1 else ''}"
-
-    slo = f"within your SLO (TTFT p95 at most {sweep.slo_ttft_p95_s:g} s, {sweep.slo_decode_tok_s:g} tok/s per user)"
-    rounds = "in both rounds" if sweep.rounds == 2 else f"in all {sweep.rounds} rounds" if sweep.rounds > 2 else ""
-    baseline = next((c for c in sweep.configs if c.trial is None), None)
-    trial = next((c for c in sweep.configs if c.trial is not None), None)
-    if trial is not None and baseline is not None:
-        return (
-            f"the recommended settings ({trial.label}) serve {served(trial)} {slo} {rounds}; the baseline served "
-            f"{served(baseline)}"
-        ).replace("  ", " ")
-    only = trial or baseline
-    assert only is not None
-    return f"{only.label} serves {served(only)} {slo} {rounds}".replace("  ", " ").strip()

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     started = time.monotonic()
     run_stoppable(main(), received)
+    if spec.capacity.after_study:
+        _capacity_after_study(spec, base_dir, run_path, console, received)
     board = show(run_path, console, show_all=f"`tuner leaderboard {run_path} --wide` shows all")
     leaderboard_csv = RunDirectory(run_path).leaderboard_path
     write_atomic(leaderboard_csv, leaderboard_frame(board).to_csv(index=False).encode())
@@ -75,6 +77,36 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )
     raise_if_stopped(received)  # stopped while the leaderboard was written: still 130 or 143
     return 0
+
+
+def _capacity_after_study(
+    spec: StudySpec, base_dir: Path, run_path: Path, console: Console, received: list[int]
+) -> None:
+    """`[capacity] after_study`: the baseline and the recommendation swept once the study has ended."""
+    from tuner.capacity.command import measure_capacity, plan_capacity
+    from tuner.capacity.record import CapacitySweep, capacity_sentence
+    from tuner.errors import TunerError
+
+    if spec.hosts:
+        console.print("no capacity sweep: a fleet's is one host's; run `tuner capacity STUDY --host NAME`")
+        return
+    try:
+        plan = plan_capacity(
+            spec, base_dir, run_path, trial=None, baseline_only=False, host=None, options=spec.capacity
+        )
+    except TunerError as exc:
+        console.print(f"no capacity sweep: {exc}", markup=False, highlight=False)
+        return
+    console.print("the capacity sweep of the baseline and the recommendation ([capacity] after_study = true)")
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    async def sweep() -> CapacitySweep:
+        stop_on_signals(received)
+        return await measure_capacity(plan, run_path, say=say, saved=lambda path: say(f"the sweep is kept in {path}"))
+
+    console.print(capacity_sentence(run_stoppable(sweep(), received)), markup=False, highlight=False)
 
 
 def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: Console) -> int:

@@ -201,6 +201,10 @@ class CapacitySpec(StrictModel):
     rounds: int = Field(
         default=2, ge=1, le=10, description="Rounds per level (round 1 climbs, round 2 comes back down, ...)."
     )
+    after_study: bool = Field(
+        default=False,
+        description="At the end of `tuner run`, sweep the baseline and the recommendation (one host's study only).",
+    )
 
     @field_validator("users")
     @classmethod

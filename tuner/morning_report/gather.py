@@ -19,7 +19,8 @@ from typing import Any, Generic, Literal, TypeVar
 import optuna
 from pydantic import ValidationError
 
-from tuner.errors import TunerError
+from tuner.capacity.record import CapacitySweep, read_sweep
+from tuner.errors import StudyError, TunerError
 from tuner.models import RequestRecord
 from tuner.redact import redact
 from tuner.report import Leaderboard, build_leaderboard
@@ -98,6 +99,8 @@ class Gathered:
     round_spans: list[RoundSpan]  # every round file of every trial, in the order of the trials
     version: str  # the serve-tuner making the page
     memo: ReportMemo
+    capacity: CapacitySweep | None = None  # the latest `tuner capacity` sweep kept in the run directory
+    capacity_unreadable: str | None = None  # why that sweep could not be read
 
     def server_log(self, number: int) -> Path:
         return RunDirectory(self.run_path).server_log_path(number)
@@ -144,7 +147,18 @@ def gather_run(run_path: Path, memo: ReportMemo, storage_url: str | None = None)
         round_spans=_round_spans(run_path, memo.spans),
         version=_own_version(),
         memo=memo,
+        **_latest_sweep(run_dir),
     )
+
+
+def _latest_sweep(run_dir: RunDirectory) -> dict[str, Any]:
+    paths = run_dir.capacity_paths()
+    if not paths:
+        return {}
+    try:
+        return {"capacity": read_sweep(paths[-1])}
+    except StudyError as exc:
+        return {"capacity_unreadable": str(exc)}
 
 
 def _spec(run_path: Path) -> dict[str, Any]:

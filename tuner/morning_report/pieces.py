@@ -207,7 +207,7 @@ table{border-collapse:collapse;font-size:13px}td,th{padding:4px 8px;border-botto
 vertical-align:top}
 .num{text-align:right;font-variant-numeric:tabular-nums}
 table.board th{cursor:pointer;background:#f4f4f4;position:sticky;top:0}
-tr.baseline{background:#f7f7f7}tr.chosen{background:#e3f4ea}tr.failed{color:#777}
+tr.baseline{background:#f7f7f7}td.pass{background:#e3f4ea}td.fail{background:#fbe9e7}tr.chosen{background:#e3f4ea}tr.failed{color:#777}
 small{color:#777}.flag{display:inline-block;border-radius:3px;padding:0 4px;background:#eee;font-size:12px}
 .flag.win{background:#0b7a3a;color:#fff}.flag.bad{background:#b00020;color:#fff}.flag.warn{background:#e69f00;color:#000}
 pre{background:#f4f4f4;padding:8px 10px;border-radius:4px;overflow-x:auto}

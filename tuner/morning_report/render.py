@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from tuner.catalog import SYSTEMD_APPLIED_DROP_IN
+from tuner.morning_report.capacity import capacity_section
 from tuner.morning_report.compute import MIN_TRIALS_FOR_IMPORTANCE, Change, Computed, directions, objectives
 from tuner.morning_report.pieces import (
     SCRIPT,
@@ -46,6 +47,7 @@ def page(c: Computed) -> str:
         _apply(c),
         _leaderboard(c),
         _prediction(c),
+        capacity_section(c.g),
         _timeline(c),
         _spread(c),
         _workload(c),
