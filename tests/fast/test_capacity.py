@@ -4,6 +4,7 @@ process deployer (the real server's sweep is in tests/real/test_capacity_real.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, run_cli, run_tuner
+from tests.support import DATA, ROOT, run_cli, run_tuner
 from tests.support.sim_study import DEMO, prepare_simulated, run_simulated
 from tuner.capacity.closed_loop import LevelRun
 from tuner.capacity.levels import LevelFigures, capacity, climb_stops, level_figures
 from tuner.capacity.record import CapacitySweep, SweptConfig, read_sweep, write_sweep
 from tuner.capacity.shapes import CapacityRequests
+from tuner.capacity.simulated import SimulatedCapacityTarget
 from tuner.capacity.sweep import run_sweep
 from tuner.config import SloSpec
 from tuner.models import RequestRecord, RequestStatus
+from tuner.sim.inputs import CostModel, load_cost_model
 
 SLO = SloSpec(ttft_p95_s=2.0, decode_tok_s=10.0, min_requests=3)
 
@@ -275,3 +278,44 @@ def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_c
     section = page[page.index("id='capacity-section'") :]
     section = section[: section.index("</section>")]
     assert "20261204T020000.json: not a capacity sweep (" in section
+
+
+def _simulated_capacity(n_parallel: int, users: list[int], *, slo_ttft_s: float, cost: CostModel | None = None,
+                        rounds: int = 2) -> SweptConfig:  # fmt: skip
+    import asyncio
+
+    prepared = prepare_simulated(
+        [f"engine.settings.n_parallel={n_parallel}", f'workload.path="{DATA / "capacity-short.jsonl"}"']
+    )
+    sweep = _sweep([SweptConfig(trial=None, settings={})], users, rounds=rounds).model_copy(
+        update={"shape": "workload", "warm_up_s": 5.0, "window_s": 30.0, "slo_ttft_p95_s": slo_ttft_s,
+                "slo_decode_tok_s": 1.0, "slo_min_requests": 5}
+    )  # fmt: skip
+    target = SimulatedCapacityTarget(prepared, seed=1, cost=cost)
+    done = asyncio.run(run_sweep(sweep, target, prepared, save=lambda _: None, say=lambda _: None))
+    return done.configs[0]
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2, 4])
+def test_on_the_simulated_server_users_beyond_the_slots_wait_and_the_capacity_moves_with_n_parallel(
+    n_parallel: int,
+) -> None:
+    # 64-token answers take longer than the SLO's 0.5 s: a user without a slot waits past it, one with a slot
+    # does not, so the model predicts a capacity of exactly n_parallel users.
+    swept = _simulated_capacity(n_parallel, list(range(1, 9)), slo_ttft_s=0.5)
+    assert swept.capacity == n_parallel
+    first = {f.users: f for f in swept.levels if f.round == 1}
+    assert first[n_parallel + 1].ttft_p95_s is not None and first[n_parallel].ttft_p95_s is not None
+    assert first[n_parallel + 1].ttft_p95_s > 2 * first[n_parallel].ttft_p95_s
+
+
+def test_on_the_simulated_server_slots_beyond_the_users_cost_what_the_calibrations_slot_cost_says() -> None:
+    base = load_cost_model()
+    free = [_simulated_capacity(n, [4], slo_ttft_s=10.0, rounds=1).levels[0].total_tok_s for n in (4, 16)]
+    assert free[1] == pytest.approx(free[0], rel=0.02)  # the CPU calibration: idle slots cost nothing
+    costly = dataclasses.replace(base, slot_s=0.002)
+    paid = [_simulated_capacity(n, [4], slo_ttft_s=10.0, cost=costly, rounds=1).levels[0].total_tok_s for n in (4, 16)]
+    # A decode pass of 4 users: its own cost plus slot_s for each slot the server runs.
+    step_s = base.pass_s + 4 * base.token_s(4) + 4 * base.sample_s
+    predicted = (step_s + 4 * costly.slot_s) / (step_s + 16 * costly.slot_s)
+    assert paid[1] / paid[0] == pytest.approx(predicted, rel=0.10)

@@ -38,6 +38,9 @@ class CostModel:
     restore_s_per_token: float = 2e-6  # copying a prompt from the host-RAM cache into a slot
     kv_bytes_per_token: int = 23040  # SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x f16
     load_s: float = 0.35  # model load at start
+    # Per forward pass, per slot the server runs (n_parallel), whether busy or not: what seed 004 saw on a GPU,
+    # where 64 slots for 16 users halved the throughput of 16 slots. 0 in the CPU calibration, never measured.
+    slot_s: float = 0.0
 
     def token_s(self, width: int) -> float:
         points = self.token_points
@@ -69,6 +72,7 @@ class CostModel:
             ),
             context_s=self.context_s * factor,
             sample_s=self.sample_s * narrow,
+            slot_s=self.slot_s * narrow,
         )
 
     def forward_s(self, width: int, context_tokens: float) -> float:
@@ -85,6 +89,7 @@ class CostModel:
             "restore_s_per_token": self.restore_s_per_token,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "load_s": self.load_s,
+            "slot_s": self.slot_s,
         }
 
     @classmethod

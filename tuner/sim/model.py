@@ -293,7 +293,8 @@ class SimulatedLlamaServer:
         full, rest = divmod(batch.count, micro)
         per_context = batch.context / batch.count
         for width in [micro] * full + ([rest] if rest else []):
-            seconds += cost.forward_s(width, per_context * width) * self._lognormal(self._iteration_sigma)
+            pass_s = cost.forward_s(width, per_context * width) + cost.slot_s * len(self.slots)
+            seconds += pass_s * self._lognormal(self._iteration_sigma)
         sampled = len(batch.decoding) + sum(1 for t, take in batch.chunks if t.n_past + take == len(t.prompt))
         return (seconds + cost.sample_s * sampled) * self._restart_factor
 

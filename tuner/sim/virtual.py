@@ -12,7 +12,7 @@ import heapq
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuner.engines.base import Engine
@@ -44,8 +44,11 @@ def replay_virtual(
     engine: Engine,
     start_s: float,
     request_timeout_s: float,
+    next_turn: Callable[[str, float], ReplayRequest | None] | None = None,
 ) -> VirtualRound:
-    """Replays `requests` from the server's time `start_s`; records are on the replay's clock (0 = start)."""
+    """Replays `requests` from the server's time `start_s`; records are on the replay's clock (0 = start).
+    `next_turn(session, ended_s)`, asked when a session's last turn so far has ended, gives its next turn (sent
+    after its think time) or None: closed-loop users whose requests are made as they go."""
     sessions: dict[str, list[ReplayRequest]] = defaultdict(list)
     for request in requests:
         sessions[request.session].append(request)
@@ -73,6 +76,10 @@ def replay_virtual(
             records.append(_record(task, request, sent=sent, end=end, start_s=start_s, server=server))
             answers[request.request_id] = list(task.generated)
             turns = sessions[name]
+            if index + 1 == len(turns) and next_turn is not None:
+                more = next_turn(name, end - start_s)
+                if more is not None:
+                    turns.append(more)
             if index + 1 < len(turns):
                 following = turns[index + 1]
                 heapq.heappush(
