@@ -84,7 +84,7 @@ def simulate(slots: int, users: list[int], seed: int) -> SweptConfig:
     sweep = CapacitySweep(
         study="seed-004", host=None, started="-", shape="summary", users=users, warm_up_s=15.0, window_s=60.0,
         rounds=2, slo_ttft_p95_s=2.0, slo_decode_tok_s=10.0, slo_min_requests=20,
-        configs=[SweptConfig(trial=None, settings={})],
+        configs=[SweptConfig(trial=None, settings={})], server=f"simulated llama-server, -np {slots}",
     )  # fmt: skip
     target = SimulatedCapacityTarget(prepared, seed=seed, cost=calibration.cost, noise=NOISE)
     done = asyncio.run(run_sweep(sweep, target, prepared, save=lambda _: None, say=lambda _: None))

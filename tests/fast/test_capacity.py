@@ -125,7 +125,7 @@ def _sweep(configs: Sequence[SweptConfig], users: list[int], rounds: int = 2) ->
     return CapacitySweep(
         study="s", host=None, started="2026-12-04T00:00:00+00:00", shape="summary", users=users, warm_up_s=0.0,
         window_s=1.0, rounds=rounds, slo_ttft_p95_s=2.0, slo_decode_tok_s=10.0, slo_min_requests=3,
-        configs=list(configs),
+        configs=list(configs), server="llama-server: n_parallel=4",
     )  # fmt: skip
 
 
@@ -158,9 +158,11 @@ def test_the_cli_refuses_bad_levels_and_a_sweep_without_a_run_in_one_line(
     assert refused.code == 2 and "'1,x' is not a list of user counts; pass e.g. 1,2,4,8,16" in refused.err
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--users", "4,2")
     assert refused.code == 2
-    assert refused.error_line() == (
-        "error: tuner capacity: users: must climb: each level more users than the one before (got [4, 2])"
-    )
+    assert refused.error_line() == "error: --users: must climb: each level more users than the one before (got [4, 2])"
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--window", "0s")
+    assert refused.code == 2 and refused.error_line().startswith("error: --window: Input should be greater than 0")
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--check", "--json")
+    assert refused.error_line() == "error: --check prints its lines, not JSON: leave out --json"
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--trial", "2")
     assert refused.code == 2 and "not allowed with argument" in refused.err
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs)
@@ -273,11 +275,14 @@ def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_c
     section = section[: section.index("</section>")]
     assert section.count('<svg class="chart"') == 2 and ">SLO</text>" in section
     assert "<td class='fail' title='x'>100 / 20.0 / 0.5 s FAIL</td>" in section
-    directory.capacity_path("20261204T020000", None).write_text('{"version": 1, "study": 3}')
+    # A later sweep of the baseline alone is not the one shown; a later file that cannot be read is said above it.
+    write_sweep(directory.capacity_path("20261204T020000", None), _sweep([baseline], [1, 2]))
+    directory.capacity_path("20261204T030000", None).write_text('{"version": 1, "study": 3}')
     page = render_report(run_path)
     section = page[page.index("id='capacity-section'") :]
     section = section[: section.index("</section>")]
-    assert "20261204T020000.json: not a capacity sweep (" in section
+    assert "20261204T030000.json: not a capacity sweep (" in section
+    assert "The recommended settings (trial 3) serve 2 users" in section
 
 
 def _simulated_capacity(n_parallel: int, users: list[int], *, slo_ttft_s: float, cost: CostModel | None = None,
@@ -319,3 +324,40 @@ def test_on_the_simulated_server_slots_beyond_the_users_cost_what_the_calibratio
     step_s = base.pass_s + 4 * base.token_s(4) + 4 * base.sample_s
     predicted = (step_s + 4 * costly.slot_s) / (step_s + 16 * costly.slot_s)
     assert paid[1] / paid[0] == pytest.approx(predicted, rel=0.10)
+
+
+def test_users_beyond_a_lap_of_the_shape_take_its_laps_side_by_side_each_made_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tuner.capacity import shapes
+
+    made: list[int] = []
+    real = shapes._prompts
+
+    def counting(*args: object, **kwargs: object) -> object:
+        made.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shapes, "_prompts", counting)
+    prepared = prepare_simulated([f'workload.path="{DATA / "capacity-short.jsonl"}"'])
+    requests = CapacityRequests(prepared, shapes.shape_trace(prepared, "workload"), {}, users=8, round_=1)
+    # Eight users on a lap of three requests: each round of turns spans three laps; 40 turns, 107 laps' worth.
+    sent = [requests.next_for(user) for _ in range(40) for user in range(8)]
+    assert len(made) == -(-len(sent) // 3)
+    assert len({r.prompt_token_ids for r in sent}) == len(sent)  # every request its own prompt
+
+
+def test_a_sweep_whose_server_cannot_start_says_so_in_a_line_and_keeps_a_sweep_that_did_not_finish(
+    tmp_path: Path,
+) -> None:
+    from tests.support import busy_port, one_error_line
+
+    with busy_port() as port:
+        done = run_tuner(*_simulated_sweep_args(tmp_path / "runs", "--baseline", "--set", f"engine.port={port}"))
+    assert done.returncode == 1
+    assert one_error_line(done).startswith("error: ")
+    (stored,) = (tmp_path / "runs" / "stall-demo" / "capacity").glob("*.json")
+    kept = read_sweep(stored)
+    assert not kept.finished and kept.configs[0].levels == []
+    assert kept.server.startswith("llama-server (simulated): ")
+    assert _servers_of_this_test() == []

@@ -1,9 +1,9 @@
 """Closed-loop users against a server: each sends its next request as soon as its previous answer is in.
 
-Seed 004's method: the load runs until every user has its first answer and the warm-up has passed; the
-requests sent in the next `window_s` are the level's; the load goes on until each of them has ended, so
-the last ones are served beside as many users as the first; then the users stop and what they have in
-flight is dropped.
+Seed 004's method: the load runs until every user has its first answer and `warm_up_s` has passed since the
+level began; the requests sent in the next `window_s` are the level's; the load goes on until each request
+sent before the window's end has ended (the last ones served beside as many users as the first, every token
+that arrived inside the window counted); then the users stop and what they have in flight is dropped.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ async def run_closed_loop(
             window_start = time.perf_counter() - started
             await asyncio.sleep(window_s)
             window_end = time.perf_counter() - started
-            while any(window_start <= sent < window_end for sent in in_flight.values()) and not failures:
+            # Every request sent before the window's end, its warm-up ones too: their tokens inside it count.
+            while any(sent < window_end for sent in in_flight.values()) and not failures:
                 await asyncio.sleep(_DRAIN_POLL_S)
             if failures:
                 raise failures[0]

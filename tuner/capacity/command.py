@@ -20,9 +20,10 @@ from tuner.capacity.sweep import run_sweep
 from tuner.config import CapacitySpec, ParamValue, StudySpec
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
+from tuner.text import settings_text
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner
 
-__all__ = ["CapacityPlan", "measure_capacity", "plan_capacity", "sweep_seconds"]
+__all__ = ["CapacityPlan", "measure_capacity", "plan_capacity", "server_text", "sweep_seconds"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,16 @@ def plan_capacity(
     return CapacityPlan(spec=spec, prepared=prepared, host=host, configs=configs, options=options)
 
 
+def server_text(spec: StudySpec) -> str:
+    """The server a sweep measured, as its record names it: the engine, its binary and the settings every
+    config shares (a sweep run with `--set` over the study says so here)."""
+    options = spec.engine.options()
+    binary = options.get("binary", "auto")
+    settings = options.get("settings", {})
+    shared = settings_text(settings, separator=", ") if isinstance(settings, dict) else ""
+    return f"{spec.engine.kind}{'' if binary == 'auto' else f' ({binary})'}" + (f": {shared}" if shared else "")
+
+
 def _server(prepared: PreparedStudy, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
     return {k: v for k, v in settings.items() if prepared.engine.knobs[k].scope == "server"}
 
@@ -139,10 +150,12 @@ async def measure_capacity(
         shape=options.shape, users=list(options.users), warm_up_s=options.warm_up_s, window_s=options.window_s,
         rounds=options.rounds, slo_ttft_p95_s=slo.ttft_p95_s, slo_decode_tok_s=slo.decode_tok_s,
         slo_min_requests=slo.min_requests, configs=[c.model_copy(deep=True) for c in plan.configs],
+        server=server_text(spec),
     )  # fmt: skip
     with RunDirectory(run_path, hosts=() if plan.host is None else (plan.host,)) as run_dir:
         path = run_dir.capacity_path(stamp, plan.host)
         path.parent.mkdir(parents=True, exist_ok=True)
+        write_sweep(path, sweep)  # before the first start: a sweep stopped there is kept as one that did not finish
         saved(path)
         async with create_transport(spec.host) as transport:
             deployer = create_deployer(spec.deploy, transport=transport)

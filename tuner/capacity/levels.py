@@ -81,7 +81,8 @@ def _judge(requests: int, errors: int, per_user: float | None, p95: float | None
 
 
 def climb_stops(figures: Sequence[LevelFigures]) -> bool:
-    """Whether a climb stops: the last two levels it measured failed (a level too short to judge breaks no run)."""
+    """Whether a climb stops: the last two levels it measured failed (a level too short to judge between two
+    failed ones keeps the climb going)."""
     return len(figures) >= 2 and all(f.verdict == "fail" for f in figures[-2:])
 
 

@@ -48,6 +48,7 @@ class CapacitySweep(_Stored):
     slo_decode_tok_s: float
     slo_min_requests: int
     configs: list[SweptConfig]
+    server: str = Field(description="The engine, its binary and the settings every config shared.")
     finished: bool = False
 
 

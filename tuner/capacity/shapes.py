@@ -8,6 +8,7 @@ system prompt), as in production.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from tuner.config import ParamValue
@@ -55,7 +56,10 @@ class CapacityRequests:
     ) -> None:
         self._prepared, self._engine, self._trace = prepared, prepared.engine, trace
         self._settings, self._users, self._round, self._output_tokens = settings, users, round_, output_tokens
-        self._laps: dict[int, list[ReplayRequest]] = {}
+        self._laps: OrderedDict[int, list[ReplayRequest]] = OrderedDict()
+        # Users take a lap's requests side by side: at its end some are in the next lap while others finish
+        # this one, and more users than the lap holds span several laps at once. Those are all kept.
+        self._laps_kept = users // len(trace) + 2
         self._taken = [0] * users
 
     def next_for(self, user: int) -> ReplayRequest:
@@ -76,8 +80,9 @@ class CapacityRequests:
 
     def _lap(self, lap: int) -> list[ReplayRequest]:
         made = self._laps.get(lap)
-        if made is None:
-            self._laps.clear()  # a lap is taken in order: the one before is done with
+        if made is not None:
+            self._laps.move_to_end(lap)
+        else:
             made = _prompts(
                 self._trace,
                 self._engine,
@@ -88,6 +93,8 @@ class CapacityRequests:
             if self._output_tokens is not None:
                 made = [r.model_copy(update={"output_tokens": self._output_tokens}) for r in made]
             self._laps[lap] = made
+            if len(self._laps) > self._laps_kept:
+                self._laps.popitem(last=False)
         return made
 
 

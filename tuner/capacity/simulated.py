@@ -40,8 +40,8 @@ class SimulatedCapacityTarget:
             answered.add(session)
             if not window and len(answered) == users:
                 window.extend((max(ended_s, warm_up_s), max(ended_s, warm_up_s) + window_s))
-            # Past the window, the load goes on only while a request sent inside it has not ended.
-            measuring = window and any(window[0] <= sent < window[1] for sent in in_flight.values())
+            # Past the window, the load goes on only while a request sent before its end has not ended.
+            measuring = window and any(sent < window[1] for sent in in_flight.values())
             if window and ended_s >= window[1] and not measuring:
                 return None
             in_flight[session] = ended_s

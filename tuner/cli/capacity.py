@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["capacity"]
 
 
+_FLAGS = {
+    "users": "--users",
+    "shape": "--shape",
+    "warm_up_s": "--warm-up",
+    "window_s": "--window",
+    "rounds": "--rounds",
+}
+
+
 def _options(args: argparse.Namespace, configured: CapacitySpec) -> CapacitySpec:
     """The study's [capacity] table with the command line's values over it, validated as the file is."""
     from tuner.config import CapacitySpec, validate_strictly
@@ -30,7 +39,14 @@ def _options(args: argparse.Namespace, configured: CapacitySpec) -> CapacitySpec
         "rounds": args.rounds,
     }  # fmt: skip
     merged = {**configured.model_dump(), **{k: v for k, v in given.items() if v is not None}}
-    return validate_strictly(CapacitySpec, merged, source="tuner capacity")
+    try:
+        return validate_strictly(CapacitySpec, merged, source="tuner capacity")
+    except ConfigError as exc:  # the flag a value came from, rather than the study file's key
+        message = str(exc)
+        for key, flag in _FLAGS.items():
+            if given[key] is not None:
+                message = message.replace(f"tuner capacity: {key}:", f"{flag}:")
+        raise ConfigError(message) from None
 
 
 def capacity(args: argparse.Namespace, console: Console) -> int:
@@ -53,6 +69,8 @@ def capacity(args: argparse.Namespace, console: Console) -> int:
         storage_url=storage_url,
     )  # fmt: skip
     if args.check:
+        if args.json:
+            raise ConfigError("--check prints its lines, not JSON: leave out --json")
         return _check(plan, base_dir, run_path, console)
 
     def say(line: str) -> None:
@@ -96,7 +114,8 @@ def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console)
     console.print(
         f"ok    duration: {duration_text(shortest, style='estimate')} to {duration_text(longest, style='estimate')} "
         f"for {configs}: {options.rounds} rounds of up to {len(options.users)} levels, each a "
-        f"{options.warm_up_s:g} s warm-up and a {options.window_s:g} s window, and a server start per round",
+        f"{options.warm_up_s:g} s warm-up and a {options.window_s:g} s window, and a server start per round; "
+        "more where a level's first answers come after its warm-up, and for each level's last answers",
         markup=False, highlight=False, soft_wrap=True,
     )  # fmt: skip
     if failed:

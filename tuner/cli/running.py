@@ -106,7 +106,13 @@ def _capacity_after_study(
         stop_on_signals(received)
         return await measure_capacity(plan, run_path, say=say, saved=lambda path: say(f"the sweep is kept in {path}"))
 
-    console.print(capacity_sentence(run_stoppable(sweep(), received)), markup=False, highlight=False)
+    try:
+        swept = run_stoppable(sweep(), received)
+    except TunerError as exc:  # the study's own outcome stands: its leaderboard and report are still written
+        console.print(f"the capacity sweep failed: {exc}; `tuner capacity STUDY` runs it again", markup=False,
+                      highlight=False)  # fmt: skip
+        return
+    console.print(capacity_sentence(swept), markup=False, highlight=False)
 
 
 def _check(args: argparse.Namespace, spec: StudySpec, base_dir: Path, console: Console) -> int:

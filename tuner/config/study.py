@@ -193,7 +193,11 @@ class CapacitySpec(StrictModel):
         "document summaries (about 640 prompt tokens behind a shared 67-token system prompt, 140 tokens out).",
     )
     warm_up_s: float = Field(
-        default=15.0, ge=0, le=3600, description="Load before the window, once every user's first answer is in."
+        default=15.0,
+        ge=0,
+        le=3600,
+        description="The window opens once this long has passed since the level began and every user has its "
+        "first answer.",
     )
     window_s: float = Field(
         default=60.0, gt=0, le=3600, description="The measured window: the requests sent in it are the level's."

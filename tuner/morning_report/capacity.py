@@ -17,23 +17,21 @@ _MARKS = {"pass": "ok", "fail": "FAIL", "too few": "?"}
 
 
 def capacity_section(g: Gathered) -> str:
-    """Nothing for a run without a sweep; one line for a sweep that cannot be read."""
-    if g.capacity_unreadable is not None:
-        body = f"<p class='muted'>{escape(g.capacity_unreadable)}</p>"
-        return section("capacity-section", "How many users each config serves", body)
+    """Nothing for a run without a sweep; a line for a latest sweep that cannot be read, above the one shown."""
+    problem = "" if g.capacity_unreadable is None else f"<p class='muted'>{escape(g.capacity_unreadable)}</p>"
     sweep = g.capacity
     if sweep is None:
-        return ""
+        return section("capacity-section", "How many users each config serves", problem) if problem else ""
     slo = f"TTFT p95 at most {sweep.slo_ttft_p95_s:g} s and at least {sweep.slo_decode_tok_s:g} tok/s per user"
     sentence = capacity_sentence(sweep)
+    rounds = f"{sweep.rounds} round{'s' if sweep.rounds != 1 else ''}"
     body = (
-        f"<p id='capacity-sentence'>{escape(sentence[0].upper() + sentence[1:])}.</p>"
-        f"<p class='muted'>Closed-loop users ({escape(sweep.shape)} requests: each user sends its next request "
-        f"as soon as its answer is in), a {sweep.warm_up_s:g} s warm-up, then the requests sent in a "
-        f"{sweep.window_s:g} s window; {sweep.rounds} round{'s' if sweep.rounds != 1 else ''}, started "
-        f"{escape(sweep.started)}. The SLO: {slo}, "
-        f"no failed request, at least {sweep.slo_min_requests} requests (fewer: ?). Each cell: total tok/s / "
-        "per-user tok/s / TTFT p95.</p>" + _table(sweep) + _charts(sweep)
+        f"{problem}<p id='capacity-sentence'>{escape(sentence[0].upper() + sentence[1:])}.</p>"
+        f"<p class='muted'>{escape(sweep.server)}. Closed-loop users ({escape(sweep.shape)} requests: each user "
+        f"sends its next request as soon as its answer is in); the window of {sweep.window_s:g} s opens "
+        f"{sweep.warm_up_s:g} s after a level begins, once every user has its first answer; {rounds}, started "
+        f"{escape(sweep.started)}. The SLO: {slo}, no failed request, at least {sweep.slo_min_requests} requests "
+        "(fewer: ?). Each cell: total tok/s / per-user tok/s / TTFT p95.</p>" + _table(sweep) + _charts(sweep)
     )
     return section("capacity-section", "How many users each config serves", body)
 

@@ -152,13 +152,20 @@ def gather_run(run_path: Path, memo: ReportMemo, storage_url: str | None = None)
 
 
 def _latest_sweep(run_dir: RunDirectory) -> dict[str, Any]:
-    paths = run_dir.capacity_paths()
-    if not paths:
-        return {}
-    try:
-        return {"capacity": read_sweep(paths[-1])}
-    except StudyError as exc:
-        return {"capacity_unreadable": str(exc)}
+    """The latest finished sweep of the baseline and a trial, else the latest sweep that can be read; and the
+    problem of the latest file, where it cannot be read."""
+    sweeps: list[CapacitySweep] = []
+    found: dict[str, Any] = {}
+    for path in reversed(run_dir.capacity_paths()):
+        try:
+            sweeps.append(read_sweep(path))
+        except StudyError as exc:
+            if not sweeps:
+                found.setdefault("capacity_unreadable", str(exc))
+    both = [s for s in sweeps if s.finished and len({c.trial is None for c in s.configs}) == 2]
+    if both or sweeps:
+        found["capacity"] = (both or sweeps)[0]
+    return found
 
 
 def _spec(run_path: Path) -> dict[str, Any]:
