@@ -164,6 +164,8 @@ def chart(
         out.extend(_draw(s, x_axis, y_axis))
     legend_x = _MARGIN_LEFT
     for s in series:
+        if not s.label:  # drawn, and named by an earlier series of its colour (a second round of one config)
+            continue
         out.append(
             f'<rect x="{legend_x}" y="8" width="10" height="10" fill="{s.color}"/>'
             f'<text x="{legend_x + 14}" y="17">{escape(s.label)}</text>'

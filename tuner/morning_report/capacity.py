@@ -31,7 +31,8 @@ def capacity_section(g: Gathered) -> str:
         f"sends its next request as soon as its answer is in); the window of {sweep.window_s:g} s opens "
         f"{sweep.warm_up_s:g} s after a level begins, once every user has its first answer; {rounds}, started "
         f"{escape(sweep.started)}. The SLO: {slo}, no failed request, at least {sweep.slo_min_requests} requests "
-        "(fewer: ?). Each cell: total tok/s / per-user tok/s / TTFT p95.</p>" + _table(sweep) + _charts(sweep)
+        "(fewer: ?). Each cell: total tok/s / per-user tok/s / TTFT p95; in the charts, a line per config and "
+        "round.</p>" + _table(sweep) + _charts(sweep)
     )
     return section("capacity-section", "How many users each config serves", body)
 
@@ -73,8 +74,9 @@ def _series(config: SweptConfig, metric: str, color: str, rounds: int) -> list[S
             for f in config.levels
             if f.round == round_ and (value := getattr(f, metric)) is not None
         )
-        if points:
-            out.append(Series(label=f"{config.label}, round {round_}", points=points, color=color, kind="line"))
+        if points:  # a line per round, the config named once in the legend
+            label = config.label if round_ == 1 else ""
+            out.append(Series(label=label, points=points, color=color, kind="line"))
     return out
 
 
