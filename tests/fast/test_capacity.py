@@ -361,3 +361,50 @@ def test_a_sweep_whose_server_cannot_start_says_so_in_a_line_and_keeps_a_sweep_t
     assert not kept.finished and kept.configs[0].levels == []
     assert kept.server.startswith("llama-server (simulated): ")
     assert _servers_of_this_test() == []
+
+
+def test_a_level_that_breaks_leaves_the_host_through_the_deployers_restore(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from tuner.capacity import command
+    from tuner.config import load_study
+    from tuner.deployers import base
+    from tuner.errors import MeasurementError
+
+    real = base.create_deployer
+    left: list[object] = []
+
+    class Watched:
+        """The study's deployer, its exit (the restore of the baseline) seen."""
+
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        async def __aenter__(self) -> Watched:
+            await self.inner.__aenter__()  # type: ignore[attr-defined]
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            left.append(exc_info[0])
+            await self.inner.__aexit__(*exc_info)  # type: ignore[attr-defined]
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        raise MeasurementError("the level broke")
+
+    monkeypatch.setattr(base, "create_deployer", lambda spec, *, transport: Watched(real(spec, transport=transport)))
+    monkeypatch.setattr(command, "run_closed_loop", broken)
+    overrides = ['engine.binary="simulated"', f'engine.extra_args=["--sim-speed", "20", "--sim-seed", "{os.getpid()}"]']
+    spec, base_dir = load_study(DEMO, overrides)
+    run_path = tmp_path / "runs" / "stall-demo"
+    plan = command.plan_capacity(
+        spec, base_dir, run_path, trial=None, baseline_only=True, host=None, options=spec.capacity
+    )
+    with pytest.raises(MeasurementError, match="the level broke"):
+        asyncio.run(command.measure_capacity(plan, run_path, say=lambda _: None, saved=lambda _: None))
+    assert left == [MeasurementError]
+    assert _servers_of_this_test() == []
