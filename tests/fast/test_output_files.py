@@ -117,9 +117,11 @@ def test_a_private_write_is_0600_and_an_explicit_mode_is_exact(tmp_path: Path) -
 
 
 # A child that runs the CLI with os.replace held: it says where its temporary file is, then waits to
-# be signalled there, between the write and the rename.
+# be signalled there, between the write and the rename. SIGHUP as a login shell leaves it: a test run under
+# nohup hands its children SIGHUP ignored, and the import then rightly goes on through it.
 HELD_AT_RENAME = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 def held(source, target):
     print(source, flush=True)
     time.sleep(600)
