@@ -25,7 +25,15 @@ from tuner.models import ReplayRequest, RequestRecord, RequestStatus, ServerTimi
 from tuner.redact import redact
 from tuner.streaming_http import StreamError, StreamingClient, StreamingResponse
 
-__all__ = ["replay", "replay_sessions", "scrape_prometheus", "send_request", "sessions_in_order", "with_answers"]
+__all__ = [
+    "replay",
+    "replay_client",
+    "replay_sessions",
+    "scrape_prometheus",
+    "send_request",
+    "sessions_in_order",
+    "with_answers",
+]
 
 _START_LEAD_S = 0.05
 _DRAIN_S = 1.0
@@ -70,13 +78,7 @@ async def replay_sessions(
     prompts synthesized a session at a time): a session is taken `_SESSION_LEAD_S` before its first
     request is due, so a long round holds only the sessions under way, never all its prompts at once."""
     records: list[RequestRecord] = []
-    # No pool limit: a request waiting for a free connection would be sent late, by the pool, unseen.
-    async with StreamingClient(
-        base_url,
-        headers=engine.request_headers(),
-        connect_timeout_s=min(10.0, request_timeout_s),
-        tls=tls_context() if base_url.startswith("https:") else None,
-    ) as client:
+    async with replay_client(engine, base_url, request_timeout_s) as client:
         # A collector pass over everything the process holds takes tens of milliseconds: the schedule would
         # slip by that much. The replay's own garbage is freed as it goes (reference counts), so it waits.
         gc.collect()
@@ -127,6 +129,17 @@ async def replay_sessions(
             gc.enable()
             gc.unfreeze()
     return sorted(records, key=lambda r: r.send_s)
+
+
+def replay_client(engine: Engine, base_url: str, request_timeout_s: float) -> StreamingClient:
+    """The client a replay sends its requests on. No pool limit: a request waiting for a free connection
+    would be sent late, by the pool, unseen."""
+    return StreamingClient(
+        base_url,
+        headers=engine.request_headers(),
+        connect_timeout_s=min(10.0, request_timeout_s),
+        tls=tls_context() if base_url.startswith("https:") else None,
+    )
 
 
 def with_answers(request: ReplayRequest, answers: Mapping[str, Sequence[int]]) -> ReplayRequest:

@@ -15,10 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.engines.base import Engine
-from tuner.http import tls_context
-from tuner.loadgen import send_request
+from tuner.loadgen import replay_client, send_request
 from tuner.models import ReplayRequest, RequestRecord
-from tuner.streaming_http import StreamingClient
 
 __all__ = ["LevelRun", "run_closed_loop"]
 
@@ -52,12 +50,7 @@ async def run_closed_loop(
     first_answers = 0
     all_answered = asyncio.Event()
     failures: list[BaseException] = []
-    async with StreamingClient(
-        base_url,
-        headers=engine.request_headers(),
-        connect_timeout_s=min(10.0, request_timeout_s),
-        tls=tls_context() if base_url.startswith("https:") else None,
-    ) as client:
+    async with replay_client(engine, base_url, request_timeout_s) as client:
         started = time.perf_counter()
 
         async def user(index: int) -> None:
