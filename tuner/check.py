@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.capacity.command import SweepLength, after_study_length, budget_left_for_trials
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import check_launch, create_deployer
 from tuner.diagnose.study import is_local_diagnose_study
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_LOCAL_RESTART_S",
     "DEFAULT_RESTART_S",
     "DurationEstimate",
+    "assumed_start_s",
     "check_study",
     "estimate_duration",
 ]
@@ -85,14 +87,18 @@ async def check_study(
     if study_text is not None and is_local_diagnose_study(study_text):
         lines.append(CheckLine("study", False, LOCAL_STUDY_FIX))
     for name, host_spec in targets:
-        host_lines = await _check_host(host_spec, prepared[name], run_path, hosts=len(spec.hosts) or 1)
+        host_lines = await _check_host(
+            host_spec, prepared[name], run_path, hosts=len(spec.hosts) or 1, fleet=name is not None
+        )
         lines += (
             [CheckLine(f"{name}: {line.subject}", line.ok, line.detail) for line in host_lines] if name else host_lines
         )
     return lines
 
 
-async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, hosts: int) -> list[CheckLine]:
+async def _check_host(
+    spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, hosts: int, fleet: bool
+) -> list[CheckLine]:
     engine = prepared.engine
     try:
         launch = engine.launch_spec({})
@@ -119,25 +125,36 @@ async def _check_host(spec: StudySpec, prepared: PreparedStudy, run_path: Path, 
         except TunerError as exc:
             lines.append(CheckLine("host", False, str(exc)))
         lines += _memory_lines(prepared, sized)
-    lines.append(_duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts))
-    if spec.capacity.after_study:
-        lines.append(_capacity_line(spec, startup_s=startup_s))
+    start_s = assumed_start_s(spec, prepared.engine) if startup_s is None else startup_s
+    sweep = None if fleet else after_study_length(spec, prepared, run_path, start_s=start_s)
+    try:
+        budget_s = budget_left_for_trials(spec, sweep)
+    except ConfigError as exc:
+        lines.append(CheckLine("duration", False, str(exc)))
+    else:
+        lines.append(_duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts, budget_s=budget_s))
+    if sweep is not None:
+        lines.append(_capacity_line(spec, sweep))
     return lines
 
 
-def _capacity_line(spec: StudySpec, *, startup_s: float | None) -> CheckLine:
-    """`[capacity] after_study`: the sweep's length, after the study's."""
-    from tuner.capacity.command import sweep_seconds
+def assumed_start_s(spec: StudySpec, engine: Engine) -> float:
+    """A server start when none was measured: the simulated server's, a local one's, or a host's."""
+    if getattr(engine, "simulated", False):
+        return DEFAULT_SIMULATED_RESTART_S
+    return DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
 
-    default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
+
+def _capacity_line(spec: StudySpec, sweep: SweepLength) -> CheckLine:
+    """`[capacity] after_study`: the sweep's length, after the study's (within `budget.hours`)."""
     options = spec.capacity
-    shortest, longest = sweep_seconds(options, configs=2, start_s=default_s if startup_s is None else startup_s)
+    within = " (budget.hours holds it: trials stop starting that much earlier)" if spec.budget.hours else ""
+    shortest, longest = (duration_text(s, style="estimate") for s in (sweep.shortest_s, sweep.longest_s))
     return CheckLine(
         "capacity",
         True,
-        f"then {duration_text(shortest, style='estimate')} to {duration_text(longest, style='estimate')} for the "
-        f"capacity sweep of the baseline and the recommendation: {options.rounds} rounds of up to "
-        f"{len(options.users)} levels, each a {options.warm_up_s:g} s warm-up and a {options.window_s:g} s window",
+        f"then {shortest} to {longest} for the capacity sweep of the baseline and the recommendation{within}: "
+        f"{options.rounds} rounds of up to {len(options.users)} levels, {sweep.source}",
     )
 
 
@@ -215,17 +232,25 @@ class DurationEstimate:
 
 
 def estimate_duration(
-    spec: StudySpec, *, round_s: float, probes_s: float = 0.0, fixed_s: float = 0.0, hosts: int = 1
+    spec: StudySpec,
+    *,
+    round_s: float,
+    probes_s: float = 0.0,
+    fixed_s: float = 0.0,
+    hosts: int = 1,
+    budget_s: float | None = None,
 ) -> DurationEstimate:
     """The rounds one host measures and how long they take: its baseline's rounds and its share of the
-    trials' (a fleet's hosts split them), cut at `budget.hours` but for the batch then in flight, and the
+    trials' (a fleet's hosts split them), cut at `budget_s` (`budget.hours` less what it holds beside the
+    trials; `budget.hours` itself by default) but for the batch then in flight, and the
     confirmation's pairs of two rounds for each candidate. `probes_s`, the correctness probes, is paid once
     per trial of the search; `fixed_s` once per study."""
 
     def reading(per_trial: int) -> tuple[int, float]:
         search = (1 + math.ceil(spec.budget.trials / hosts)) * per_trial
-        if spec.budget.hours is not None:
-            search = min(search, math.ceil(spec.budget.hours * 3600 / round_s) + per_trial * spec.interleave)
+        budget = budget_s if budget_s is not None else None if spec.budget.hours is None else spec.budget.hours * 3600
+        if budget is not None:
+            search = min(search, math.ceil(budget / round_s) + per_trial * spec.interleave)
         probing = math.ceil(search / per_trial) if spec.gate.enabled else 0
         rounds = search + spec.confirm.top * spec.confirm.pairs * 2
         return rounds, rounds * round_s + probing * probes_s + fixed_s
@@ -245,15 +270,20 @@ def _measured_round_s(run_path: Path) -> float | None:
 
 
 def _duration_line(
-    spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, startup_s: float | None, hosts: int
+    spec: StudySpec,
+    prepared: PreparedStudy,
+    run_path: Path,
+    *,
+    startup_s: float | None,
+    hosts: int,
+    budget_s: float | None,
 ) -> CheckLine:
     """The study's length on one host: from the round time its own run measured there, else from the
     replay, the start of the server running there now (its own log's clock) or a default, the warm-up and
     the round's own work, with the probes once a trial; then the controller's own start and the restore's
     restart."""
     speed = prepared.engine.clock_speed()
-    default_s = DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
-    default_s = DEFAULT_SIMULATED_RESTART_S if getattr(prepared.engine, "simulated", False) else default_s
+    default_s = assumed_start_s(spec, prepared.engine)
     restart_s = default_s if startup_s is None else startup_s
     measured = _measured_round_s(run_path)
     probes_s = 0.0
@@ -275,7 +305,7 @@ def _duration_line(
         if probes_s:
             source += f"; the correctness probes, {probes_s:.1f} s a trial"
     estimate = estimate_duration(
-        spec, round_s=round_s, probes_s=probes_s, fixed_s=_STUDY_OVERHEAD_S + restart_s, hosts=hosts
+        spec, round_s=round_s, probes_s=probes_s, fixed_s=_STUDY_OVERHEAD_S + restart_s, hosts=hosts, budget_s=budget_s
     )
     took = duration_text(estimate.seconds, style="estimate")
     if estimate.rounds_if_noisy == estimate.rounds:

@@ -118,7 +118,7 @@ class _ScriptedTarget:
         first = 5.0 if users >= self.fails_from[self._config.trial] else 0.2
         records = [_record(1.0 + i, 1.0 + i + first, 11, 0.05) for i in range(5)]
         assert request.prompt_tokens > 0
-        return LevelRun(records=records, window=(0.5, 10.0))
+        return LevelRun(records=records, window=(0.5, 10.0), elapsed_s=12.0)
 
 
 def _sweep(configs: Sequence[SweptConfig], users: list[int], rounds: int = 2) -> CapacitySweep:
@@ -245,11 +245,70 @@ def test_check_looks_at_the_host_and_gives_the_sweeps_length_without_starting_an
     lines = done.stdout.splitlines()
     assert any(line.startswith("ok    host: reached over local") for line in lines), lines
     (duration,) = [line for line in lines if "duration:" in line]
-    # The baseline alone, 2 rounds: at least 2 levels of 1.2 s each a round, at most 3, and a start per round.
-    assert "for the baseline: 2 rounds of up to 3 levels, each a 0.2 s warm-up and a 1 s window" in duration
+    # The baseline alone, 2 rounds: at least 2 levels a round, at most 3, and a start per round.
+    assert "for the baseline: 2 rounds of up to 3 levels (0.2 s warm-up, 1 s window) and a server start" in duration
+    assert "an answer of 0.35 s at each end (at least: more where users wait for a free slot)" in duration
     assert lines[-1].startswith("the sweep can run (") and "nothing on the host was changed" in lines[-1]
     assert _servers_of_this_test() == []
     assert not (tmp_path / "runs" / "stall-demo" / "capacity").exists()
+
+
+def test_a_sweeps_length_takes_each_level_as_the_last_sweep_of_the_study_measured_it_else_window_and_answers(
+    tmp_path: Path,
+) -> None:
+    from tuner.capacity.command import sweep_length
+    from tuner.check import ASSUMED_DECODE_TOK_S
+    from tuner.config import CapacitySpec
+    from tuner.runs import RunDirectory
+
+    prepared = prepare_simulated()
+    options = CapacitySpec(users=[1, 2, 4], warm_up_s=5.0, window_s=20.0, shape="summary", rounds=2)
+    answer_s = 140 / (ASSUMED_DECODE_TOK_S * prepared.engine.clock_speed())
+    level_s = max(5.0, answer_s) + 20.0 + answer_s
+    run_path = tmp_path / "runs" / "stall-demo"
+    length = sweep_length(prepared, options, run_path, configs=2, start_s=3.0)
+    assert length.longest_s == pytest.approx(2 * 2 * (3.0 + 3 * level_s))
+    assert length.shortest_s == pytest.approx(2 * 2 * (3.0 + 2 * level_s))
+    assert "at least: more where users wait for a free slot" in length.source
+    # A sweep of this study measured 1 and 2 users at 30 s and 50 s (its two configs' mean): those are taken.
+    measured = [_figures(1, 1, "pass").model_copy(update={"seconds": 30.0}),
+                _figures(2, 1, "fail").model_copy(update={"seconds": 40.0})]  # fmt: skip
+    other = [_figures(2, 1, "fail").model_copy(update={"seconds": 60.0})]
+    sweep = _sweep([SweptConfig(trial=None, settings={}, levels=measured), SweptConfig(trial=3, settings={}, levels=other)],
+                   [1, 2, 4]).model_copy(update={"warm_up_s": 5.0, "window_s": 20.0})  # fmt: skip
+    directory = RunDirectory(run_path)
+    write_sweep(directory.capacity_path("20261204T010000", None), sweep)
+    length = sweep_length(prepared, options, run_path, configs=2, start_s=3.0)
+    assert length.longest_s == pytest.approx(2 * 2 * (3.0 + 30.0 + 50.0 + level_s))
+    assert length.source.endswith("; 1, 2 users as the last sweep of this study measured them")
+    # A later sweep with another window says nothing about this one's levels.
+    write_sweep(directory.capacity_path("20261204T020000", None), sweep.model_copy(update={"window_s": 60.0}))
+    assert sweep_length(prepared, options, run_path, configs=2, start_s=3.0).longest_s == pytest.approx(
+        2 * 2 * (3.0 + 30.0 + 50.0 + level_s)
+    )
+
+
+def test_the_budget_holds_the_sweep_after_the_study_and_a_budget_it_fills_is_refused_before_the_host(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tuner.capacity.command import SweepLength, budget_left_for_trials
+    from tuner.config import load_study
+
+    spec, _ = load_study(DEMO, ["capacity.after_study=true", "budget.hours=1"])
+    assert budget_left_for_trials(spec, SweepLength(60.0, 600.0, "")) == pytest.approx(3600.0 - 600.0)
+    assert budget_left_for_trials(spec, None) == pytest.approx(3600.0)
+    runs = str(tmp_path / "runs")
+    # The demo's sweep: 4 levels of at least 25 s, 2 configs, 2 rounds: more than 0.05 h (3 minutes).
+    tiny = ["--set", "capacity.after_study=true", "--set", "budget.hours=0.05", "--runs-dir", runs]
+    checked = run_cli(capsys, "run", str(DEMO), "--check", *tiny, "--set", 'engine.binary="simulated"')
+    (duration,) = [line for line in checked.out.splitlines() if "duration:" in line]
+    assert checked.code == 1 and duration.startswith("FAIL  duration: budget.hours = 0.05 leaves no time for trials")
+    refused = run_cli(capsys, "run", str(DEMO), *tiny, "--set", 'engine.binary="simulated"')
+    assert refused.code == 2
+    assert refused.error_line().startswith("error: budget.hours = 0.05 leaves no time for trials: the capacity sweep")
+    assert refused.error_line().endswith("raise budget.hours, or set [capacity] after_study = false and run "
+                                         "`tuner capacity` on its own")  # fmt: skip
+    assert not (tmp_path / "runs" / "stall-demo").exists()
 
 
 def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_charts_and_a_damaged_one_in_a_line(

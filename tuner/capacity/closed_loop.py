@@ -32,6 +32,7 @@ _AFTER_FAILURE_S = 0.5
 class LevelRun:
     records: list[RequestRecord]  # every request that ended, warm-up and drain included, by send time
     window: tuple[float, float]  # the measured window on the records' clock
+    elapsed_s: float  # the level's length: warm-up, window and drain
 
 
 async def run_closed_loop(
@@ -90,10 +91,13 @@ async def run_closed_loop(
                 await asyncio.sleep(_DRAIN_POLL_S)
             if failures:
                 raise failures[0]
+            elapsed_s = time.perf_counter() - started
         finally:
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-    return LevelRun(records=sorted(records, key=lambda r: r.send_s), window=(window_start, window_end))
+    return LevelRun(
+        records=sorted(records, key=lambda r: r.send_s), window=(window_start, window_end), elapsed_s=elapsed_s
+    )

@@ -13,17 +13,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tuner.capacity.closed_loop import LevelRun, run_closed_loop
-from tuner.capacity.record import CapacitySweep, SweptConfig, write_sweep
-from tuner.capacity.shapes import CapacityRequests
+from tuner.capacity.record import CapacitySweep, SweptConfig, read_sweep, write_sweep
+from tuner.capacity.shapes import SUMMARY_OUTPUT_TOKENS, CapacityRequests
 from tuner.capacity.sweep import run_sweep
 from tuner.config import CapacitySpec, ParamValue, StudySpec
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
-from tuner.text import settings_text
+from tuner.text import duration_text, settings_text
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner
 
-__all__ = ["CapacityPlan", "measure_capacity", "plan_capacity", "server_text", "sweep_seconds"]
+__all__ = [
+    "CapacityPlan",
+    "SweepLength",
+    "after_study_length",
+    "budget_left_for_trials",
+    "measure_capacity",
+    "plan_capacity",
+    "server_text",
+    "sweep_length",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,13 +113,100 @@ def _server(prepared: PreparedStudy, settings: dict[str, ParamValue]) -> dict[st
     return {k: v for k, v in settings.items() if prepared.engine.knobs[k].scope == "server"}
 
 
-def sweep_seconds(options: CapacitySpec, *, configs: int, start_s: float) -> tuple[float, float]:
-    """A sweep's shortest and longest length: each level at least its warm-up and window, the first round's
-    climb stopping after two levels or running every level; a server start per config and round."""
-    level_s = options.warm_up_s + options.window_s
-    shortest = configs * options.rounds * (start_s + min(2, len(options.users)) * level_s)
-    longest = configs * options.rounds * (start_s + len(options.users) * level_s)
-    return shortest, longest
+@dataclass(frozen=True)
+class SweepLength:
+    """A sweep's shortest length (round 1's climb stops after two levels) and its longest (every level in
+    every round), and where the levels' lengths came from."""
+
+    shortest_s: float
+    longest_s: float
+    source: str
+
+
+def sweep_length(
+    prepared: PreparedStudy, options: CapacitySpec, run_path: Path, *, configs: int, start_s: float
+) -> SweepLength:
+    """How long a sweep takes: per config and round, a server start and the levels. A level a sweep of this
+    study measured before (same warm-up and window) is taken at its measured length; any other at its
+    warm-up or its users' first answers, whichever is later, then its window, then the answers in flight at
+    the window's end, one answer each: at least that, more where users wait for a free slot."""
+    measured = _measured_level_s(run_path, options)
+    answer_s = _answer_s(prepared, options.shape)
+    per_level = [
+        measured.get(users, max(options.warm_up_s, answer_s) + options.window_s + answer_s) for users in options.users
+    ]
+    shortest = configs * options.rounds * (start_s + sum(per_level[:2]))
+    longest = configs * options.rounds * (start_s + sum(per_level))
+    known = [users for users in options.users if users in measured]
+    if len(known) == len(options.users):
+        source = "each level as long as the last sweep of this study measured it"
+    else:
+        source = (
+            f"each level its warm-up, its window and an answer of {answer_s:.2g} s at each end (at least: more "
+            "where users wait for a free slot)"
+        )
+        if known:
+            source += f"; {', '.join(map(str, known))} users as the last sweep of this study measured them"
+    return SweepLength(shortest, longest, source)
+
+
+def after_study_length(
+    spec: StudySpec, prepared: PreparedStudy, run_path: Path, *, start_s: float
+) -> SweepLength | None:
+    """The sweep of the baseline and the recommendation a one-host `tuner run` ends with (`[capacity]
+    after_study`); None where it ends with none."""
+    if not spec.capacity.after_study or spec.hosts:
+        return None
+    return sweep_length(prepared, spec.capacity, run_path, configs=2, start_s=start_s)
+
+
+def budget_left_for_trials(spec: StudySpec, sweep: SweepLength | None) -> float | None:
+    """`budget.hours` in seconds less the longest after-study sweep (the budget holds the sweep too: trials
+    stop starting that much earlier); None without `budget.hours`. `ConfigError` if the sweep alone fills it."""
+    if spec.budget.hours is None:
+        return None
+    budget_s = spec.budget.hours * 3600
+    if sweep is None:
+        return budget_s
+    if sweep.longest_s >= budget_s:
+        raise ConfigError(
+            f"budget.hours = {spec.budget.hours:g} leaves no time for trials: the capacity sweep after the study "
+            f"takes up to {duration_text(sweep.longest_s, style='estimate')}; raise budget.hours, or set "
+            "[capacity] after_study = false and run `tuner capacity` on its own"
+        )
+    return budget_s - sweep.longest_s
+
+
+def _answer_s(prepared: PreparedStudy, shape: str) -> float:
+    """One answer alone at the study check's assumed decode speed (slower than SmolLM2's on 2 cores)."""
+    from tuner.check import ASSUMED_DECODE_TOK_S
+
+    trace = prepared.trace
+    if shape == "summary" or not len(trace):
+        tokens = float(SUMMARY_OUTPUT_TOKENS)
+    else:
+        tokens = float(np.median(trace.output_tokens))
+    return tokens / (ASSUMED_DECODE_TOK_S * prepared.engine.clock_speed())
+
+
+def _measured_level_s(run_path: Path, options: CapacitySpec) -> dict[int, float]:
+    """Users -> the mean length of that level over the latest sweep of this study with the same warm-up and
+    window (an unreadable sweep is passed over: this is an estimate)."""
+    for path in reversed(RunDirectory(run_path).capacity_paths()):
+        try:
+            sweep = read_sweep(path)
+        except StudyError:
+            continue
+        if (sweep.warm_up_s, sweep.window_s) != (options.warm_up_s, options.window_s):
+            continue
+        lengths: dict[int, list[float]] = {}
+        for config in sweep.configs:
+            for level in config.levels:
+                if level.seconds is not None:
+                    lengths.setdefault(level.users, []).append(level.seconds)
+        if lengths:
+            return {users: sum(values) / len(values) for users, values in lengths.items()}
+    return {}
 
 
 class _ServerTarget:

@@ -37,10 +37,19 @@ class LevelFigures(BaseModel):
     ttft_p95_s: float | None
     verdict: Verdict
     why: str  # what broke the SLO, or why the level cannot be judged; "" when it passed
+    # The level's length, warm-up and drain included (None in a sweep stored before it was kept): the next
+    # sweep's estimate of its own length reads it.
+    seconds: float | None = None
 
 
 def level_figures(
-    records: Sequence[RequestRecord], *, users: int, round_: int, window: tuple[float, float], slo: SloSpec
+    records: Sequence[RequestRecord],
+    *,
+    users: int,
+    round_: int,
+    window: tuple[float, float],
+    slo: SloSpec,
+    seconds: float | None = None,
 ) -> LevelFigures:
     """The level's figures from every request of its run (warm-up and drain included), on one clock."""
     start, end = window
@@ -60,7 +69,7 @@ def level_figures(
     verdict, why = _judge(len(measured), errors, per_user, p95, slo)
     return LevelFigures(
         users=users, round=round_, requests=len(measured), errors=errors, total_tok_s=arrived / (end - start),
-        per_user_tok_s=per_user, ttft_p50_s=p50, ttft_p95_s=p95, verdict=verdict, why=why,
+        per_user_tok_s=per_user, ttft_p50_s=p50, ttft_p95_s=p95, verdict=verdict, why=why, seconds=seconds,
     )  # fmt: skip
 
 

@@ -58,6 +58,7 @@ class SimulatedCapacityTarget:
             request_timeout_s=self._prepared.spec.workload.request_timeout_s,
             next_turn=next_turn,
         )
+        elapsed_s = done.ended_s - started.clock_s
         started.clock_s = done.ended_s + 1.0
         assert window, "every user's first request ends"
-        return LevelRun(records=done.records, window=(window[0], window[1]))
+        return LevelRun(records=done.records, window=(window[0], window[1]), elapsed_s=elapsed_s)

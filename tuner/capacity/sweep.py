@@ -75,7 +75,9 @@ async def run_sweep(
                     prepared, trace, config.settings, users=users, round_=round_, output_tokens=output
                 )
                 run = await target.run_level(users, requests, warm_up_s=sweep.warm_up_s, window_s=sweep.window_s)
-                figures = level_figures(run.records, users=users, round_=round_, window=run.window, slo=slo)
+                figures = level_figures(
+                    run.records, users=users, round_=round_, window=run.window, slo=slo, seconds=run.elapsed_s
+                )
                 measured.append(figures)
                 config.levels.append(figures)
                 say(level_line(config, figures))

@@ -206,6 +206,16 @@ async def _run_fleet_study(
         return study
 
 
+def _budget_for_trials(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> float | None:
+    """`budget.hours` less the capacity sweep the run ends with (`[capacity] after_study`): the budget holds
+    the sweep too. `ConfigError`, before the host is touched, where the sweep alone fills it."""
+    from tuner.capacity.command import after_study_length, budget_left_for_trials
+    from tuner.check import assumed_start_s
+
+    sweep = after_study_length(spec, prepared, run_path, start_s=assumed_start_s(spec, prepared.engine))
+    return budget_left_for_trials(spec, sweep)
+
+
 async def run_study(
     spec: StudySpec,
     base_dir: Path,
@@ -223,9 +233,10 @@ async def run_study(
     baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
     check_simulated_server(spec, baseline_launch)
     check_launch(spec.deploy, baseline_launch)
+    budget_s = _budget_for_trials(spec, prepared, run_path)
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
-    deadline = started + spec.budget.hours * 3600 if spec.budget.hours else None
+    deadline = None if budget_s is None else started + budget_s
     storage = None if spec.storage is None else open_storage(spec.storage.url)
     with RunDirectory(run_path) as run_dir, _telling_the_end(observer):
         measured = has_measured_trials(run_dir, storage, name=None if storage is None else spec.name)
