@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner.errors import ConfigError, StudyError
 from tuner.progress_file import PROGRESS_FILE, Progress, controller_files, controller_hosts, read_progress
+from tuner.runs import RunDirectory
 from tuner.text import duration_text
 
 __all__ = ["RunStatus", "controller_statuses", "duration_text", "held_by", "run_status"]
@@ -49,6 +50,9 @@ class RunStatus:
     progress: Progress | None
     now: float
     hosts: tuple[str, ...] = ()  # one of a fleet's controllers sharing the directory: the hosts it runs
+    # The holder is sweeping capacity (a sweep holds the run directory's lock as a study does, and writes no
+    # progress): its record, and when it was last written (after every level).
+    sweep: tuple[Path, float] | None = None
 
     @property
     def who(self) -> str:
@@ -68,6 +72,12 @@ class RunStatus:
     def headline(self) -> str:
         hosts = "".join(f" --host {host}" for host in self.hosts)
         p, resume = self.progress, f"`tuner run` with its study file{' and' + hosts if hosts else ''} resumes it"
+        if self.running and self.sweep is not None:
+            path, written = self.sweep
+            return (
+                f"running (pid {self.holder}): a capacity sweep (`tuner capacity`, or `[capacity] after_study` at "
+                f"the study's end), its record {path} last written {duration_text(self.now - written)} ago"
+            )
         if self.running:
             if p is None:
                 return f"running (pid {self.holder}): its study has not begun yet, so no progress is written"
@@ -134,7 +144,24 @@ def run_status(run_path: Path, *, now: float | None = None) -> RunStatus:
     progress = read_progress(run_path)
     if holder is None and progress is not None and str(progress.pid) in host_holders:
         holder = str(progress.pid)
-    return RunStatus(run_dir=run_path, holder=holder, progress=progress, now=time.time() if now is None else now)
+    return RunStatus(
+        run_dir=run_path, holder=holder, progress=progress, now=time.time() if now is None else now,
+        sweep=None if holder is None else _sweep_of_the_holder(run_path),
+    )  # fmt: skip
+
+
+def _sweep_of_the_holder(run_path: Path) -> tuple[Path, float] | None:
+    """The capacity sweep record written since the lock's holder took it (it writes its pid into the lock
+    then), and when it was last written; None where the holder wrote none (a study)."""
+    written = []
+    try:
+        since = (run_path / ".lock").stat().st_mtime
+        for path in RunDirectory(run_path).capacity_paths():
+            written.append((path.stat().st_mtime, path))
+    except OSError:  # removed between the listing and the look
+        return None
+    at, path = max(written, default=(0.0, run_path))
+    return (path, at) if written and at >= since else None
 
 
 def _host_lock_holders(run_path: Path) -> set[str]:

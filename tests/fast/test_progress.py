@@ -440,6 +440,28 @@ def test_status_while_a_resume_is_starting_says_the_progress_is_the_last_runs(
     assert f"running (pid {os.getpid()}), starting: what follows is the previous run's state" in shown
 
 
+def test_status_during_a_capacity_sweep_says_it_sweeps_and_names_its_record_and_an_older_record_is_not_taken_for_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    clock = Clock()
+    tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
+    start(tracker, clock)
+    tracker.study_ended(outcome="finished")
+    earlier = tmp_path / "capacity" / "20261204T010000.json"
+    earlier.parent.mkdir()
+    earlier.write_text("{}")
+    os.utime(earlier, (1_000_000.0, 1_000_000.0))  # a sweep of an earlier night
+    with RunDirectory(tmp_path, notice=lambda _: None):
+        shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
+        assert "a capacity sweep" not in shown  # the holder has written no sweep: it is a study starting
+        sweep = RunDirectory(tmp_path).capacity_path("20261204T020000", None)
+        sweep.write_text("{}")  # `tuner capacity` writes its record once it holds the lock, then every level
+        shown = one_line(run_cli(capsys, "status", str(tmp_path)).out)
+    assert shown.startswith(f"{tmp_path}: running (pid {os.getpid()}): a capacity sweep (`tuner capacity`, or ")
+    assert f"its record {sweep} last written" in shown
+    assert "not running: finished at" in one_line(run_cli(capsys, "status", str(tmp_path)).out)
+
+
 def test_controllers_sharing_a_run_directory_each_keep_their_progress_and_status_shows_each(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
