@@ -274,8 +274,8 @@ def test_a_sweeps_length_takes_each_level_as_the_last_sweep_of_the_study_measure
     measured = [_figures(1, 1, "pass").model_copy(update={"seconds": 30.0}),
                 _figures(2, 1, "fail").model_copy(update={"seconds": 40.0})]  # fmt: skip
     other = [_figures(2, 1, "fail").model_copy(update={"seconds": 60.0})]
-    sweep = _sweep([SweptConfig(trial=None, settings={}, levels=measured), SweptConfig(trial=3, settings={}, levels=other)],
-                   [1, 2, 4]).model_copy(update={"warm_up_s": 5.0, "window_s": 20.0})  # fmt: skip
+    configs = [SweptConfig(trial=None, settings={}, levels=measured), SweptConfig(trial=3, settings={}, levels=other)]
+    sweep = _sweep(configs, [1, 2, 4]).model_copy(update={"warm_up_s": 5.0, "window_s": 20.0})
     directory = RunDirectory(run_path)
     write_sweep(directory.capacity_path("20261204T010000", None), sweep)
     length = sweep_length(prepared, options, run_path, configs=2, start_s=3.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,7 +51,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from tuner.search import run_study
 
     run_path = args.runs_dir / spec.name
-    tracker = ProgressTracker(Plan.of(spec), path=run_path / progress_file(args.hosts or ()))
+    plan = Plan.of(spec)
+    if spec.capacity.after_study and spec.budget.hours is not None and not spec.hosts:
+        from tuner.search import budget_for_trials, prepare_study
+
+        # The panel's "no new trial after" is the search's own: budget.hours less the sweep it holds.
+        budget_s = budget_for_trials(spec, prepare_study(spec, base_dir), run_path)
+        plan = dataclasses.replace(plan, budget_hours=None if budget_s is None else budget_s / 3600)
+    tracker = ProgressTracker(plan, path=run_path / progress_file(args.hosts or ()))
 
     received: list[int] = []
 

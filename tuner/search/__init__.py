@@ -9,7 +9,7 @@ from tuner.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tuner.search.ending import record_constraints
-    from tuner.search.entry import fleet_hosts, fleet_loops, run_fleet, run_search, run_study
+    from tuner.search.entry import budget_for_trials, fleet_hosts, fleet_loops, run_fleet, run_search, run_study
     from tuner.search.fleet_peers import HOST_CHECK_AFTER_FAILURES, FleetHost, FleetPeers
     from tuner.search.loop import StudyRun
     from tuner.search.peers import Peers, Pending, SoloPeers
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # and deployers with it (tests/fast/test_package.py).
 _EXPORTS = {
     "record_constraints": "tuner.search.ending",
+    "budget_for_trials": "tuner.search.entry",
     "fleet_hosts": "tuner.search.entry",
     "fleet_loops": "tuner.search.entry",
     "run_fleet": "tuner.search.entry",
@@ -56,6 +57,7 @@ __all__ = [
     "PreparedStudy",
     "SoloPeers",
     "StudyRun",
+    "budget_for_trials",
     "check_host_files",
     "check_simulated_server",
     "fleet_hosts",

@@ -28,7 +28,7 @@ from tuner.study_record import update_host_record
 from tuner.transports.base import create_transport
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner, TrialRunner
 
-__all__ = ["fleet_hosts", "fleet_loops", "run_fleet", "run_search", "run_study"]
+__all__ = ["budget_for_trials", "fleet_hosts", "fleet_loops", "run_fleet", "run_search", "run_study"]
 
 # What drops a fleet's host (the others go on): it stayed unreachable, its server could not be deployed or
 # restored, or its baseline could not be measured.
@@ -206,7 +206,7 @@ async def _run_fleet_study(
         return study
 
 
-def _budget_for_trials(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> float | None:
+def budget_for_trials(spec: StudySpec, prepared: PreparedStudy, run_path: Path) -> float | None:
     """`budget.hours` less the capacity sweep the run ends with (`[capacity] after_study`): the budget holds
     the sweep too. `ConfigError`, before the host is touched, where the sweep alone fills it."""
     from tuner.capacity.command import after_study_length, budget_left_for_trials
@@ -233,7 +233,7 @@ async def run_study(
     baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
     check_simulated_server(spec, baseline_launch)
     check_launch(spec.deploy, baseline_launch)
-    budget_s = _budget_for_trials(spec, prepared, run_path)
+    budget_s = budget_for_trials(spec, prepared, run_path)
     await check_host_files(spec, prepared.engine)
     started = time.monotonic()
     deadline = None if budget_s is None else started + budget_s
