@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def measured(command: list[str]) -> dict[str, float]:
     return {"seconds": round(seconds, 2), "peak_mb": round(usage.ru_maxrss / 1024, 1)}
 
 
-WRITERS = {
+WRITERS: dict[str, tuple[Callable[[Path, int], None], str, str]] = {
     "mooncake": (write_mooncake, "mooncake", "jsonl"),
     "azure-conv": (functools.partial(write_azure, shape="azure-conv"), "azure", "csv"),
     "azure-code": (functools.partial(write_azure, shape="azure-code"), "azure", "csv"),

@@ -190,6 +190,24 @@ def test_mooncake_block_ids_that_only_look_like_numbers_are_names(tmp_path: Path
     assert [block for block, _ in trace.prefix_blocks(1)] == ["mc---5", f"mc-{'1' * 30}", "mc-5"]
 
 
+def test_mooncake_ids_5_and_quoted_5_are_one_block_and_05_another(tmp_path: Path) -> None:
+    # A prefix stops at the first id no other request names: "05" is named once, though numpy reads it as 5.
+    from tuner.importers import import_trace
+
+    source = tmp_path / "mc.jsonl"
+    ids = [[5, 6, 7], ["5", 6, "05"], [5, "6", 9]]
+    source.write_text(
+        "".join(
+            json.dumps({"timestamp": at, "input_length": 1536, "output_length": 5, "hash_ids": row}) + "\n"
+            for at, row in enumerate(ids)
+        )
+    )
+    trace = import_trace("mooncake", source, {}, name="mc")
+    assert [[block for block, _ in trace.prefix_blocks(i)] for i in range(3)] == [
+        ["mc-5", "mc-6"], ["mc-5", "mc-6"], ["mc-5", "mc-6"]
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("kind", "text", "named"),
     [
@@ -251,6 +269,71 @@ def test_an_imported_request_is_stored_as_its_model_would_be() -> None:
     built = fast.build()
     assert list(built.requests) == models
     assert b"".join(trace_lines(built)) == b"".join(trace_lines(Trace(header=header, requests=models)))
+
+
+def test_block_names_coded_a_batch_at_a_time_read_back_as_named_with_each_blocks_first_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A million-row trace's blocks are coded in batches; with batches of 3 uses, names recur across many.
+    import random
+
+    from tuner.workloads import TraceBuilder, TraceHeader
+    from tuner.workloads.trace import _BlockCoder
+
+    monkeypatch.setattr(_BlockCoder, "_BATCH", 3)
+    rng = random.Random(7)
+    requests = [[(f"b{rng.randrange(12)}", rng.choice([512, 512, 512, 40])) for _ in range(rng.randrange(5))]
+                for _ in range(60)]  # fmt: skip
+    builder = TraceBuilder(TraceHeader(format="serve-tuner-trace", version=1, name="t"))
+    for index, blocks in enumerate(requests):
+        builder.add_own_session(f"r{index}", offset_s=index, new_tokens=1, output_tokens=1, tag="x", blocks=blocks)
+    built = builder.build()
+    assert [built.prefix_blocks(i) for i in range(len(requests))] == requests
+    # Codes in the order first named, one name a code, as the dict of names they replace gave them.
+    first_named = list(dict.fromkeys(name for blocks in requests for name, _ in blocks))
+    _, codes = built.prefix_columns()
+    assert list(built._prefix_names) == first_named
+    assert codes.tolist() == [first_named.index(name) for blocks in requests for name, _ in blocks]
+
+
+def test_blocks_coded_by_an_importer_read_back_by_their_preset_names_and_bad_codes_are_refused() -> None:
+    from tuner.workloads import TraceBuilder, TraceHeader
+
+    builder = TraceBuilder(TraceHeader(format="serve-tuner-trace", version=1, name="t"))
+    builder.preset_block_names(["mc-7", "mc-9", "mc-11"])
+    builder.add_coded_session(
+        "r0", offset_s=0.0, new_tokens=0, output_tokens=1, tag="x", codes=[2, 0], tokens=[512, 40]
+    )
+    builder.add_coded_session(
+        "r1", offset_s=1.0, new_tokens=3, output_tokens=1, tag="x", codes=[2, 0], tokens=[512, 512]
+    )
+    with pytest.raises(ValueError, match="one each"):
+        builder.add_coded_session("r2", offset_s=2.0, new_tokens=1, output_tokens=1, tag="x", codes=[3], tokens=[5])
+    with pytest.raises(ValueError, match="block mc-9 of 0 tokens"):
+        builder.add_coded_session("r2", offset_s=2.0, new_tokens=1, output_tokens=1, tag="x", codes=[1], tokens=[0])
+    with pytest.raises(ValueError, match="preset: add blocks with add_coded_session"):
+        builder.add_own_session("r2", offset_s=2.0, new_tokens=1, output_tokens=1, tag="x", blocks=[("mc-9", 5)])
+    built = builder.build()
+    assert len(built) == 2
+    assert [built.prefix_blocks(i) for i in range(2)] == [
+        [("mc-11", 512), ("mc-7", 40)],
+        [("mc-11", 512), ("mc-7", 512)],
+    ]
+
+
+def test_two_block_names_whose_first_hashes_are_equal_keep_their_own_codes() -> None:
+    from array import array
+
+    import numpy as np
+
+    from tuner.workloads.trace import _BlockCoder
+
+    coder = _BlockCoder()
+    # Keys seen before, by code: (5, 1), (3, 9), (5, 2); two share their first half, as names next to never do.
+    coder._keys_a, coder._keys_b = array("q", [5, 3, 5]), array("i", [1, 9, 2])
+    coder._by_key = np.array([1, 0, 2], np.int32)
+    known = coder._known(np.array([5, 5, 5, 3, 4], np.int64), np.array([2, 1, 7, 9, 9], np.int32))
+    assert known.tolist() == [2, 0, -1, 1, -1]
 
 
 def test_an_imported_value_that_is_not_a_whole_number_is_refused_before_anything_is_stored() -> None:

@@ -11,11 +11,12 @@ import json
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field
 
 from tuner.catalog import IMPORTER_FORMATS
@@ -51,23 +52,21 @@ class MooncakeImporter:
         shared = counted.shared()
         del counted
         builder = import_builder(path, name)
+        builder.preset_block_names(shared.names)
         block_tokens = options.block_tokens
         for index, (number, (at, prompt_tokens, output_tokens, ids)) in enumerate(_records(path)):
-            blocks: list[tuple[str, int]] = []
-            for position, block_id in enumerate(ids):
-                size = min(block_tokens, prompt_tokens - position * block_tokens)
-                if size <= 0 or (block_id if type(block_id) is int else _block_key(block_id)) not in shared:
-                    break
-                blocks.append((f"mc-{block_id}", size))
-            new = prompt_tokens - sum(tokens for _, tokens in blocks)
+            codes = shared.leading_codes(ids, -(-prompt_tokens // block_tokens))
+            tokens = [min(block_tokens, prompt_tokens - position * block_tokens) for position in range(len(codes))]
+            new = prompt_tokens - sum(tokens)
             try:
-                builder.add_own_session(
+                builder.add_coded_session(
                     f"r{index}",
                     offset_s=round(at - start, 6),
-                    new_tokens=max(new, 0 if blocks else 1),
+                    new_tokens=max(new, 0 if codes else 1),
                     output_tokens=output_tokens,
                     tag=options.tag,
-                    blocks=blocks,
+                    codes=codes,
+                    tokens=tokens,
                 )
             except ValueError as exc:
                 raise WorkloadError(f"{path}:{number}: {exc}") from None
@@ -109,35 +108,137 @@ def _block_key(block_id: int | str) -> int | str:
 
 
 class _BlockUses:
-    """How many requests name each block id, in 8 bytes a use: a million-request trace names tens of
-    millions of blocks, far too many for a dict of counts. Whole-number ids (Mooncake's) go into one
-    array counted at the end; other ids into a counter."""
+    """Which block ids more than one request names, in bounded memory: a million-request trace names tens
+    of millions of blocks, far too many for a dict of counts (or, at 8 bytes a use, an array of them).
+    Mooncake numbers its blocks 0, 1, 2, ... as they first appear, so ids below _DENSE_IDS are marked in
+    two byte arrays indexed by id (named once, named again): 2 bytes an id up to the largest. Other
+    whole numbers go into an array counted at the end (8 bytes a use), other ids into a counter."""
+
+    _DENSE_IDS = 1 << 25  # at most 64 MB of marks, for traces of up to 33 million blocks
+    _CHUNK = 1 << 20  # uses marked at once
 
     def __init__(self) -> None:
-        self._numbers = array("q")
+        self._pending = array("q")  # dense ids not marked yet, each once a request
+        self._named = np.zeros(0, dtype=bool)
+        self._named_again = np.zeros(0, dtype=bool)
+        self._numbers = array("q")  # other whole numbers of 64 bits, each once a request
         self._others: Counter[int | str] = Counter()  # ids that are not whole numbers of 64 bits
 
     def add(self, ids: list[int | str]) -> None:
         keys = {block_id if type(block_id) is int else _block_key(block_id) for block_id in ids}  # once a request
+        dense = self._DENSE_IDS
         for key in keys:
-            if type(key) is int and key in _INT64:
+            if type(key) is int and 0 <= key < dense:
+                self._pending.append(key)
+            elif type(key) is int and key in _INT64:
                 self._numbers.append(key)
             else:
                 self._others[key] += 1
+        if len(self._pending) >= self._CHUNK:
+            self._mark()
 
-    def shared(self) -> set[int | str]:
-        """The ids more than one request names. Sorted in place, so the uses are held once."""
+    def _mark(self) -> None:
+        ids = np.frombuffer(self._pending, dtype=np.int64).copy()
+        self._pending = array("q")
+        if not len(ids):
+            return
+        if int(ids.max()) >= len(self._named):  # grown by half again, so that a growing trace copies little
+            size = min(self._DENSE_IDS, max(int(ids.max()) + 1, len(self._named) * 3 // 2))
+            self._named = np.concatenate([self._named, np.zeros(size - len(self._named), dtype=bool)])
+            self._named_again = np.concatenate([self._named_again, np.zeros(size - len(self._named_again), dtype=bool)])
+        ids.sort()
+        repeated = np.zeros(len(ids), dtype=bool)  # named by another request of this chunk too
+        repeated[1:] = ids[1:] == ids[:-1]
+        repeated[:-1] |= repeated[1:]
+        self._named_again[ids] |= self._named[ids] | repeated
+        self._named[ids] = True
+
+    def shared(self) -> _SharedBlocks:
+        """The ids more than one request names, sorted: 8 bytes an id."""
+        self._mark()
+        dense = np.flatnonzero(self._named_again).astype(np.int64)
+        self._named = self._named_again = np.zeros(0, dtype=bool)
         uses = np.frombuffer(self._numbers, dtype=np.int64)
-        uses.sort()
+        uses.sort()  # in place, so the uses are held once
         # The first use of each id that has a second: one byte a use besides the uses themselves.
         first_of_run = np.ones(len(uses), dtype=bool)
         first_of_run[1:] = uses[1:] != uses[:-1]
         has_second = np.zeros(len(uses), dtype=bool)
         has_second[:-1] = ~first_of_run[1:]
-        numbers: set[int | str] = set(uses[first_of_run & has_second].tolist())
+        sparse = uses[first_of_run & has_second]
         del uses, first_of_run, has_second
         self._numbers = array("q")
-        return numbers | {key for key, count in self._others.items() if count >= 2}
+        # Dense ids are 0 to _DENSE_IDS - 1, the others below or above: sorted end to end.
+        numbers = np.concatenate([sparse[sparse < 0], dense, sparse[sparse >= 0]])
+        return _SharedBlocks(numbers, {key for key, count in self._others.items() if count >= 2})
+
+
+class _SharedBlocks:
+    """The block ids more than one request names, coded by their place: whole numbers of 64 bits in a
+    sorted array (8 bytes an id: a set took 70), then the others, sorted as text. `names` names them
+    `mc-<id>`, made when read."""
+
+    def __init__(self, numbers: npt.NDArray[np.int64], others: set[int | str]) -> None:
+        self._numbers = numbers
+        self._others = sorted(others, key=str)
+        self._other_codes = {key: len(numbers) + i for i, key in enumerate(self._others)}
+        self.names = _BlockNames(numbers, self._others)
+
+    def leading_codes(self, ids: list[int | str], at_most: int) -> list[int]:
+        """The codes of a request's first ids that are shared (its prefix stops at the first that is not),
+        at most `at_most` of them."""
+        ids = ids[:at_most]
+        numbers = self._numbers
+        if all(type(block_id) is int for block_id in ids):  # numpy would read "05" as 5
+            try:
+                keys = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            except OverflowError:  # past 64 bits: a name
+                pass
+            else:
+                if not len(numbers) or not len(keys):
+                    return []
+                at = np.minimum(np.searchsorted(numbers, keys), len(numbers) - 1)
+                found = numbers[at] == keys
+                count = len(keys) if found.all() else int(np.argmin(found))
+                return at[:count].tolist()  # type: ignore[no-any-return]
+        codes = []
+        for block_id in ids:
+            code = self._code(block_id if type(block_id) is int else _block_key(block_id))
+            if code is None:
+                break
+            codes.append(code)
+        return codes
+
+    def _code(self, key: int | str) -> int | None:
+        if type(key) is int and key in _INT64 and len(self._numbers):
+            at = int(np.searchsorted(self._numbers, key))
+            if at < len(self._numbers) and int(self._numbers[at]) == key:
+                return at
+        return self._other_codes.get(key)
+
+
+class _BlockNames(Sequence[str]):
+    """`mc-<id>` of each shared block by its code, made when read."""
+
+    def __init__(self, numbers: npt.NDArray[np.int64], others: list[int | str]) -> None:
+        self._numbers, self._others = numbers, others
+
+    def __len__(self) -> int:
+        return len(self._numbers) + len(self._others)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        count = len(self._numbers)
+        return f"mc-{int(self._numbers[index])}" if index < count else f"mc-{self._others[index - count]}"
 
 
 def _fields(row: Any) -> tuple[float, int, int, list[int | str]]:

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tuner.workloads.trace_format import (
+    MAX_PROMPT_TOKENS,
     LoraUse,
     PrefixBlock,
     PromptShape,
@@ -67,6 +68,70 @@ class _Strings(Sequence[str]):
         pieces = [blob[(ends[i - 1] if i else 0) : ends[i]] for i in indices.tolist()]
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
         return _Strings(b"".join(pieces), np.cumsum(lengths))
+
+
+class _BlockCoder:
+    """Block names coded in the order they are first named, in about 35 bytes a distinct block: a day of a
+    Mooncake trace names millions of shared blocks, and a dict of their names took 160 bytes each (a
+    million-request trace: 700 MB). Each name is keyed by 96 bits of two independent hashes (a collision
+    among ten million names: about 1 in 10**15); the keys are kept by code, with the codes in the keys'
+    order beside them, so that names are coded a batch at a time by binary search (numpy) and a new key
+    costs 16 bytes and no copy of the others; each distinct name's text is kept once, in a blob."""
+
+    _BATCH = 1 << 16  # uses coded at once: about 150 bytes each meanwhile (their names, the sort), 10 MB
+
+    def __init__(self) -> None:
+        self._keys_a, self._keys_b = array("q"), array("i")  # by code
+        self._by_key = np.zeros(0, np.int32)  # the codes in the order of their first keys
+        self.names_blob, self.names_ends = bytearray(), array("q")
+        self.pending: list[str] = []
+
+    def code(self) -> tuple[Small, Ints]:
+        """The pending names' codes, in order, and where in the batch each new code was first used: names
+        never seen before get the next codes, in the order they were first named."""
+        names, self.pending = self.pending, []
+        keys_a = np.fromiter((hash(name) for name in names), np.int64, count=len(names))
+        keys_b = np.fromiter((hash(name + "\x00") for name in names), np.int64, count=len(names)).astype(np.int32)
+        order = np.lexsort((keys_b, keys_a))  # stable: a group's first element is its first use
+        sorted_a, sorted_b = keys_a[order], keys_b[order]
+        starts = np.ones(len(order), bool)
+        starts[1:] = (sorted_a[1:] != sorted_a[:-1]) | (sorted_b[1:] != sorted_b[:-1])
+        group = np.cumsum(starts) - 1
+        inverse = np.empty(len(order), np.int64)
+        inverse[order] = group
+        first = order[starts]
+        unique_a, unique_b = sorted_a[starts], sorted_b[starts]
+        group_codes = self._known(unique_a, unique_b)
+        new = np.flatnonzero(group_codes < 0)
+        new = new[np.argsort(first[new], kind="stable")]  # in the order first named
+        count = len(self._keys_a)
+        group_codes[new] = np.arange(count, count + len(new), dtype=np.int32)
+        by_key = new[np.argsort(unique_a[new], kind="stable")]
+        at = np.searchsorted(np.frombuffer(self._keys_a, np.int64), unique_a[by_key], sorter=self._by_key)
+        self._by_key = np.insert(self._by_key, at, group_codes[by_key])
+        self._keys_a.frombytes(unique_a[new].tobytes())
+        self._keys_b.frombytes(unique_b[new].tobytes())
+        for position in first[new].tolist():
+            self.names_blob += names[position].encode()
+            self.names_ends.append(len(self.names_blob))
+        return group_codes[inverse], first[new]
+
+    def _known(self, unique_a: Ints, unique_b: Small) -> Small:
+        """The code of each key seen before, -1 for a new one."""
+        codes = np.full(len(unique_a), -1, np.int32)
+        if not len(self._by_key):
+            return codes
+        keys_a, keys_b = np.frombuffer(self._keys_a, np.int64), np.frombuffer(self._keys_b, np.int32)
+        low = np.searchsorted(keys_a, unique_a, "left", sorter=self._by_key)
+        high = np.searchsorted(keys_a, unique_a, "right", sorter=self._by_key)
+        one = np.flatnonzero(high - low == 1)
+        candidates = self._by_key[low[one]]
+        hit = keys_b[candidates] == unique_b[one]
+        codes[one[hit]] = candidates[hit]
+        for index in np.flatnonzero(high - low > 1).tolist():  # first halves equal: next to never
+            run = self._by_key[int(low[index]) : int(high[index])].tolist()
+            codes[index] = next((code for code in run if keys_b[code] == unique_b[index]), -1)
+        return codes
 
 
 class Trace:
@@ -132,7 +197,7 @@ class Trace:
     _sessions: list[str]
     _tags: list[str]
     _lora_table: list[tuple[tuple[str, float], ...]]
-    _prefix_names: list[str]
+    _prefix_names: Sequence[str]  # by block code
     _content: dict[int, dict[str, Any]]
 
     def __len__(self) -> int:
@@ -404,7 +469,12 @@ class TraceBuilder:
         # 4 bytes a block: a Mooncake request names dozens of them.
         self._prefix_blocks, self._block_tokens = array("i"), array("i")
         self._odd_positions, self._odd_tokens = array("q"), array("i")
-        self._codes: dict[str, dict[Any, int]] = {"session": {}, "tag": {}, "lora": {}, "block": {}}
+        self._codes: dict[str, dict[Any, int]] = {"session": {}, "tag": {}, "lora": {}}
+        self._blocks = _BlockCoder()
+        self._pending_tokens = array("i")  # the tokens of the uses whose names wait in `_blocks`
+        self._uses = 0  # block uses so far, coded or waiting
+        self._preset: Sequence[str] | None = None  # block names an importer coded itself
+        self._pending_codes = array("i")  # the codes of its uses not yet sized
         self._content: dict[int, dict[str, Any]] = {}
 
     def __len__(self) -> int:
@@ -434,6 +504,15 @@ class TraceBuilder:
         problem = shape_problem(offset_s=offset_s, new_tokens=new_tokens, output_tokens=output_tokens, blocks=blocks)
         if problem is not None:
             raise ValueError(problem)
+        if blocks and self._preset is not None:
+            raise ValueError("this builder's block names are preset: add blocks with add_coded_session")
+        self._own_row(request_id, offset_s=offset_s, new_tokens=new_tokens, output_tokens=output_tokens, tag=tag)
+        for block, tokens in blocks:
+            self._use_block(block, tokens)
+        self._prefix_start.append(self._uses)
+
+    def _own_row(self, request_id: str, *, offset_s: float, new_tokens: int, output_tokens: int, tag: str) -> None:
+        """The columns of a request that is a session of its own, but for its blocks."""
         index = len(self._id_ends)
         self._id_blob += request_id.encode()
         self._id_ends.append(len(self._id_blob))
@@ -446,17 +525,83 @@ class TraceBuilder:
         ints["session"].append(-(index + 1))
         ints["tag"].append(self._code("tag", tag))
         ints["lora"].append(self._code("lora", ()))
-        codes, uses, sizes = self._codes["block"], self._prefix_blocks, self._block_tokens
-        for block, tokens in blocks:
-            code = codes.get(block)
-            if code is None:
-                code = codes[block] = len(codes)
-                sizes.append(tokens)
-            elif sizes[code] != tokens:
-                self._odd_positions.append(len(uses))
-                self._odd_tokens.append(tokens)
-            uses.append(code)
-        self._prefix_start.append(len(uses))
+
+    def preset_block_names(self, names: Sequence[str]) -> None:
+        """Block names an importer coded itself (Mooncake's, by its sorted array of shared ids: a name
+        costs no more than `names` holds, and none is coded by hash): `add_coded_session` names its blocks
+        by their index in `names`. Set before the first block; `add` and `add_own_session`'s named
+        blocks are refused after."""
+        if self._uses:
+            raise ValueError("block names are preset before the first block is added")
+        self._preset = names
+        self._block_tokens = array("i", bytes(4 * len(names)))  # 0: no use seen yet
+
+    def add_coded_session(
+        self,
+        request_id: str,
+        *,
+        offset_s: float,
+        new_tokens: int,
+        output_tokens: int,
+        tag: str,
+        codes: Sequence[int],
+        tokens: Sequence[int],
+    ) -> None:
+        """`add_own_session` with blocks named by their index in `preset_block_names`' names."""
+        names = self._preset
+        if names is None:
+            raise ValueError("add_coded_session names blocks preset by preset_block_names: preset them first")
+        if len(codes) != len(tokens) or (codes and not (min(codes) >= 0 and max(codes) < len(names))):
+            raise ValueError(f"{len(codes)} block codes of 0 to {len(names) - 1} and {len(tokens)} sizes: one each")
+        if tokens and not (min(tokens) >= 1 and max(tokens) <= MAX_PROMPT_TOKENS):
+            bad = next(i for i, t in enumerate(tokens) if not 1 <= t <= MAX_PROMPT_TOKENS)
+            blocks = [(names[codes[bad]], tokens[bad])]
+        else:
+            blocks = [("", 1)] if tokens else []  # its tokens checked: only "no token at all" is left to check
+        problem = shape_problem(offset_s=offset_s, new_tokens=new_tokens, output_tokens=output_tokens, blocks=blocks)
+        if problem is not None:
+            raise ValueError(problem)
+        self._own_row(request_id, offset_s=offset_s, new_tokens=new_tokens, output_tokens=output_tokens, tag=tag)
+        self._pending_codes.extend(codes)
+        self._pending_tokens.extend(tokens)
+        self._uses += len(codes)
+        self._prefix_start.append(self._uses)
+        if len(self._pending_tokens) >= _BlockCoder._BATCH:
+            self._code_blocks()
+
+    def _use_block(self, name: str, tokens: int) -> None:
+        if self._preset is not None:
+            raise ValueError("this builder's block names are preset: add blocks with add_coded_session")
+        self._blocks.pending.append(name)
+        self._pending_tokens.append(tokens)
+        self._uses += 1
+        if len(self._pending_tokens) >= _BlockCoder._BATCH:
+            self._code_blocks()
+
+    def _code_blocks(self) -> None:
+        """The waiting uses coded: a new block's tokens are its first use's; a use of another size is kept
+        apart, by position."""
+        if not self._pending_tokens:
+            return
+        first_position = len(self._prefix_blocks)
+        tokens = np.frombuffer(self._pending_tokens, dtype=np.int32).copy()
+        self._pending_tokens = array("i")
+        if self._preset is None:
+            codes, new_first = self._blocks.code()
+            self._block_tokens.frombytes(tokens[new_first].astype(np.int32).tobytes())
+            sizes = np.frombuffer(self._block_tokens, dtype=np.int32)
+        else:
+            codes = np.frombuffer(self._pending_codes, dtype=np.int32).copy()
+            self._pending_codes = array("i")
+            sizes = np.frombuffer(self._block_tokens, dtype=np.int32)
+            used, first = np.unique(codes, return_index=True)  # a block's size: its first use's
+            unsized = sizes[used] == 0
+            sizes[used[unsized]] = tokens[first[unsized]]
+        odd = np.flatnonzero(sizes[codes] != tokens)
+        del sizes  # a view of the column, which grows again
+        self._odd_positions.frombytes((odd + first_position).astype(np.int64).tobytes())
+        self._odd_tokens.frombytes(tokens[odd].astype(np.int32).tobytes())
+        self._prefix_blocks.frombytes(codes.astype(np.int32).tobytes())
 
     def add(self, request: TraceRequest) -> None:
         index = len(self._id_ends)
@@ -478,18 +623,9 @@ class TraceBuilder:
         )
         ints["tag"].append(self._code("tag", request.tag))
         ints["lora"].append(self._code("lora", tuple((use.adapter, use.scale) for use in request.lora)))
-        if prompt.shared_prefix:
-            codes, blocks, sizes = self._codes["block"], self._prefix_blocks, self._block_tokens
-            for block in prompt.shared_prefix:
-                code = codes.get(block.block)
-                if code is None:
-                    code = codes[block.block] = len(codes)
-                    sizes.append(block.tokens)
-                elif sizes[code] != block.tokens:
-                    self._odd_positions.append(len(blocks))
-                    self._odd_tokens.append(block.tokens)
-                blocks.append(code)
-        self._prefix_start.append(len(self._prefix_blocks))
+        for block in prompt.shared_prefix:
+            self._use_block(block.block, block.tokens)
+        self._prefix_start.append(self._uses)
         if request.content is not None:
             self._content[index] = request.content
 
@@ -501,6 +637,7 @@ class TraceBuilder:
     def fill(self, trace: Trace) -> None:
         """Moves the columns into `trace`, without copying them; the builder is empty after."""
         floats, ints = self._floats, self._ints
+        self._code_blocks()
 
         trace.header = self.header
         trace.offset_s, trace._think_s = _view(floats, "offset_s", np.float64), _view(floats, "think_s", np.float64)
@@ -532,7 +669,11 @@ class TraceBuilder:
         trace._sessions = list(self._codes["session"])
         trace._tags = list(self._codes["tag"])
         trace._lora_table = list(self._codes["lora"])
-        trace._prefix_names = list(self._codes["block"])
+        if self._preset is not None:
+            trace._prefix_names = self._preset
+        else:
+            names = self._blocks
+            trace._prefix_names = _Strings(names.names_blob, _view({"ends": names.names_ends}, "ends", np.int64))
         trace._content = self._content
         self.__init__(self.header)  # type: ignore[misc]  # empty again: the columns are the trace's now
 
