@@ -134,7 +134,7 @@ async def _check_host(
     else:
         lines.append(_duration_line(spec, prepared, run_path, startup_s=startup_s, hosts=hosts, budget_s=budget_s))
     if sweep is not None:
-        lines.append(_capacity_line(spec, sweep))
+        lines.append(_capacity_line(spec, sweep, start_s=start_s))
     return lines
 
 
@@ -145,16 +145,14 @@ def assumed_start_s(spec: StudySpec, engine: Engine) -> float:
     return DEFAULT_LOCAL_RESTART_S if spec.host.kind == "local" else DEFAULT_RESTART_S
 
 
-def _capacity_line(spec: StudySpec, sweep: SweepLength) -> CheckLine:
+def _capacity_line(spec: StudySpec, sweep: SweepLength, *, start_s: float) -> CheckLine:
     """`[capacity] after_study`: the sweep's length, after the study's (within `budget.hours`)."""
-    options = spec.capacity
-    within = " (budget.hours holds it: trials stop starting that much earlier)" if spec.budget.hours else ""
-    shortest, longest = (duration_text(s, style="estimate") for s in (sweep.shortest_s, sweep.longest_s))
+    within = "; budget.hours holds it: trials stop starting that much earlier" if spec.budget.hours else ""
     return CheckLine(
         "capacity",
         True,
-        f"then {shortest} to {longest} for the capacity sweep of the baseline and the recommendation{within}: "
-        f"{options.rounds} rounds of up to {len(options.users)} levels, {sweep.source}",
+        f"then the capacity sweep of the baseline and the recommendation{within}: "
+        f"{sweep.text(spec.capacity, start_s=start_s)}",
     )
 
 

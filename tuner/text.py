@@ -1,4 +1,4 @@
-"""How settings and durations are written for people: one formatter for each, shared by every output.
+"""How settings, durations and counts are written for people: one formatter for each, shared by every output.
 
 The outputs that existed before this module differ (a table's `n_batch=512 n_ubatch=256`, a sentence's
 `n_batch=512, n_ubatch=256`; `3m05s` in progress lines, `3 min` in the report, `1h02m03s` in a diagnosis,
@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-__all__ = ["DurationStyle", "duration_text", "settings_text"]
+__all__ = ["DurationStyle", "count_text", "duration_text", "settings_text"]
+
+
+def count_text(count: int, noun: str) -> str:
+    """`1 user`, `2 users`: a count and its noun (plurals made with s)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def settings_text(settings: Mapping[str, object], *, separator: str = " ", equals: str = "=", empty: str = "") -> str:

@@ -74,6 +74,33 @@ def test_a_level_fails_naming_what_broke_the_slo_or_cannot_be_judged_on_too_few_
     assert why in figures.why
 
 
+@pytest.mark.parametrize(
+    ("records", "verdict", "why"),
+    [
+        (
+            [_record(2.0, 5.0, 11, 0.05)],
+            "fail",
+            "1 of 1 TTFTs over 2 s (of fewer requests than metrics.slo.min_requests",
+        ),
+        ([_record(2.0, 5.0, 11, 0.05), _record(3.0, 3.1, 11, 0.05)], "too few", "2 requests in the window, fewer"),
+        ([_record(2.0 + i, 5.0 + i, 11, 0.05) for i in range(2)], "fail", "2 of 2 TTFTs over 2 s"),
+        ([_record(2.0 + i, 2.1 + i, 11, 0.2) for i in range(4)], "too few", "4 requests in the window"),
+        ([_record(2.0 + i, 2.1 + i, 11, 0.2) for i in range(5)], "fail", "5 of 5 users under 10 tok/s"),
+        ([_record(2.0, 2.1, 11, 0.05), _record(3.0, 0, 0, 0, ok=False)], "fail", "1 of 2 requests failed"),
+    ],
+    ids=["1 of 1 slow", "1 of 2 slow", "2 of 2 slow", "4 of 4 crawling", "5 of 5 crawling", "a failure"],
+)
+def test_a_level_of_too_few_requests_fails_only_where_they_show_the_slo_broken_beyond_a_1_in_20_chance(
+    records: list[RequestRecord], verdict: str, why: str
+) -> None:
+    # Fewer than min_requests cannot show the line held; they can show it broken: 1 TTFT of 1 over a p95
+    # line has a 5% chance if the line held, 1 of 2 almost 10%; 5 of 5 speeds under a median line, 3%.
+    slo = SloSpec(ttft_p95_s=2.0, decode_tok_s=10.0, min_requests=20)
+    figures = level_figures(records, users=4, round_=1, window=(1.0, 11.0), slo=slo)
+    assert figures.verdict == verdict
+    assert why in figures.why
+
+
 def _figures(users: int, round_: int, verdict: str) -> LevelFigures:
     return LevelFigures(
         users=users, round=round_, requests=30, errors=0, total_tok_s=100.0, per_user_tok_s=20.0, ttft_p50_s=0.3,
@@ -90,6 +117,21 @@ def test_the_capacity_is_the_most_users_that_held_the_slo_in_every_round() -> No
     assert capacity([*both[:-2], _figures(16, 2, "fail")], 2) == 8
     assert capacity([_figures(1, 1, "fail"), _figures(1, 2, "pass")], 2) is None
     assert capacity([_figures(2, 1, "too few"), _figures(2, 2, "pass")], 2) is None
+
+
+def test_the_sentence_names_the_levels_it_could_not_judge_instead_of_hiding_them() -> None:
+    from tuner.capacity.record import capacity_sentence
+
+    levels = [_figures(u, r, v) for r in (1, 2) for u, v in ((1, "pass"), (2, "pass"), (4, "too few"), (8, "fail"))]
+    trial = SweptConfig(trial=2, settings={}, levels=levels, capacity=2)
+    baseline = SweptConfig(trial=None, settings={}, levels=[_figures(u, r, "too few") for r in (1, 2) for u in (1, 2)])
+    sentence = capacity_sentence(_sweep([baseline, trial], [1, 2, 4, 8]).model_copy(update={"finished": True}))
+    assert sentence == (
+        "the recommended settings (trial 2) serve 2 users (4 users not judged: too few requests in the window) "
+        "within your SLO (TTFT p95 at most 2 s, 10 tok/s per user) in both rounds; the baseline served no level of "
+        "users it could judge (too few requests in each window); lengthen the window (--window) or lower "
+        "metrics.slo.min_requests to judge every level"
+    )
 
 
 def test_a_climb_stops_after_two_failed_levels_in_a_row_and_not_on_one_that_is_too_short_to_judge() -> None:
@@ -244,10 +286,11 @@ def test_check_looks_at_the_host_and_gives_the_sweeps_length_without_starting_an
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("ok    host: reached over local") for line in lines), lines
-    (duration,) = [line for line in lines if "duration:" in line]
+    (duration,) = [line for line in lines if "duration of" in line]
     # The baseline alone, 2 rounds: at least 2 levels a round, at most 3, and a start per round.
-    assert "for the baseline: 2 rounds of up to 3 levels (0.2 s warm-up, 1 s window) and a server start" in duration
-    assert "an answer of 0.35 s at each end (at least: more where users wait for a free slot)" in duration
+    assert duration.startswith("ok    duration of the baseline: at least ")
+    assert ": 2 rounds of up to 3 levels (0.2 s warm-up, 1 s window) and a server start of 1 s a round;" in duration
+    assert "an answer of 0.35 s at each end; it takes longer where its users outnumber the server's slots" in duration
     assert lines[-1].startswith("the sweep can run (") and "nothing on the host was changed" in lines[-1]
     assert _servers_of_this_test() == []
     assert not (tmp_path / "runs" / "stall-demo" / "capacity").exists()
@@ -269,7 +312,7 @@ def test_a_sweeps_length_takes_each_level_as_the_last_sweep_of_the_study_measure
     length = sweep_length(prepared, options, run_path, configs=2, start_s=3.0)
     assert length.longest_s == pytest.approx(2 * 2 * (3.0 + 3 * level_s))
     assert length.shortest_s == pytest.approx(2 * 2 * (3.0 + 2 * level_s))
-    assert "at least: more where users wait for a free slot" in length.source
+    assert length.floor and "longer where its users outnumber the server's slots" in length.source
     # A sweep of this study measured 1 and 2 users at 30 s and 50 s (its two configs' mean): those are taken.
     measured = [_figures(1, 1, "pass").model_copy(update={"seconds": 30.0}),
                 _figures(2, 1, "fail").model_copy(update={"seconds": 40.0})]  # fmt: skip

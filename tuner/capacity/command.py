@@ -22,7 +22,7 @@ from tuner.capacity.sweep import run_sweep
 from tuner.config import CapacitySpec, ParamValue, StudySpec
 from tuner.errors import ConfigError, StudyError
 from tuner.runs import RunDirectory
-from tuner.text import duration_text, settings_text
+from tuner.text import count_text, duration_text, settings_text
 from tuner.trial_runner import PreparedStudy, ServerTrialRunner
 
 __all__ = [
@@ -116,11 +116,22 @@ def _server(prepared: PreparedStudy, settings: dict[str, ParamValue]) -> dict[st
 @dataclass(frozen=True)
 class SweepLength:
     """A sweep's shortest length (round 1's climb stops after two levels) and its longest (every level in
-    every round), and where the levels' lengths came from."""
+    every round), and where the levels' lengths came from; `floor`: some level's length is a floor (no sweep
+    measured it, and its users may wait for a free slot)."""
 
     shortest_s: float
     longest_s: float
     source: str
+    floor: bool = True
+
+    def text(self, options: CapacitySpec, *, start_s: float) -> str:
+        """`at least 4m52s to 9m24s: 2 rounds of up to 4 levels (...) and a server start ...; <source>`."""
+        shortest, longest = (duration_text(s, style="estimate") for s in (self.shortest_s, self.longest_s))
+        return (
+            f"{'at least ' if self.floor else 'about '}{shortest} to {longest}: {count_text(options.rounds, 'round')} "
+            f"of up to {count_text(len(options.users), 'level')} ({options.warm_up_s:g} s warm-up, "
+            f"{options.window_s:g} s window) and a server start of {start_s:g} s a round; {self.source}"
+        )
 
 
 def sweep_length(
@@ -139,14 +150,14 @@ def sweep_length(
     longest = configs * options.rounds * (start_s + sum(per_level))
     known = [users for users in options.users if users in measured]
     if len(known) == len(options.users):
-        source = "each level as long as the last sweep of this study measured it"
-    else:
-        source = (
-            f"each level its warm-up, its window and an answer of {answer_s:.2g} s at each end (at least: more "
-            "where users wait for a free slot)"
-        )
-        if known:
-            source += f"; {', '.join(map(str, known))} users as the last sweep of this study measured them"
+        return SweepLength(shortest, longest, "each level as long as the last sweep of this study measured it", False)
+    source = (
+        f"a level not yet measured taken as its warm-up, its window and an answer of {answer_s:.2g} s at each end; "
+        "it takes longer where its users outnumber the server's slots and wait their turn (the demo's sweep took "
+        "about twice this), and the next --check reads this sweep's own lengths"
+    )
+    if known:
+        source += f"; {', '.join(map(str, known))} users as the last sweep of this study measured them"
     return SweepLength(shortest, longest, source)
 
 

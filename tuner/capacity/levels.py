@@ -8,6 +8,7 @@ median over the window's requests (queueing left out); TTFT is from send to firs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -66,7 +67,10 @@ def level_figures(
     p50 = float(np.percentile(ttfts, 50)) if ttfts else None
     p95 = float(np.percentile(ttfts, 95)) if ttfts else None
     errors = len(measured) - len(ok)
-    verdict, why = _judge(len(measured), errors, per_user, p95, slo)
+    if len(measured) >= slo.min_requests:
+        verdict, why = _judge(len(measured), errors, per_user, p95, slo)
+    else:
+        verdict, why = _judge_few(measured, errors=errors, ttfts=ttfts, speeds=speeds, window=window, slo=slo)
     return LevelFigures(
         users=users, round=round_, requests=len(measured), errors=errors, total_tok_s=arrived / (end - start),
         per_user_tok_s=per_user, ttft_p50_s=p50, ttft_p95_s=p95, verdict=verdict, why=why, seconds=seconds,
@@ -83,10 +87,51 @@ def _judge(requests: int, errors: int, per_user: float | None, p95: float | None
         broken.append(f"{per_user:.1f} tok/s per user < {slo.decode_tok_s:g}")
     if broken:
         return "fail", "; ".join(broken)
-    if requests < slo.min_requests or p95 is None or per_user is None:
-        # As the study's slo_pass: fewer requests than the SLO's minimum cannot show the line held.
-        return "too few", f"{requests} requests in the window, fewer than metrics.slo.min_requests = {slo.min_requests}"
+    if p95 is None or per_user is None:
+        return "too few", "no request of the window was answered"
     return "pass", ""
+
+
+# A level of fewer requests than metrics.slo.min_requests fails only on evidence: a failed request, or so
+# many requests over a line that the SLO could hold with them by a chance of at most 1 in 20 (TTFT: a p95
+# within the line leaves each request over it at most a 5% chance; per-user speed: a median within it, 50%).
+_EVIDENCE = 0.05
+
+
+def _judge_few(
+    measured: Sequence[RequestRecord],
+    *,
+    errors: int,
+    ttfts: Sequence[float],
+    speeds: Sequence[float],
+    window: tuple[float, float],
+    slo: SloSpec,
+) -> tuple[Verdict, str]:
+    requests = len(measured)
+    broken = [f"{errors} of {requests} requests failed"] if errors else []
+    slow = sum(1 for t in ttfts if t > slo.ttft_p95_s)
+    if slow and _binomial_tail(slow, len(ttfts), 0.05) <= _EVIDENCE:
+        broken.append(f"{slow} of {len(ttfts)} TTFTs over {slo.ttft_p95_s:g} s")
+    crawling = sum(1 for s in speeds if s < slo.decode_tok_s)
+    if crawling and _binomial_tail(crawling, len(speeds), 0.5) <= _EVIDENCE:
+        broken.append(f"{crawling} of {len(speeds)} users under {slo.decode_tok_s:g} tok/s")
+    if broken:
+        return "fail", "; ".join(broken) + f" (of fewer requests than metrics.slo.min_requests = {slo.min_requests})"
+    longest = max((r.end_s - r.send_s for r in measured), default=0.0)
+    hint = (
+        f"; a request took up to {longest:.0f} s: lengthen the window or lower metrics.slo.min_requests"
+        if longest > (window[1] - window[0]) / max(slo.min_requests, 1)
+        else "; lengthen the window or lower metrics.slo.min_requests"
+    )
+    return (
+        "too few",
+        f"{requests} requests in the window, fewer than metrics.slo.min_requests = {slo.min_requests}{hint}",
+    )
+
+
+def _binomial_tail(at_least: int, trials: int, share: float) -> float:
+    """The chance of `at_least` or more successes in `trials`, each of chance `share`."""
+    return sum(math.comb(trials, k) * share**k * (1 - share) ** (trials - k) for k in range(at_least, trials + 1))
 
 
 def climb_stops(figures: Sequence[LevelFigures]) -> bool:

@@ -13,8 +13,17 @@ from tuner.capacity.levels import LevelFigures
 from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.files import write_atomic
+from tuner.text import count_text
 
-__all__ = ["CAPACITY_VERSION", "CapacitySweep", "SweptConfig", "capacity_sentence", "read_sweep", "write_sweep"]
+__all__ = [
+    "CAPACITY_VERSION",
+    "CapacitySweep",
+    "SweptConfig",
+    "capacity_sentence",
+    "read_sweep",
+    "unjudged_levels",
+    "write_sweep",
+]
 
 CAPACITY_VERSION = 1
 
@@ -75,24 +84,46 @@ def read_sweep(path: Path) -> CapacitySweep:
         ) from None
 
 
+def unjudged_levels(config: SweptConfig) -> list[int]:
+    """The levels above the config's capacity that no round failed and some round could not judge (too
+    few requests in its window): the capacity may lie beyond them."""
+    verdicts: dict[int, set[str]] = {}
+    for level in config.levels:
+        verdicts.setdefault(level.users, set()).add(level.verdict)
+    return [
+        users
+        for users, seen in verdicts.items()
+        if "too few" in seen and "fail" not in seen and (config.capacity is None or users > config.capacity)
+    ]
+
+
 def capacity_sentence(sweep: CapacitySweep) -> str:
-    """What the sweep found, as one sentence: the trial's capacity against the baseline's."""
+    """What the sweep found, as one sentence: the trial's capacity against the baseline's, and the levels
+    it could not judge."""
+    if not sweep.finished:
+        return "the sweep stopped before its end: no capacity is known (`tuner capacity` measures it again)"
 
     def served(config: SweptConfig) -> str:
-        if config.capacity is None:
-            return "no level of users"
-        return f"{config.capacity} user{'s' if config.capacity != 1 else ''}"
+        unjudged = unjudged_levels(config)
+        if config.capacity is None and unjudged and all(level.verdict != "fail" for level in config.levels):
+            return "no level of users it could judge (too few requests in each window)"
+        text = "no level of users" if config.capacity is None else count_text(config.capacity, "user")
+        if unjudged:
+            text += f" ({', '.join(map(str, unjudged))} users not judged: too few requests in the window)"
+        return text
 
     slo = f"within your SLO (TTFT p95 at most {sweep.slo_ttft_p95_s:g} s, {sweep.slo_decode_tok_s:g} tok/s per user)"
     if sweep.rounds > 1:
         slo += " in both rounds" if sweep.rounds == 2 else f" in all {sweep.rounds} rounds"
-    if not sweep.finished:
-        return "the sweep stopped before its end: no capacity is known (`tuner capacity` measures it again)"
     baseline = next((c for c in sweep.configs if c.trial is None), None)
     trial = next((c for c in sweep.configs if c.trial is not None), None)
     if trial is not None and baseline is not None:
         recommended = f"the recommended settings ({trial.label}) serve {served(trial)} {slo}"
-        return f"{recommended}; the baseline served {served(baseline)}"
-    only = trial or baseline
-    assert only is not None
-    return f"{only.label} serves {served(only)} {slo}"
+        sentence = f"{recommended}; the baseline served {served(baseline)}"
+    else:
+        only = trial or baseline
+        assert only is not None
+        sentence = f"{only.label} serves {served(only)} {slo}"
+    if any(unjudged_levels(c) for c in sweep.configs):
+        sentence += "; lengthen the window (--window) or lower metrics.slo.min_requests to judge every level"
+    return sentence

@@ -17,6 +17,7 @@ from tuner.capacity.closed_loop import LevelRun
 from tuner.capacity.levels import LevelFigures, capacity, climb_stops, level_figures
 from tuner.capacity.record import CapacitySweep, SweptConfig
 from tuner.capacity.shapes import SUMMARY_OUTPUT_TOKENS, CapacityRequests, shape_trace
+from tuner.text import count_text
 from tuner.trial_runner import PreparedStudy
 
 __all__ = ["CapacityTarget", "level_line", "run_sweep"]
@@ -37,9 +38,9 @@ def level_line(config: SweptConfig, figures: LevelFigures) -> str:
     p95 = "-" if figures.ttft_p95_s is None else f"{figures.ttft_p95_s:.2f} s"
     verdict = figures.verdict if not figures.why else f"{figures.verdict} ({figures.why})"
     return (
-        f"{config.label}, round {figures.round}: {figures.users} user{'s' if figures.users != 1 else ''}: "
+        f"{config.label}, round {figures.round}: {count_text(figures.users, 'user')}: "
         f"{figures.total_tok_s:.1f} tok/s in all, "
-        f"{per_user} tok/s per user, TTFT p95 {p95}, {figures.requests} requests: {verdict}"
+        f"{per_user} tok/s per user, TTFT p95 {p95}, {count_text(figures.requests, 'request')}: {verdict}"
     )
 
 

@@ -98,24 +98,19 @@ def capacity(args: argparse.Namespace, console: Console) -> int:
 def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console) -> int:
     from tuner.capacity.command import sweep_length
     from tuner.check import assumed_start_s, check_study
-    from tuner.text import duration_text
 
     lines = asyncio.run(check_study(plan.spec, base_dir, run_path))
     lines = [line for line in lines if not line.subject.endswith(("duration", "capacity"))]
     start_s = assumed_start_s(plan.spec, plan.prepared.engine)
     length = sweep_length(plan.prepared, plan.options, run_path, configs=len(plan.configs), start_s=start_s)
     configs = " and ".join(c.label for c in plan.configs)
-    options = plan.options
     failed = [line for line in lines if not line.ok]
     for line in lines:
         detail = " ".join(line.detail.split())
         console.print(f"{'ok  ' if line.ok else 'FAIL'}  {line.subject}: {detail}", markup=False, highlight=False,
                       soft_wrap=True)  # fmt: skip
     console.print(
-        f"ok    duration: {duration_text(length.shortest_s, style='estimate')} to "
-        f"{duration_text(length.longest_s, style='estimate')} for {configs}: {options.rounds} rounds of up to "
-        f"{len(options.users)} levels ({options.warm_up_s:g} s warm-up, {options.window_s:g} s window) and a server "
-        f"start of {start_s:g} s per round; {length.source}",
+        f"ok    duration of {configs}: {length.text(plan.options, start_s=start_s)}",
         markup=False, highlight=False, soft_wrap=True,
     )  # fmt: skip
     if failed:
