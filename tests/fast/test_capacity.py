@@ -261,6 +261,9 @@ def test_a_sweep_of_the_baseline_and_the_recommendation_on_the_simulated_server_
     sweep = read_sweep(stored)
     assert sweep.finished and [c.trial is None for c in sweep.configs] == [True, False]
     assert all(len(c.levels) == 4 for c in sweep.configs)  # two levels, two rounds
+    # The run's report is written again with the sweep in it.
+    assert lines[-1] == f"the run's report, with the sweep: {runs / 'stall-demo' / 'report.html'}"
+    assert "id='capacity-sentence'" in (runs / "stall-demo" / "report.html").read_text()
 
 
 def test_a_sweep_stopped_by_sigterm_leaves_no_server_and_keeps_the_levels_it_measured(tmp_path: Path) -> None:
@@ -361,7 +364,9 @@ def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_c
     from tuner.runs import RunDirectory
 
     run_path = tmp_path / "runs" / "stall-demo"
-    run_simulated(prepare_simulated(), run_path, seed=0, in_memory=False)
+    prepared = prepare_simulated()
+    run_simulated(prepared, run_path, seed=0, in_memory=False)
+    (run_path / "spec.json").write_text(prepared.spec.model_dump_json())  # as `tuner run` keeps it
     baseline = SweptConfig(trial=None, settings={}, levels=[_figures(1, 1, "pass"), _figures(2, 1, "fail")], capacity=1)
     trial = SweptConfig(trial=3, settings={"n_batch": 128}, levels=[_figures(1, 1, "pass"), _figures(2, 1, "pass")],
                         capacity=2)  # fmt: skip
@@ -385,6 +390,15 @@ def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_c
     section = section[: section.index("</section>")]
     assert "20261204T030000.json: not a capacity sweep (" in section
     assert "The recommended settings (trial 3) serve 2 users" in section
+    # An earlier sweep made with the study's own [capacity] table is shown over a later quick one.
+    own = sweep.model_copy(
+        update={"users": [1, 2, 4, 8], "warm_up_s": 5.0, "window_s": 20.0, "rounds": 2,
+                "configs": [baseline, trial.model_copy(update={"capacity": 4})]}
+    )  # fmt: skip
+    write_sweep(directory.capacity_path("20261204T000500", None), own)
+    section = render_report(run_path).split("id='capacity-section'")[1].split("</section>")[0]
+    assert "The recommended settings (trial 3) serve 4 users" in section
+    assert "The run directory holds 2 other sweeps in capacity/: this one is the latest that measured" in section
 
 
 def _simulated_capacity(n_parallel: int, users: list[int], *, slo_ttft_s: float, cost: CostModel | None = None,

@@ -12,6 +12,8 @@ from tuner.cli.signals import run_stoppable, stop_on_signals
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from tuner.capacity.command import CapacityPlan
@@ -87,12 +89,27 @@ def capacity(args: argparse.Namespace, console: Console) -> int:
         return await measure_capacity(plan, run_path, say=say, saved=saved)
 
     sweep = run_stoppable(main(), received)
+    report = _rewrite_report(run_path, storage_url, say)
     if args.json:
         print(sweep.model_dump_json(indent=2))
         return 0
     _print_table(sweep, console)
     console.print(capacity_sentence(sweep), highlight=False, markup=False)
+    if report is not None:
+        console.print(f"the run's report, with the sweep: {report}", highlight=False, markup=False)
     return 0
+
+
+def _rewrite_report(run_path: Path, storage_url: str | None, say: Callable[[str], None]) -> Path | None:
+    """The run's morning report written again with its capacity section; None for a sweep of a study never
+    run (no report to add it to) or a page that could not be written (said in a line)."""
+    from tuner.morning_report import REPORT_NAME, ReportWriter
+
+    if not holds_study(run_path, storage_url):
+        return None
+    writer = ReportWriter(run_path, say=say)
+    writer.write()
+    return None if writer.failed else run_path / REPORT_NAME
 
 
 def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console) -> int:

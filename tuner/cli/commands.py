@@ -155,7 +155,10 @@ COMMANDS: tuple[Command, ...] = (
             arg(
                 "--shape",
                 choices=catalog.CAPACITY_SHAPES,
-                help="what users ask: the study's workload, or seed 004's summaries",
+                help=(
+                    "what users ask: the study's workload, or ~640-token documents to summarize (a published "
+                    "capacity benchmark's)"
+                ),
             ),
             arg("--warm-up", dest="warm_up", type=length, metavar="LENGTH", help="load before each window, e.g. 15s"),
             arg("--window", type=length, metavar="LENGTH", help="each level's measured window, e.g. 60s"),

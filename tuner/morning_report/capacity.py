@@ -10,6 +10,7 @@ from tuner.capacity.record import CapacitySweep, SweptConfig, capacity_sentence
 from tuner.morning_report.gather import Gathered
 from tuner.morning_report.pieces import fmt, section
 from tuner.svg import PALETTE, Series, chart
+from tuner.text import count_text
 
 __all__ = ["capacity_section"]
 
@@ -24,7 +25,14 @@ def capacity_section(g: Gathered) -> str:
         return section("capacity-section", "How many users each config serves", problem) if problem else ""
     slo = f"TTFT p95 at most {sweep.slo_ttft_p95_s:g} s and at least {sweep.slo_decode_tok_s:g} tok/s per user"
     sentence = capacity_sentence(sweep)
-    rounds = f"{sweep.rounds} round{'s' if sweep.rounds != 1 else ''}"
+    rounds = count_text(sweep.rounds, "round")
+    others = (
+        f" The run directory holds {count_text(g.capacity_others, 'other sweep')} in capacity/: this one is the "
+        "latest that measured the baseline and a trial with the study's own [capacity] table (else the latest "
+        "of both, else the latest)."
+        if g.capacity_others
+        else ""
+    )
     body = (
         f"{problem}<p id='capacity-sentence'>{escape(sentence[0].upper() + sentence[1:])}.</p>"
         f"<p class='muted'>{escape(sweep.server)}. Closed-loop users ({escape(sweep.shape)} requests: each user "
@@ -32,7 +40,7 @@ def capacity_section(g: Gathered) -> str:
         f"{sweep.warm_up_s:g} s after a level begins, once every user has its first answer; {rounds}, started "
         f"{escape(sweep.started)}. The SLO: {slo}, no failed request, at least {sweep.slo_min_requests} requests "
         "(fewer: ?). Each cell: total tok/s / per-user tok/s / TTFT p95; in the charts, a line per config and "
-        "round.</p>" + _table(sweep) + _charts(sweep)
+        f"round.{escape(others)}</p>" + _table(sweep) + _charts(sweep)
     )
     return section("capacity-section", "How many users each config serves", body)
 

@@ -20,6 +20,7 @@ import optuna
 from pydantic import ValidationError
 
 from tuner.capacity.record import CapacitySweep, read_sweep
+from tuner.config import CapacitySpec
 from tuner.errors import StudyError, TunerError
 from tuner.models import RequestRecord
 from tuner.redact import redact
@@ -99,8 +100,9 @@ class Gathered:
     round_spans: list[RoundSpan]  # every round file of every trial, in the order of the trials
     version: str  # the serve-tuner making the page
     memo: ReportMemo
-    capacity: CapacitySweep | None = None  # the latest `tuner capacity` sweep kept in the run directory
+    capacity: CapacitySweep | None = None  # the `tuner capacity` sweep shown (`_latest_sweep`)
     capacity_unreadable: str | None = None  # why that sweep could not be read
+    capacity_others: int = 0  # the run directory's other sweeps, not shown
 
     def server_log(self, number: int) -> Path:
         return RunDirectory(self.run_path).server_log_path(number)
@@ -152,8 +154,10 @@ def gather_run(run_path: Path, memo: ReportMemo, storage_url: str | None = None)
 
 
 def _latest_sweep(run_dir: RunDirectory) -> dict[str, Any]:
-    """The latest finished sweep of the baseline and a trial, else the latest sweep that can be read; and the
-    problem of the latest file, where it cannot be read."""
+    """The sweep to show: the latest finished sweep of the baseline and a trial made with the study's own
+    `[capacity]` table, else the latest finished one of both, else the latest that can be read (a quick
+    sweep with other levels or a shorter window never hides the study's own); how many others there are;
+    and the problem of the latest file, where it cannot be read."""
     sweeps: list[CapacitySweep] = []
     found: dict[str, Any] = {}
     for path in reversed(run_dir.capacity_paths()):
@@ -162,10 +166,23 @@ def _latest_sweep(run_dir: RunDirectory) -> dict[str, Any]:
         except StudyError as exc:
             if not sweeps:
                 found.setdefault("capacity_unreadable", str(exc))
+    if not sweeps:
+        return found
+    try:
+        own = CapacitySpec.model_validate((run_dir.read_spec() or {}).get("capacity", {}))
+    except ValidationError:  # a spec.json of another version: no table to prefer
+        own = None
     both = [s for s in sweeps if s.finished and len({c.trial is None for c in s.configs}) == 2]
-    if both or sweeps:
-        found["capacity"] = (both or sweeps)[0]
+    studys = [s for s in both if own is not None and _swept_as(s, own)]
+    found["capacity"] = (studys or both or sweeps)[0]
+    found["capacity_others"] = len(sweeps) - 1
     return found
+
+
+def _swept_as(sweep: CapacitySweep, options: CapacitySpec) -> bool:
+    return (sweep.users, sweep.shape, sweep.warm_up_s, sweep.window_s, sweep.rounds) == (
+        options.users, options.shape, options.warm_up_s, options.window_s, options.rounds
+    )  # fmt: skip
 
 
 def _spec(run_path: Path) -> dict[str, Any]:
