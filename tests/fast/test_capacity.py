@@ -198,6 +198,8 @@ def test_the_cli_refuses_bad_levels_and_a_sweep_without_a_run_in_one_line(
     runs = str(tmp_path / "runs")
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--users", "1,x")
     assert refused.code == 2 and "'1,x' is not a list of user counts; pass e.g. 1,2,4,8,16" in refused.err
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--users", "1,\u00b2")
+    assert refused.code == 2 and "'1,\u00b2' is not a list of user counts" in refused.err
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--users", "4,2")
     assert refused.code == 2
     assert refused.error_line() == "error: --users: must climb: each level more users than the one before (got [4, 2])"

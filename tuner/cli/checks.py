@@ -91,7 +91,7 @@ def length(text: str) -> float:
 def user_levels(text: str) -> list[int]:
     """`--users 1,2,4,8` as its levels."""
     parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() for part in parts):
+    if not all(part.isascii() and part.isdigit() for part in parts):  # "²" is a digit to isdigit, not to int
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of user counts; pass e.g. 1,2,4,8,16")
     return [int(part) for part in parts]
 
