@@ -383,7 +383,7 @@ def test_the_morning_report_shows_the_latest_sweep_with_its_sentence_table_and_c
     section = page[page.index("id='capacity-section'") :]
     section = section[: section.index("</section>")]
     assert section.count('<svg class="chart"') == 2 and ">SLO</text>" in section
-    assert "<td class='fail' title='x'>100 / 20.0 / 0.5 s FAIL</td>" in section
+    assert "<td class='fail' title='x'>100.0 / 20.0 / 0.50 s FAIL</td>" in section
     # A later sweep of the baseline alone is not the one shown; a later file that cannot be read is said above it.
     write_sweep(directory.capacity_path("20261204T020000", None), _sweep([baseline], [1, 2]))
     directory.capacity_path("20261204T030000", None).write_text('{"version": 1, "study": 3}')

@@ -65,7 +65,7 @@ async def run_closed_loop(
                     record, _ = await send_request(client, engine, request, started, request_timeout_s, due_s=send_s)
                     del in_flight[index]
                     records.append(record)
-                    if not answered:
+                    if not answered:  # a failed request is an answer too: a failing server must not hang the level
                         answered = True
                         first_answers += 1
                         if first_answers == users:

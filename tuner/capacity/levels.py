@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.config import SloSpec
 from tuner.models import RequestRecord
 
-__all__ = ["LevelFigures", "Verdict", "capacity", "climb_stops", "level_figures"]
+__all__ = ["VERDICT_MARKS", "LevelFigures", "Verdict", "capacity", "climb_stops", "level_figures"]
 
 Verdict = Literal["pass", "fail", "too few"]
 
@@ -41,6 +41,17 @@ class LevelFigures(BaseModel):
     # The level's length, warm-up and drain included (None in a sweep stored before it was kept): the next
     # sweep's estimate of its own length reads it.
     seconds: float | None = None
+
+    @property
+    def cell(self) -> str:
+        """The level as a table's cell shows it, in the terminal and the report alike:
+        `total tok/s / per-user tok/s / TTFT p95 s mark`."""
+        per_user = "-" if self.per_user_tok_s is None else f"{self.per_user_tok_s:.1f}"
+        p95 = "-" if self.ttft_p95_s is None else f"{self.ttft_p95_s:.2f}"
+        return f"{self.total_tok_s:.1f} / {per_user} / {p95} s {VERDICT_MARKS[self.verdict]}"
+
+
+VERDICT_MARKS: dict[Verdict, str] = {"pass": "ok", "fail": "FAIL", "too few": "?"}
 
 
 def level_figures(

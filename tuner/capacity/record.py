@@ -42,6 +42,10 @@ class SweptConfig(_Stored):
     def label(self) -> str:
         return "the baseline" if self.trial is None else f"trial {self.trial}"
 
+    def level(self, users: int, round_: int) -> LevelFigures | None:
+        """The figures of that level and round, if it was measured."""
+        return next((f for f in self.levels if f.users == users and f.round == round_), None)
+
 
 class CapacitySweep(_Stored):
     version: int = CAPACITY_VERSION

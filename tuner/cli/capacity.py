@@ -138,13 +138,8 @@ def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console)
 
 
 def _cell(config: SweptConfig, users: int, round_: int) -> str:
-    figures = next((f for f in config.levels if f.users == users and f.round == round_), None)
-    if figures is None:
-        return ""
-    mark = {"pass": "ok", "fail": "FAIL", "too few": "?"}[figures.verdict]
-    per_user = "-" if figures.per_user_tok_s is None else f"{figures.per_user_tok_s:.1f}"
-    p95 = "-" if figures.ttft_p95_s is None else f"{figures.ttft_p95_s:.2f}"
-    return f"{figures.total_tok_s:.1f} / {per_user} / {p95} s {mark}"
+    figures = config.level(users, round_)
+    return "" if figures is None else figures.cell
 
 
 def _print_table(sweep: CapacitySweep, console: Console) -> None:

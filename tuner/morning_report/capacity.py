@@ -8,13 +8,11 @@ from html import escape
 
 from tuner.capacity.record import CapacitySweep, SweptConfig, capacity_sentence
 from tuner.morning_report.gather import Gathered
-from tuner.morning_report.pieces import fmt, section
+from tuner.morning_report.pieces import section
 from tuner.svg import PALETTE, Series, chart
 from tuner.text import count_text
 
 __all__ = ["capacity_section"]
-
-_MARKS = {"pass": "ok", "fail": "FAIL", "too few": "?"}
 
 
 def capacity_section(g: Gathered) -> str:
@@ -54,16 +52,13 @@ def _table(sweep: CapacitySweep) -> str:
         cells = []
         for config in sweep.configs:
             for round_ in range(1, sweep.rounds + 1):
-                figures = next((f for f in config.levels if f.users == users and f.round == round_), None)
+                figures = config.level(users, round_)
                 if figures is None:
                     cells.append("<td></td>")
                     continue
-                text = (
-                    f"{fmt(figures.total_tok_s)} / {fmt(figures.per_user_tok_s)} / {fmt(figures.ttft_p95_s)} s "
-                    f"{_MARKS[figures.verdict]}"
-                )
                 cells.append(
-                    f"<td class='{figures.verdict.replace(' ', '-')}' title='{escape(figures.why)}'>{text}</td>"
+                    f"<td class='{figures.verdict.replace(' ', '-')}' title='{escape(figures.why)}'>"
+                    f"{escape(figures.cell)}</td>"
                 )
         if any(cell != "<td></td>" for cell in cells):
             rows.append(f"<tr><td class='num'>{users}</td>{''.join(cells)}</tr>")
