@@ -11,9 +11,9 @@ import json
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,7 @@ from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, import_builder, stream_lines
 from tuner.workloads import Trace
+from tuner.workloads.trace import IndexedStrings
 
 __all__ = ["MooncakeImporter", "MooncakeOptions"]
 
@@ -217,7 +218,7 @@ class _SharedBlocks:
         return self._other_codes.get(key)
 
 
-class _BlockNames(Sequence[str]):
+class _BlockNames(IndexedStrings):
     """`mc-<id>` of each shared block by its code, made when read."""
 
     def __init__(self, numbers: npt.NDArray[np.int64], others: list[int | str]) -> None:
@@ -226,17 +227,7 @@ class _BlockNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self._numbers) + len(self._others)
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
+    def _item(self, index: int) -> str:
         count = len(self._numbers)
         return f"mc-{int(self._numbers[index])}" if index < count else f"mc-{self._others[index - count]}"
 

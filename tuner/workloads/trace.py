@@ -22,14 +22,36 @@ from tuner.workloads.trace_format import (
     shape_problem,
 )
 
-__all__ = ["Floats", "Ints", "Small", "Trace", "TraceBuilder"]
+__all__ = ["Floats", "IndexedStrings", "Ints", "Small", "Trace", "TraceBuilder"]
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Small = npt.NDArray[np.int32]  # token counts, turns, codes: 4 bytes a request
 
 
-class _Strings(Sequence[str]):
+class IndexedStrings(Sequence[str]):
+    """A sequence of strings each made when it is read, by `_item(index)` (index within range)."""
+
+    __slots__ = ()
+
+    def _item(self, index: int) -> str:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._item(index)
+
+
+class _Strings(IndexedStrings):
     """Strings held as one UTF-8 blob and where each ends: about 12 bytes a string besides its text,
     where a list of Python strings takes 57 (a million request ids: 19 MB, not 64)."""
 
@@ -41,15 +63,7 @@ class _Strings(Sequence[str]):
     def __len__(self) -> int:
         return len(self._ends)
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
+    def _item(self, index: int) -> str:
         start = int(self._ends[index - 1]) if index > 0 else 0
         return self._blob[start : int(self._ends[index])].decode()
 
