@@ -278,9 +278,9 @@ def test_block_names_coded_a_batch_at_a_time_read_back_as_named_with_each_blocks
     import random
 
     from tuner.workloads import TraceBuilder, TraceHeader
-    from tuner.workloads.trace import _BlockCoder
+    from tuner.workloads.columns import BlockCoder
 
-    monkeypatch.setattr(_BlockCoder, "_BATCH", 3)
+    monkeypatch.setattr(BlockCoder, "_BATCH", 3)
     rng = random.Random(7)
     requests = [[(f"b{rng.randrange(12)}", rng.choice([512, 512, 512, 40])) for _ in range(rng.randrange(5))]
                 for _ in range(60)]  # fmt: skip
@@ -326,9 +326,9 @@ def test_two_block_names_whose_first_hashes_are_equal_keep_their_own_codes() -> 
 
     import numpy as np
 
-    from tuner.workloads.trace import _BlockCoder
+    from tuner.workloads.columns import BlockCoder
 
-    coder = _BlockCoder()
+    coder = BlockCoder()
     # Keys seen before, by code: (5, 1), (3, 9), (5, 2); two share their first half, as names next to never do.
     coder._keys_a, coder._keys_b = array("q", [5, 3, 5]), array("i", [1, 9, 2])
     coder._by_key = np.array([1, 0, 2], np.int32)

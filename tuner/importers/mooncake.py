@@ -24,7 +24,7 @@ from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, import_builder, stream_lines
 from tuner.workloads import Trace
-from tuner.workloads.trace import IndexedStrings
+from tuner.workloads.columns import IndexedStrings
 
 __all__ = ["MooncakeImporter", "MooncakeOptions"]
 
