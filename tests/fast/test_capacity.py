@@ -444,25 +444,35 @@ def test_on_the_simulated_server_slots_beyond_the_users_cost_what_the_calibratio
     assert paid[1] / paid[0] == pytest.approx(predicted, rel=0.10)
 
 
-def test_users_beyond_a_lap_of_the_shape_take_its_laps_side_by_side_each_made_once(
+def test_users_beyond_a_lap_of_the_shape_take_its_laps_side_by_side_each_made_once_a_session_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from collections.abc import Iterator
+
     from tuner.capacity import shapes
 
-    made: list[int] = []
-    real = shapes._prompts
+    laps: list[int] = []
+    sessions: list[int] = []
+    real = shapes.synthesize_sessions  # type: ignore[attr-defined]
 
-    def counting(*args: object, **kwargs: object) -> object:
-        made.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+    def counting(*args: object, **kwargs: object) -> Iterator[object]:
+        laps.append(1)
+        for session in real(*args, **kwargs):  # type: ignore[arg-type]
+            sessions.append(1)
+            yield session
 
-    monkeypatch.setattr(shapes, "_prompts", counting)
+    monkeypatch.setattr(shapes, "synthesize_sessions", counting)
     prepared = prepare_simulated([f'workload.path="{DATA / "capacity-short.jsonl"}"'])
     requests = CapacityRequests(prepared, shapes.shape_trace(prepared, "workload"), {}, users=8, round_=1)
     # Eight users on a lap of three requests: each round of turns spans three laps; 40 turns, 107 laps' worth.
     sent = [requests.next_for(user) for _ in range(40) for user in range(8)]
-    assert len(made) == -(-len(sent) // 3)
+    assert len(laps) == -(-len(sent) // 3)
     assert len({r.prompt_token_ids for r in sent}) == len(sent)  # every request its own prompt
+    # A level that asks for two of the 2,048 summaries of a lap makes two of them.
+    sessions.clear()
+    summaries = CapacityRequests(prepared, shapes.shape_trace(prepared, "summary"), {}, users=2, round_=1)
+    summaries.next_for(0), summaries.next_for(1)
+    assert len(sessions) == 2
 
 
 def test_a_sweep_whose_server_cannot_start_says_so_in_a_line_and_keeps_a_sweep_that_did_not_finish(
