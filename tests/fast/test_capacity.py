@@ -205,6 +205,11 @@ def test_the_cli_refuses_bad_levels_and_a_sweep_without_a_run_in_one_line(
     assert refused.error_line() == "error: --users: must climb: each level more users than the one before (got [4, 2])"
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--window", "0s")
     assert refused.code == 2 and refused.error_line().startswith("error: --window: Input should be greater than 0")
+    refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--set", "capacity.window_s=0")
+    assert refused.code == 2
+    assert refused.error_line().startswith(
+        "error: --set capacity.window_s=0: capacity.window_s: Input should be greater"
+    )
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--check", "--json")
     assert refused.error_line() == "error: --check prints its lines, not JSON: leave out --json"
     refused = run_cli(capsys, "capacity", str(DEMO), "--runs-dir", runs, "--baseline", "--trial", "2")

@@ -406,8 +406,20 @@ def load_study(path: Path, overrides: Sequence[str] = ()) -> tuple[StudySpec, Pa
                 f"{path}: the study has no name = ..., and its file name {path.stem!r} cannot name a run "
                 f'directory (letters, digits, _ . - only); add a line such as name = "{_suggest_name(path.stem)}"'
             )
-    spec = validate_strictly(StudySpec, data, source=str(path))
+    try:
+        spec = validate_strictly(StudySpec, data, source=str(path))
+    except ConfigError as exc:
+        raise ConfigError(_blaming_the_override(str(exc), str(path), overrides)) from None
     return spec, path.resolve().parent
+
+
+def _blaming_the_override(message: str, source: str, overrides: Sequence[str]) -> str:
+    """The message of a value that a `--set` gave names that `--set`, not the study file."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key and message.startswith((f"{source}: {key}:", f"{source}: {key}.")):
+            return f"--set {override}: " + message.removeprefix(f"{source}: ")
+    return message
 
 
 def _suggest_name(text: str) -> str:
