@@ -154,7 +154,7 @@ def sweep_length(
     source = (
         f"a level not yet measured taken as its warm-up, its window and an answer of {answer_s:.2g} s at each end; "
         "it takes longer where its users outnumber the server's slots and wait their turn (the demo's sweep took "
-        "about twice this), and the next --check reads this sweep's own lengths"
+        "1.4 times this on a quiet machine), and the next --check reads this sweep's own lengths"
     )
     if known:
         source += f"; {', '.join(map(str, known))} users as the last sweep of this study measured them"
