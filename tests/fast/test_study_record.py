@@ -153,10 +153,22 @@ def test_an_update_that_breaks_the_record_raises_before_anything_is_stored() -> 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished simulated study in today's format: the baseline and one trial."""
-    runs = tmp_path_factory.mktemp("runs")
-    done = run_tuner("run", str(DEMO), "--runs-dir", str(runs), "--set", "budget.trials=1", "--set", "confirm.top=0")
-    assert done.returncode == 0, done.stderr
+    """A finished simulated study in today's format: the baseline and one trial. Made once a session, however
+    many workers take this module's tests (each copies it before it changes it)."""
+    import fcntl
+    import os
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's, above each worker's own
+    runs = shared / "small-run"
+    with (shared / "small-run.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes it, the others wait for it
+        if not (runs / "made").exists():
+            done = run_tuner("run", str(DEMO), "--runs-dir", str(runs), "--set", "budget.trials=1",
+                             "--set", "confirm.top=0")  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            (runs / "made").touch()
     return runs / "stall-demo-simulated"
 
 
