@@ -280,7 +280,7 @@ def test_block_names_coded_a_batch_at_a_time_read_back_as_named_with_each_blocks
     from tuner.workloads import TraceBuilder, TraceHeader
     from tuner.workloads.columns import BlockCoder
 
-    monkeypatch.setattr(BlockCoder, "_BATCH", 3)
+    monkeypatch.setattr(BlockCoder, "BATCH", 3)
     rng = random.Random(7)
     requests = [[(f"b{rng.randrange(12)}", rng.choice([512, 512, 512, 40])) for _ in range(rng.randrange(5))]
                 for _ in range(60)]  # fmt: skip

@@ -79,7 +79,7 @@ class BlockCoder:
     order beside them, so that names are coded a batch at a time by binary search (numpy) and a new key
     costs 16 bytes and no copy of the others; each distinct name's text is kept once, in a blob."""
 
-    _BATCH = 1 << 16  # uses coded at once: about 150 bytes each meanwhile (their names, the sort), 10 MB
+    BATCH = 1 << 16  # uses coded at once: about 150 bytes each meanwhile (their names, the sort), 10 MB
 
     def __init__(self) -> None:
         self._keys_a, self._keys_b = array("q"), array("i")  # by code

@@ -462,8 +462,7 @@ class TraceBuilder:
         self._pending_tokens.extend(tokens)
         self._uses += len(codes)
         self._prefix_start.append(self._uses)
-        if len(self._pending_tokens) >= BlockCoder._BATCH:
-            self._code_blocks()
+        self._code_blocks_when_a_batch_waits()
 
     def _use_block(self, name: str, tokens: int) -> None:
         if self._preset is not None:
@@ -471,7 +470,10 @@ class TraceBuilder:
         self._blocks.pending.append(name)
         self._pending_tokens.append(tokens)
         self._uses += 1
-        if len(self._pending_tokens) >= BlockCoder._BATCH:
+        self._code_blocks_when_a_batch_waits()
+
+    def _code_blocks_when_a_batch_waits(self) -> None:
+        if len(self._pending_tokens) >= BlockCoder.BATCH:
             self._code_blocks()
 
     def _code_blocks(self) -> None:
