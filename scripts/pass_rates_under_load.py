@@ -16,7 +16,8 @@ Every run is its own pytest process under `CI=true` (a missing part fails instea
 are interleaved (round 1 of each, then round 2, ...) so that a slow drift of the machine spreads over all of
 them, and the results are written after every run, so an interrupted measurement keeps what it measured.
 While the file named by `--pause-file` exists, no new run starts. `--whole-suite` runs `scripts/test.sh`
-once under the load instead (`CI=true`), and records whether it passed and how long it took.
+once under the load instead (`CI=true`), and records whether it passed and how long it took (`--log FILE`
+keeps its whole output: a failure's cause is rarely in its last lines).
 
     .venv/bin/python scripts/pass_rates_under_load.py --load half --repeats 5
     .venv/bin/python scripts/pass_rates_under_load.py --load quiet --repeats 5
@@ -75,11 +76,13 @@ def _load(load: str) -> Iterator[str]:
             loop.kill()
 
 
-def _run(argv: list[str]) -> tuple[bool, float, str]:
+def _run(argv: list[str], *, log: Path | None = None) -> tuple[bool, float, str]:
     started = time.monotonic()
     result = subprocess.run(
         argv, cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True, check=False
     )
+    if log is not None:
+        log.write_text(result.stdout + result.stderr)
     tail = (result.stdout + result.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " in " in line and ("passed" in line or "failed" in line)), "")
     passed = result.returncode == 0 and "passed" in summary and "skipped" not in summary
@@ -120,6 +123,7 @@ def main() -> int:
     parser.add_argument("--pause-file", type=Path, default=ROOT / ".pass-rates-pause")
     parser.add_argument("--only", action="append", default=[], help="a substring of the tests to run")
     parser.add_argument("--whole-suite", action="store_true", help="run CI=true scripts/test.sh once instead")
+    parser.add_argument("--log", type=Path, help="with --whole-suite: keep the suite's whole output in this file")
     parser.add_argument("--report", action="store_true", help="print the results file as a Markdown table")
     args = parser.parse_args()
     stored: dict[str, dict[str, object]] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -136,7 +140,7 @@ def main() -> int:
     with _load(args.load) as described:
         entry["load"] = described
         if args.whole_suite:
-            passed, seconds, failure = _run([str(ROOT / "scripts/test.sh")])
+            passed, seconds, failure = _run([str(ROOT / "scripts/test.sh")], log=args.log)
             entry["whole_suite"] = f"{'passed' if passed else 'FAILED'} in {seconds / 60:.0f} min"
             save()
             print(entry["whole_suite"], failure, sep="\n")
