@@ -300,6 +300,8 @@ def test_blocks_coded_by_an_importer_read_back_by_their_preset_names_and_bad_cod
     from tuner.workloads import TraceBuilder, TraceHeader
 
     builder = TraceBuilder(TraceHeader(format="serve-tuner-trace", version=1, name="t"))
+    with pytest.raises(ValueError, match="preset them first"):
+        builder.add_coded_session("r0", offset_s=0.0, new_tokens=1, output_tokens=1, tag="x", codes=[0], tokens=[5])
     builder.preset_block_names(["mc-7", "mc-9", "mc-11"])
     builder.add_coded_session(
         "r0", offset_s=0.0, new_tokens=0, output_tokens=1, tag="x", codes=[2, 0], tokens=[512, 40]
@@ -313,6 +315,8 @@ def test_blocks_coded_by_an_importer_read_back_by_their_preset_names_and_bad_cod
         builder.add_coded_session("r2", offset_s=2.0, new_tokens=1, output_tokens=1, tag="x", codes=[1], tokens=[0])
     with pytest.raises(ValueError, match="preset: add blocks with add_coded_session"):
         builder.add_own_session("r2", offset_s=2.0, new_tokens=1, output_tokens=1, tag="x", blocks=[("mc-9", 5)])
+    with pytest.raises(ValueError, match="preset before the first block"):  # codes would name other blocks
+        builder.preset_block_names(["mc-7"])
     built = builder.build()
     assert len(built) == 2
     assert [built.prefix_blocks(i) for i in range(2)] == [
