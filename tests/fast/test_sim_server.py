@@ -259,8 +259,10 @@ def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer
     # the stall picture the assertion reads, less blurred than at 20
     study = _sim_study(tmp_path, *capacity, "[metrics.slo]", "min_requests = 1", speed=10)
     marker = str(os.getpid())
+    # budget.hours with after_study: the command prepares the study once, for the panel and the search alike.
     done = subprocess.run(
-        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")],
+        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "budget.hours=1"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -52,11 +52,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     run_path = args.runs_dir / spec.name
     plan = Plan.of(spec)
-    if spec.capacity.after_study and spec.budget.hours is not None and not spec.hosts:
+    prepared = None
+    if spec.capacity.after_study and spec.budget.hours is not None and not (spec.hosts or args.hosts):
         from tuner.search import budget_for_trials, prepare_study
 
         # The panel's "no new trial after" is the search's own: budget.hours less the sweep it holds.
-        budget_s = budget_for_trials(spec, prepare_study(spec, base_dir), run_path)
+        prepared = prepare_study(spec, base_dir)
+        budget_s = budget_for_trials(spec, prepared, run_path)
         plan = dataclasses.replace(plan, budget_hours=None if budget_s is None else budget_s / 3600)
     tracker = ProgressTracker(plan, path=run_path / progress_file(args.hosts or ()))
 
@@ -67,7 +69,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     async def main() -> None:
         stop_on_signals(received)
         with run_observer(console, tracker) as observer:
-            await run_study(spec, base_dir, run_path, Observers(observer, report), hosts=args.hosts or None)
+            await run_study(
+                spec, base_dir, run_path, Observers(observer, report), hosts=args.hosts or None, prepared=prepared
+            )
 
     started = time.monotonic()
     run_stoppable(main(), received)

@@ -223,13 +223,16 @@ async def run_study(
     observer: StudyObserver | None = None,
     *,
     hosts: Sequence[str] | None = None,
+    prepared: PreparedStudy | None = None,
 ) -> optuna.Study:
     """Runs (or resumes) a study and returns its Optuna study; the host ends on its baseline. A fleet
-    (`[[hosts]]`) runs the hosts named in `hosts` (all of them by default), each against its own baseline."""
+    (`[[hosts]]`) runs the hosts named in `hosts` (all of them by default), each against its own baseline.
+    `prepared`: the caller's `prepare_study(spec, base_dir)`, where it needed one first (a big workload is
+    then loaded once)."""
     observer = observer or NullObserver()
     if spec.hosts or hosts:
         return await _run_fleet_study(spec, base_dir, run_path, observer, hosts)
-    prepared = prepare_study(spec, base_dir)
+    prepared = prepared or prepare_study(spec, base_dir)
     baseline_launch = prepared.engine.launch_spec({})  # fails here, before the host is touched, without a build
     check_simulated_server(spec, baseline_launch)
     check_launch(spec.deploy, baseline_launch)
