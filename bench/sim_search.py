@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.sim_study import DATA, NOISE, SimulatedStudy, prepare_simulated, run_simulated  # noqa: E402
+from tests.support.sim_study import AA_OVERRIDES, NOISE, SimulatedStudy, prepare_simulated, run_simulated  # noqa: E402
 from tuner.study_record import StudyRecord  # noqa: E402
 
 
@@ -80,14 +80,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=100, help="demo studies")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/sim-search.json")
     args = parser.parse_args()
-    aa = prepare_simulated(
-        [
-            f'search.space="{DATA / "aa-space.toml"}"',
-            'search.params=["cache_ram"]',
-            f'workload.path="{DATA / "stall-small.jsonl"}"',
-            "budget.trials=3",
-        ]
-    )
+    aa = prepare_simulated(AA_OVERRIDES)
     with tempfile.TemporaryDirectory() as scratch:
         wins, aa_pairs = 0, Pairs()
         for seed in range(args.aa):

@@ -16,7 +16,7 @@ import pytest
 from optuna.storages import InMemoryStorage
 from optuna.trial import TrialState
 
-from tests.support.sim_study import DATA, DEMO, prepare_simulated, run_simulated
+from tests.support.sim_study import AA_OVERRIDES, DATA, DEMO, prepare_simulated, run_simulated
 from tuner.config import ParamValue
 from tuner.errors import StudyError
 from tuner.observers import NullObserver
@@ -58,16 +58,7 @@ def test_the_demos_search_lands_in_the_knee_region_on_at_least_18_of_20_seeds(tm
 
 
 def test_the_same_config_under_noise_is_recommended_in_at_most_5_percent_of_studies(tmp_path: Path) -> None:
-    # A/A: every trial's setting changes nothing the workload can feel, so a recommendation is a false win.
-    # The demo's study on the smallest stall workload (two streams, one 600-token prompt), 3 trials a study.
-    overrides = [
-        f'search.space="{DATA / "aa-space.toml"}"',
-        'search.params=["cache_ram"]',
-        f'workload.path="{DATA / "stall-small.jsonl"}"',
-        "metrics.long_prompt_tokens=600",
-        "budget.trials=3",
-    ]
-    prepared = prepare_simulated(overrides)
+    prepared = prepare_simulated(AA_OVERRIDES)  # every trial the baseline's config, in effect
     false_wins = []
     for seed in range(AA_STUDIES):
         result = run_simulated(prepared, tmp_path / f"aa-{seed}", seed=seed)

@@ -41,6 +41,16 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 # Run-to-run noise of the order seen on a shared 2-core machine: a few percent per server start and
 # 10% per forward pass.
 NOISE = NoiseModel(restart=0.05, iteration=0.10)
+# An A/A study: the demo's study whose every trial changes nothing the workload can feel (a host-RAM cache
+# size on prompts that never repeat), on the smallest stall workload (two streams, one 600-token prompt), 3
+# trials. A recommendation is a false win. The fast tier's test and bench/sim_search.py run the same one.
+AA_OVERRIDES = (
+    f'search.space="{DATA / "aa-space.toml"}"',
+    'search.params=["cache_ram"]',
+    f'workload.path="{DATA / "stall-small.jsonl"}"',
+    "metrics.long_prompt_tokens=600",
+    "budget.trials=3",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
