@@ -117,3 +117,29 @@ def test_main_called_in_process_leaves_the_callers_signal_handlers_as_they_were(
         assert signal.getsignal(signal.SIGINT) is caller_sigint
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_signal_after_the_loop_closed_is_still_recorded_not_the_default_kill() -> None:
+    """The moment the bombardment above reaches only sometimes (a signal as the loop closes), made certain:
+    asyncio puts the default action back for its own signal handlers when its loop closes, so ours must
+    not be the loop's. A SIGTERM after the loop is recorded for `raise_if_stopped`, not a kill."""
+    import asyncio
+
+    from tuner.cli import signals
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    received: list[int] = []
+
+    async def command() -> None:
+        signals.stop_on_signals(received)
+
+    try:
+        asyncio.run(command())
+        handler = signal.getsignal(signal.SIGTERM)
+        # Checked before the signal is raised: the default action would end this test's process.
+        assert handler not in (signal.SIG_DFL, signal.SIG_IGN, None), handler
+        signal.raise_signal(signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
