@@ -1019,6 +1019,10 @@ def test_the_dead_man_timer_is_pushed_back_while_the_study_is_alive_and_disarmed
 
     armed, rearmed = asyncio.run(scenario())
     assert rearmed > armed, "a heartbeat did not push the dead-man timer back"
+    # In the test itself, not only in the fixture's teardown (assert_baseline): a guard it alone catches is
+    # an error of the teardown, which says nothing certain of the guard.
+    timer = systemd_host.show("ActiveState", unit="serve-tuner-restore-llama-server.timer")
+    assert timer["ActiveState"] != "active", "the dead-man timer is still armed after a clean restore"
 
 
 @pytest.mark.real_server
