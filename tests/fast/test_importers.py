@@ -57,8 +57,8 @@ AZURE_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
             "2023-11-16 18:15:50.0000000,many,44\n",
             "unreadable timestamp or token count: 2023-11-16 18:15:50.0000000,many,44",
         ),
-        ("2023-11-16 18:15:50.0000000,374,0\n", "GeneratedTokens must be a whole number of at least 1, got 0"),
-        ("2023-11-16 18:15:50.0000000,-3,44\n", "ContextTokens must be a whole number of at least 1, got -3"),
+        ("2023-11-16 18:15:50.0000000,374,0\n", "GeneratedTokens must be a whole number from 1 to 10,000,000, got 0"),
+        ("2023-11-16 18:15:50.0000000,-3,44\n", "ContextTokens must be a whole number from 1 to 10,000,000, got -3"),
     ],
 )
 def test_a_bad_azure_row_after_blank_lines_is_named_at_its_own_line_with_its_value(
@@ -95,16 +95,68 @@ def test_a_csv_given_to_a_jsonl_importer_names_the_azure_importer(tmp_path: Path
 
 
 def test_a_file_no_importer_reads_names_the_importers_not_a_flag_that_does_not_exist(tmp_path: Path) -> None:
-    path = tmp_path / "empty.jsonl"
-    path.write_text("\n\n")
+    path = tmp_path / "notes.jsonl"
+    path.write_text("these are my notes\n")
     with pytest.raises(WorkloadError) as caught:
-        import_trace("mooncake", path, {}, name="x")
+        import_trace("openai-log", path, {}, name="x")
     message = str(caught.value)
     assert "--kind" not in message
-    assert message == (
-        f"{path}: no requests found for the mooncake importer; the importer is the first argument of "
-        "`tuner workload import` (azure, llama-server-log, mooncake, openai-log)"
+    assert message.endswith(
+        "; the importer is the first argument of `tuner workload import` (azure, llama-server-log, mooncake, "
+        "openai-log)"
     )
+
+
+def test_an_empty_file_or_a_directory_is_not_told_to_change_its_importer(tmp_path: Path) -> None:
+    # No importer would read them: naming the importers would send the user to the wrong fix.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("mooncake", empty, {}, name="x")
+    assert str(caught.value) == f"{empty}: no requests found for the mooncake importer"
+    for kind in ("mooncake", "azure"):
+        with pytest.raises(WorkloadError) as caught:
+            import_trace(kind, tmp_path, {}, name="x")
+        assert str(caught.value) == f"{tmp_path}: cannot read: Is a directory"
+
+
+def test_a_spreadsheets_byte_order_mark_is_read_past_and_a_byte_that_is_not_utf8_is_named_at_its_line(
+    tmp_path: Path,
+) -> None:
+    csv = tmp_path / "trace.csv"
+    csv.write_bytes(("\ufeff" + AZURE_HEADER + AZURE_ROW).encode())
+    assert len(import_trace("azure", csv, {}, name="x").requests) == 1
+    jsonl = tmp_path / "trace.jsonl"
+    good = (DATA / "mooncake.jsonl").read_text().splitlines()[0]
+    jsonl.write_bytes(("\ufeff" + good + "\n").encode() + b'{"timestamp": \xff}\n')
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("mooncake", jsonl, {}, name="x")
+    assert str(caught.value).startswith(f"{jsonl}:2: not UTF-8 text;")
+    csv.write_bytes((AZURE_HEADER + AZURE_ROW).encode() + b"2023-11-16 18:15:47.0,3\xff4,44\n")
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("azure", csv, {}, name="x")
+    assert str(caught.value).startswith(f"{csv}:3: unreadable timestamp or token count: 2023-11-16 18:15:47.0,3")
+
+
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [
+        # pandas would take the first column as the index, and every value would shift one column left.
+        (AZURE_ROW.replace("44", "44,9") + AZURE_ROW, "2: not an Azure trace CSV (the row has more fields than"),
+        (AZURE_ROW + "2023-11-16 18:15:47.0,374\n",
+         "3: unreadable timestamp or token count: 2023-11-16 18:15:47.0,374,\n"),
+        (AZURE_ROW + "2023-11-16 18:15:47.0,1" + "0" * 30 + ",44\n",
+         "3: ContextTokens must be a whole number from 1 to 10,000,000, got 1" + "0" * 30),
+    ],
+)  # fmt: skip
+def test_an_azure_row_that_does_not_fit_the_header_is_named_as_the_file_has_it(
+    tmp_path: Path, rows: str, problem: str
+) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(AZURE_HEADER + rows)
+    with pytest.raises(WorkloadError) as caught:
+        import_trace("azure", path, {}, name="x")
+    assert (str(caught.value) + "\n").startswith(f"{path}:{problem}")
 
 
 GOOD_MOONCAKE = {"timestamp": 9, "input_length": 300, "output_length": 9, "hash_ids": [7]}
@@ -118,6 +170,11 @@ GOOD_MOONCAKE = {"timestamp": 9, "input_length": 300, "output_length": 9, "hash_
         ({"output_length": 0}, "output_length must be a whole number of at least 1, got 0"),
         ({"hash_ids": 7}, "hash_ids must be a list of block ids, got 7"),
         ({"timestamp": "soon"}, "timestamp must be a number of milliseconds, got 'soon'"),
+        # An integer past a float: quoted in 40 characters, not 400 digits nor an OverflowError's traceback.
+        (
+            {"timestamp": 10**400},
+            "timestamp must be a number of milliseconds, got 1000000000000000000000000000000000000...",
+        ),
     ],
 )
 def test_a_mooncake_row_with_a_missing_or_invalid_value_is_reported_not_changed(
@@ -225,7 +282,7 @@ def test_mooncake_ids_5_and_quoted_5_are_one_block_and_05_another(tmp_path: Path
         (
             "azure",
             "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,5,20000001\n",
-            r":2: 20000001 output tokens: a request has 1 to 10,000,000",
+            r":2: GeneratedTokens must be a whole number from 1 to 10,000,000, got 20000001",
         ),
         (
             "azure",

@@ -6,7 +6,9 @@ all new tokens.
 
 from __future__ import annotations
 
+import itertools
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from tuner.catalog import IMPORTER_FORMATS
 from tuner.config import StrictModel
 from tuner.errors import WorkloadError
 from tuner.importers.base import IMPORTERS, import_builder
-from tuner.workloads import Trace
+from tuner.workloads import MAX_PROMPT_TOKENS, Trace
 
 __all__ = ["AzureImporter", "AzureOptions"]
 
@@ -103,15 +105,15 @@ def _chunks(
         counts = {column: pd.to_numeric(frame[column], errors="coerce") for column in _COLUMNS[1:]}
         bad = frame.index[times.isna() | counts["ContextTokens"].isna() | counts["GeneratedTokens"].isna()]
         if len(bad):
-            shown = ",".join(str(frame.loc[bad[0], c]) for c in _COLUMNS)
+            shown = ",".join("" if pd.isna(cell := frame.loc[bad[0], c]) else str(cell) for c in _COLUMNS)
             raise WorkloadError(f"{path}:{int(bad[0])}: unreadable timestamp or token count: {shown}")
         for column, values in counts.items():
             # Reported, not clamped: a request of 0 or -3 tokens is a broken row, and replaying it as 1
             # token would measure traffic that never happened.
-            invalid = frame.index[(values < 1) | (values % 1 != 0)]
+            invalid = frame.index[(values < 1) | (values % 1 != 0) | (values > MAX_PROMPT_TOKENS)]
             if len(invalid):
                 raise WorkloadError(
-                    f"{path}:{int(invalid[0])}: {column} must be a whole number of at least 1, "
+                    f"{path}:{int(invalid[0])}: {column} must be a whole number from 1 to {MAX_PROMPT_TOKENS:,}, "
                     f"got {frame.loc[invalid[0], column]}"
                 )
         yield times.to_numpy(dtype="datetime64[ns]").astype(np.int64), counts
@@ -124,7 +126,7 @@ def _scan(path: Path) -> tuple[tuple[int, str] | None, set[int]]:
     first: tuple[int, str] | None = None
     blank: set[int] = set()
     try:
-        with path.open(errors="replace") as handle:
+        with path.open(encoding="utf-8-sig", errors="replace") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     blank.add(number)
@@ -144,10 +146,21 @@ def _read_frames(path: Path, limit: int | None, blank_lines: set[int], *, header
     skipped."""
     rows = None if limit is None else limit + len(blank_lines)
     try:
-        with pd.read_csv(
-            path, nrows=rows, skip_blank_lines=False, skiprows=header_at - 1, chunksize=_CHUNK_ROWS
-        ) as reader:
-            yield from reader
+        # A spreadsheet's byte-order mark dropped, a byte that is not UTF-8 left to the row's own check (which
+        # names its line). A first row with more fields than the header would make pandas take its first
+        # column as the index, and with index_col=False drop the extra field with a warning: an error here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            with pd.read_csv(
+                path, nrows=rows, skip_blank_lines=False, skiprows=header_at - 1, chunksize=_CHUNK_ROWS,
+                index_col=False, encoding="utf-8-sig", encoding_errors="replace",
+            ) as reader:  # fmt: skip
+                yield from reader
+    except pd.errors.ParserWarning:
+        first_row = next(n for n in itertools.count(header_at + 1) if n not in blank_lines)
+        raise WorkloadError(
+            f"{path}:{first_row}: not an Azure trace CSV (the row has more fields than the header {','.join(_COLUMNS)})"
+        ) from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         # The tokenizer's own words name the line ("Expected 3 fields in line 7, saw 5"): lead with it.
         where = re.search(r"line (\d+)", str(exc))

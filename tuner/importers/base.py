@@ -58,7 +58,7 @@ def guess_importer(path: Path) -> str | None:
     """The importer whose format the file's first non-blank line has, or None when none clearly fits.
     Only used to word an error: a file that an importer could not read is named with the one that fits."""
     try:
-        with path.open(errors="replace") as handle:
+        with path.open(encoding="utf-8-sig", errors="replace") as handle:
             first = next((line.strip() for line in itertools.islice(handle, 200) if line.strip()), "")
     except OSError:
         return None
@@ -85,9 +85,18 @@ def _format_hint(path: Path, kind: str) -> str:
     fits = guess_importer(path)
     if fits is not None and fits != kind:
         return f"; the file looks like {fits} input: `tuner workload import {fits} {path} --out TRACE`"
-    if fits == kind:
-        return ""
+    if fits == kind or not _has_text(path):
+        return ""  # the importer is right, or no importer would read it (a directory, an empty file)
     return f"; the importer is the first argument of `tuner workload import` ({', '.join(IMPORTERS.kinds())})"
+
+
+def _has_text(path: Path) -> bool:
+    """Whether the path is a file with something other than blank lines in its first 64 KiB."""
+    try:
+        with path.open("rb") as handle:
+            return bool(handle.read(65536).strip())
+    except OSError:
+        return False
 
 
 def imported_trace(path: Path, name: str, requests: list[TraceRequest]) -> Trace:
@@ -106,9 +115,10 @@ def import_builder(path: Path, name: str) -> TraceBuilder:
 
 
 def stream_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """The file's lines with their numbers, read as a stream (a big trace is never held whole)."""
+    """The file's lines with their numbers, read as a stream (a big trace is never held whole). A leading
+    byte-order mark (a spreadsheet's export) is dropped; a byte that is not UTF-8 reads as U+FFFD."""
     try:
-        with path.open(errors="replace") as handle:
+        with path.open(encoding="utf-8-sig", errors="replace") as handle:
             yield from enumerate((line.rstrip("\r\n") for line in handle), start=1)
     except FileNotFoundError:
         raise WorkloadError(f"{path}: file not found") from None
@@ -118,7 +128,7 @@ def stream_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def read_lines(path: Path) -> list[str]:
     try:
-        return path.read_text(errors="replace").splitlines()
+        return path.read_text(encoding="utf-8-sig", errors="replace").splitlines()
     except FileNotFoundError:
         raise WorkloadError(f"{path}: file not found") from None
     except OSError as exc:

@@ -81,8 +81,11 @@ def _records(path: Path) -> Iterator[tuple[int, tuple[float, int, int, list[int 
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); {_EXPECTED}") from None
+        except ValueError as exc:  # a JSONDecodeError, or an integer past Python's 4,300 digits
+            if "\ufffd" in line:  # stream_lines' mark of a byte that is not UTF-8
+                raise WorkloadError(f"{path}:{number}: not UTF-8 text; {_EXPECTED}") from None
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "a number of more than 4,300 digits"
+            raise WorkloadError(f"{path}:{number}: not valid JSON ({why}); {_EXPECTED}") from None
         try:
             yield number, _fields(row)
         except _Invalid as exc:
@@ -242,17 +245,36 @@ def _fields(row: Any) -> tuple[float, int, int, list[int | str]]:
     if missing:
         raise _Invalid(f"missing field(s) {', '.join(missing)}; {_EXPECTED}")
     timestamp = row["timestamp"]
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not math.isfinite(timestamp):
-        raise _Invalid(f"timestamp must be a number of milliseconds, got {timestamp!r}")
+    milliseconds = _finite(timestamp)
+    if milliseconds is None:
+        raise _Invalid(f"timestamp must be a number of milliseconds, got {_shown(timestamp)}")
     lengths = []
     for key, least in (("input_length", 1), ("output_length", 1)):
         value = row[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise _Invalid(f"{key} must be a whole number of at least {least}, got {value!r}")
+            raise _Invalid(f"{key} must be a whole number of at least {least}, got {_shown(value)}")
         lengths.append(value)
     hash_ids = row["hash_ids"]
     # Types compared exactly (a bool is an int to isinstance): JSON gives no subclasses.
     ids_ok = type(hash_ids) is list and set(map(type, hash_ids)) <= {int, str}
     if not ids_ok:
         raise _Invalid(f"hash_ids must be a list of block ids, got {json.dumps(hash_ids)[:80]}")
-    return float(timestamp) / 1000.0, lengths[0], lengths[1], hash_ids
+    return milliseconds / 1000.0, lengths[0], lengths[1], hash_ids
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number as a finite float, else None: a bool, a string, NaN, infinity, or an integer too large
+    for a float (JSON's integers have no bound; `math.isfinite` of one raises)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(value: Any) -> str:
+    """A value as an error quotes it: at most 40 characters (a 400-digit number is not read out)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
