@@ -202,17 +202,20 @@ def table(data: dict[str, object]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rows", default="100000,1000000", help="trace sizes, comma-separated (two or more)")
-    parser.add_argument("--table", action="store_true", help=f"print the table from {RESULTS.name} and exit")
+    parser.add_argument("--table", action="store_true", help="print the table from --out's figures and exit")
     parser.add_argument("--kinds", default=",".join(WRITERS), help=f"sources, comma-separated ({', '.join(WRITERS)})")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help=f"the figures' file (default: the tracked {RESULTS.name})"
+    )
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(RESULTS.read_text())))
+        print(table(json.loads(args.out.read_text())))
         return
     rows_list = sorted(int(r) for r in args.rows.split(","))
     data = run(rows_list, args.kinds.split(","))
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(table(data))
 
 

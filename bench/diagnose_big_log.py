@@ -151,7 +151,7 @@ def read_once(path: Path) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--hours", default="6,24", help="log lengths to read, in hours (comma-separated)")
     parser.add_argument("--table", action="store_true", help="print the docs/benchmarks.md table from the results")
     args = parser.parse_args()

@@ -38,7 +38,7 @@ def timed(client: httpx.Client, url: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
     port, proxy_port = free_port(), free_port()

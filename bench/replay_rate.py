@@ -146,7 +146,7 @@ def main() -> None:
         given = sys.argv[2:7]
         client(Path(given[0]), float(given[1]), float(given[2]), given[3], Path(given[4]))
         return
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of compressed trace per rate")
     parser.add_argument(
         "--rates",

@@ -33,7 +33,7 @@ def fixed_win(differences: np.ndarray) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--planned", type=int, default=4, help="pairs planned (the demo's confirm.pairs)")
     parser.add_argument("--confirmations", type=int, default=2000, help="simulated confirmations per effect")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/sequential-power.json")

@@ -57,7 +57,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=30, help="measured runs of each command (default 30)")
     parser.add_argument("--compare", metavar="REV", help="also measure `tuner --help` of this git revision")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file (default bench/results/)")

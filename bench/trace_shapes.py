@@ -79,7 +79,7 @@ def azure_shape(path: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--mooncake", type=Path, help="Mooncake's conversation_trace.jsonl")
     parser.add_argument("--azure-conv", type=Path, help="AzureLLMInferenceTrace_conv.csv")
     parser.add_argument("--azure-code", type=Path, help="AzureLLMInferenceTrace_code.csv")
