@@ -417,7 +417,7 @@ class ProgressTracker(NullObserver):
             s.confirming, s.confirm_left = number, 2 * pairs
             s.confirm_started += 1
             s.confirm_settings = dict(settings)
-            s.last = f"re-measuring trial {number} against the baseline in {pairs} pairs"
+            s.last = f"re-measuring trial {number} against the baseline in up to {pairs} pairs"
 
         self._event(change)
 
@@ -428,7 +428,7 @@ class ProgressTracker(NullObserver):
             s.confirming, s.confirm_left, s.current = None, 0, None
             s.last = (
                 f"trial {number} against the baseline: {result.mean:+.2f}, 95% interval {low:+.2f}..{high:+.2f} "
-                f"over {len(result.differences)} pairs"
+                f"over {result.pairs_told()}"
             )
 
         self._event(change)

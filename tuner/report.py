@@ -373,7 +373,7 @@ def _recommend_among(study: StudyRecord, candidates: list[LeaderboardRow], basel
 
 def _held(host: str, confirmation: Confirmation) -> str:
     low, high = confirmation.ci
-    return f"{host} ({confirmation.mean:+.2f}, {low:+.2f}..{high:+.2f})"
+    return f"{host} ({confirmation.mean:+.2f}, {low:+.2f}..{high:+.2f} over {confirmation.pairs_told()})"
 
 
 def _and(parts: list[str]) -> str:

@@ -9,8 +9,8 @@ bound, all the intervals of a confirmation hold the true mean together with at l
 (repeated confidence intervals, Jennison & Turnbull), whatever rule stops the pairs: the win rule below
 is as safe as the fixed-n interval it replaces. The price is a wider interval at the last look (with 4
 pairs, the last look spends 3.4% instead of 5%); the gain is that a large effect stops after about 3 pairs
-of 4 on average (2 at the soonest) instead of running all of them, and a candidate that cannot win stops after 2 or 3 (docs/metrics.md has
-the simulated power and pairs).
+of 4 on average (2 at the soonest) instead of running all of them, and a candidate that cannot win stops
+after 2 or 3 (docs/metrics.md has the simulated power and pairs).
 
 The pairs stop when the interval clears the minimum effect (a win), when it lies wholly below it (not a
 win, however many more pairs), or when even a final mean one standard error (of the mean so far) above

@@ -113,6 +113,10 @@ def test_confirmation_remeasures_against_each_hosts_baseline_and_says_where_it_h
     assert "held on" in message or "not on" in message
     for host in HOSTS:
         assert host in message
+        # How many pairs ran on that host and why they stopped, as a single host's recommendation says it.
+        (confirmation,) = confirmed[host].values()
+        assert f"{host} ({confirmation.mean:+.2f}, " in message
+        assert f"over {confirmation.pairs_told()})" in message
 
 
 def test_one_controller_driving_several_hosts_names_the_host_on_each_line(tmp_path: Path) -> None:

@@ -124,6 +124,20 @@ def test_the_tracker_counts_rounds_and_estimates_the_time_left_from_measured_rou
     assert read_progress(tmp_path) == ended.model_copy(update={"updated_at": clock.now})
 
 
+def test_tuner_status_says_the_confirmations_pairs_as_the_leaderboard_does(tmp_path: Path) -> None:
+    from tuner.study_record import Confirmation
+
+    tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=Clock())
+    tracker.confirm_started(number=1, settings={"n_batch": 256}, pairs=4)
+    assert tracker.snapshot().last == "re-measuring trial 1 against the baseline in up to 4 pairs"
+    result = Confirmation(differences=[1.4, 1.6], mean=1.5, ci=[1.2, 1.8], planned_pairs=4, stopped="above")
+    tracker.confirm_finished(number=1, result=result)
+    assert tracker.snapshot().last == (
+        "trial 1 against the baseline: +1.50, 95% interval +1.20..+1.80 over 2 of at most 4 alternating pairs "
+        "(stopped early: its interval cleared the minimum effect)"
+    )
+
+
 def test_the_tracker_says_where_the_runs_time_went_per_phase_across_resumes(tmp_path: Path) -> None:
     clock = Clock()
     tracker = ProgressTracker(PLAN, path=tmp_path / PROGRESS_FILE, clock=clock)
