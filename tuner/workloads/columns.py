@@ -10,10 +10,10 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BlockCoder", "IndexedStrings", "Ints", "Small", "Strings"]
+__all__ = ["BlockCoder", "IndexedStrings", "Int64Array", "Int32Array", "Strings"]
 
-Ints = npt.NDArray[np.int64]
-Small = npt.NDArray[np.int32]  # token counts, turns, codes: 4 bytes a request
+Int64Array = npt.NDArray[np.int64]
+Int32Array = npt.NDArray[np.int32]  # token counts, turns, codes: 4 bytes a request
 
 
 class IndexedStrings(Sequence[str]):
@@ -44,7 +44,7 @@ class Strings(IndexedStrings):
 
     __slots__ = ("_blob", "_ends")
 
-    def __init__(self, blob: bytes | bytearray, ends: Ints) -> None:
+    def __init__(self, blob: bytes | bytearray, ends: Int64Array) -> None:
         self._blob, self._ends = blob, ends
 
     def __len__(self) -> int:
@@ -64,7 +64,7 @@ class Strings(IndexedStrings):
             start = end
         return out
 
-    def take(self, indices: Ints) -> Strings:
+    def take(self, indices: Int64Array) -> Strings:
         ends, blob = self._ends.tolist(), self._blob
         pieces = [blob[(ends[i - 1] if i else 0) : ends[i]] for i in indices.tolist()]
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
@@ -76,8 +76,9 @@ class BlockCoder:
     Mooncake trace names millions of shared blocks, and a dict of their names took 160 bytes each (a
     million-request trace: 700 MB). Each name is keyed by 96 bits of two independent hashes (a collision
     among ten million names: about 1 in 10**15); the keys are kept by code, with the codes in the keys'
-    order beside them, so that names are coded a batch at a time by binary search (numpy) and a new key
-    costs 16 bytes and no copy of the others; each distinct name's text is kept once, in a blob."""
+    order beside them, so that names are coded a batch at a time by binary search (numpy); a new key costs
+    16 bytes, and a batch with new keys copies the 4-byte codes in key order once (`np.insert`); each
+    distinct name's text is kept once, in a blob."""
 
     BATCH = 1 << 16  # uses coded at once: about 150 bytes each meanwhile (their names, the sort), 10 MB
 
@@ -87,7 +88,7 @@ class BlockCoder:
         self.names_blob, self.names_ends = bytearray(), array("q")
         self.pending: list[str] = []
 
-    def code(self) -> tuple[Small, Ints]:
+    def code(self) -> tuple[Int32Array, Int64Array]:
         """The pending names' codes, in order, and where in the batch each new code was first used: names
         never seen before get the next codes, in the order they were first named."""
         names, self.pending = self.pending, []
@@ -117,7 +118,7 @@ class BlockCoder:
             self.names_ends.append(len(self.names_blob))
         return group_codes[inverse], first[new]
 
-    def _known(self, unique_a: Ints, unique_b: Small) -> Small:
+    def _known(self, unique_a: Int64Array, unique_b: Int32Array) -> Int32Array:
         """The code of each key seen before, -1 for a new one."""
         codes = np.full(len(unique_a), -1, np.int32)
         if not len(self._by_key):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tuner.workloads.trace import Floats, Trace
+from tuner.workloads.trace import Float64Array, Trace
 
 __all__ = ["Concurrency", "Distribution", "TraceSummary", "concurrency_profile", "summarize_trace"]
 
@@ -45,8 +45,8 @@ class Concurrency:
     arrivals: list[int]  # requests arriving in each bucket
     peak: int
     mean: float  # time-weighted over the span
-    starts: Floats  # each request's [start, end), in the trace's order, for plots
-    ends: Floats
+    starts: Float64Array  # each request's [start, end), in the trace's order, for plots
+    ends: Float64Array
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +79,9 @@ def _distribution(values: npt.NDArray[Any]) -> Distribution:
     )
 
 
-def _send_intervals(trace: Trace, *, prefill_tok_s: float, decode_tok_s: float) -> tuple[Floats, Floats, str]:
+def _send_intervals(
+    trace: Trace, *, prefill_tok_s: float, decode_tok_s: float
+) -> tuple[Float64Array, Float64Array, str]:
     """Each request's start and end as the replay would send it (columns, in the trace's order), and how
     the durations were obtained."""
     offsets, durations = trace.offset_s, trace.duration_s
@@ -117,7 +119,7 @@ def concurrency_profile(
     return _profile(starts, ends, basis=basis, buckets=buckets)
 
 
-def _profile(starts: Floats, ends: Floats, *, basis: str, buckets: int) -> Concurrency:
+def _profile(starts: Float64Array, ends: Float64Array, *, basis: str, buckets: int) -> Concurrency:
     first = float(starts.min())
     span = max(float(ends.max()) - first, 1e-9)
     bucket_s = span / buckets
@@ -196,7 +198,7 @@ def _counts(codes: npt.NDArray[np.integer[Any]], labels: list[str]) -> dict[str,
     return merged
 
 
-def _reused_tokens(trace: Trace, starts: Floats) -> tuple[int, int]:
+def _reused_tokens(trace: Trace, starts: Float64Array) -> tuple[int, int]:
     """Shared-prefix and history tokens that a request sent earlier computed, assuming nothing is ever
     evicted. A prefix block counts only behind blocks that count too (a cache matches a prompt from its
     start); history counts up to what the session's previous turn held: its history, its new tokens and

@@ -13,7 +13,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from tuner.workloads.columns import BlockCoder, IndexedStrings, Ints, Small, Strings
+from tuner.workloads.columns import BlockCoder, IndexedStrings, Int32Array, Int64Array, Strings
 from tuner.workloads.trace_format import (
     MAX_PROMPT_TOKENS,
     LoraUse,
@@ -24,10 +24,10 @@ from tuner.workloads.trace_format import (
     shape_problem,
 )
 
-__all__ = ["Floats", "IndexedStrings", "Ints", "Small", "Trace", "TraceBuilder"]
+__all__ = ["Float64Array", "IndexedStrings", "Int64Array", "Int32Array", "Trace", "TraceBuilder"]
 
 
-Floats = npt.NDArray[np.float64]
+Float64Array = npt.NDArray[np.float64]
 
 
 class Trace:
@@ -71,24 +71,24 @@ class Trace:
 
     # The columns, one entry a request; codes index the tables.
     header: TraceHeader
-    offset_s: Floats
-    _think_s: Floats
-    _duration_s: Floats
-    _turn: Small
-    _new_tokens: Small
-    _history_tokens: Small
-    _output_tokens: Small
-    _session_codes: Small
-    _tag_codes: Small
-    _lora_codes: Small
+    offset_s: Float64Array
+    _think_s: Float64Array
+    _duration_s: Float64Array
+    _turn: Int32Array
+    _new_tokens: Int32Array
+    _history_tokens: Int32Array
+    _output_tokens: Int32Array
+    _session_codes: Int32Array
+    _tag_codes: Int32Array
+    _lora_codes: Int32Array
     # Request i's prefix blocks are positions _prefix_start[i] to _prefix_start[i + 1] of these two.
-    _prefix_start: Ints
-    _prefix_blocks: Small
+    _prefix_start: Int64Array
+    _prefix_blocks: Int32Array
     # A block's tokens are those of its first use (Mooncake's 512); a use of another size (a prompt's
     # last, partial block) is kept apart, by position: 4 bytes a use instead of 8.
-    _block_tokens: Small
-    _odd_positions: Ints
-    _odd_tokens: Small
+    _block_tokens: Int32Array
+    _odd_positions: Int64Array
+    _odd_tokens: Int32Array
     _ids: Strings
     _sessions: list[str]
     _tags: list[str]
@@ -108,7 +108,7 @@ class Trace:
         return self._ids
 
     @property
-    def session_codes(self) -> Small:
+    def session_codes(self) -> Int32Array:
         """Each request's session as an index into `sessions`."""
         return self._session_codes
 
@@ -117,32 +117,32 @@ class Trace:
         return self._ids[-code - 1] if code < 0 else self._sessions[code]
 
     @property
-    def turn(self) -> Small:
+    def turn(self) -> Int32Array:
         return self._turn
 
     @property
-    def think_s(self) -> Floats:
+    def think_s(self) -> Float64Array:
         return self._think_s
 
     @property
-    def new_tokens(self) -> Small:
+    def new_tokens(self) -> Int32Array:
         return self._new_tokens
 
     @property
-    def history_tokens(self) -> Small:
+    def history_tokens(self) -> Int32Array:
         return self._history_tokens
 
     @property
-    def output_tokens(self) -> Small:
+    def output_tokens(self) -> Int32Array:
         return self._output_tokens
 
     @property
-    def duration_s(self) -> Floats:
+    def duration_s(self) -> Float64Array:
         """NaN where the request has no recorded duration."""
         return self._duration_s
 
     @property
-    def prefix_tokens(self) -> Ints:
+    def prefix_tokens(self) -> Int64Array:
         """Each request's shared-prefix tokens in all."""
         sums = np.zeros(len(self), dtype=np.int64)
         for rows in _row_chunks(len(self)):
@@ -154,7 +154,7 @@ class Trace:
             sums[rows] = running[starts[1:]] - running[starts[:-1]]
         return sums
 
-    def use_tokens(self, lo: int, hi: int) -> Small:
+    def use_tokens(self, lo: int, hi: int) -> Int32Array:
         """The tokens of block uses lo to hi - 1 (positions in the block codes of `prefix_columns`)."""
         tokens = self._block_tokens[self._prefix_blocks[lo:hi]]
         first, last = np.searchsorted(self._odd_positions, [lo, hi])
@@ -169,7 +169,7 @@ class Trace:
         blocks, tokens = self._prefix_blocks[lo:hi].tolist(), self.use_tokens(lo, hi).tolist()
         return [(names[b], t) for b, t in zip(blocks, tokens, strict=True)]
 
-    def prefix_columns(self) -> tuple[Ints, Small]:
+    def prefix_columns(self) -> tuple[Int64Array, Int32Array]:
         """Every request's prefix blocks as columns: request i's blocks are positions start[i] to
         start[i + 1] of the block codes (equal codes, equal block ids); `use_tokens` gives their tokens."""
         return self._prefix_start, self._prefix_blocks
@@ -179,7 +179,7 @@ class Trace:
         return self._tags
 
     @property
-    def tag_codes(self) -> Small:
+    def tag_codes(self) -> Int32Array:
         return self._tag_codes
 
     def lora_mix(self) -> dict[tuple[tuple[str, float], ...], int]:
@@ -269,7 +269,7 @@ class Trace:
                 row["content"] = content
             yield row
 
-    def take(self, indices: Ints | Sequence[int]) -> Trace:
+    def take(self, indices: Int64Array | Sequence[int]) -> Trace:
         """The requests at `indices`, in that order, as a trace of their own with the same header."""
         chosen = np.asarray(indices, dtype=np.int64)
         taken = Trace.__new__(Trace)
