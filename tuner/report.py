@@ -118,6 +118,8 @@ class Leaderboard:
     pruning_saved_s: float = 0.0
     hosts: HostSpread | None = None  # a fleet's host effect; None in a one-host study
     prediction: PredictionOutcome | None = None  # a study started from a prediction (`search.predicted_from`)
+    # Each re-measurement against the baseline: (trial, host or None, its pairs and verdict), by trial.
+    confirmations: list[tuple[int, str | None, Confirmation]] = field(default_factory=list)
 
 
 def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
@@ -210,6 +212,11 @@ def build_leaderboard(study: optuna.Study | StudyView) -> Leaderboard:
         pruning_saved_s=sum(t.record.saved_s for t in trials),
         hosts=_host_spread(baselines, view.record.objectives, dropped),
         prediction=None if prediction is None else _prediction_outcome(prediction, rows, recommendation),
+        confirmations=sorted(
+            [(number, None, c) for number, c in view.record.confirmations.items()]
+            + [(number, host, c) for host, record in view.hosts.items() for number, c in record.confirmations.items()],
+            key=lambda entry: (entry[0], entry[1] or ""),
+        ),
     )
 
 
@@ -547,6 +554,20 @@ class PredictionDocument(_Document):
     trials: dict[int, PredictedTrialDocument] = Field(description="Trial number -> its config's predicted figures.")
 
 
+class ConfirmationDocument(_Document):
+    trial: int = Field(description="The trial re-measured against the baseline in alternating pairs.")
+    host: str | None = Field(description="The fleet host it was re-measured on; null on one host.")
+    differences: list[float] = Field(description="The trial's score minus the baseline's, per pair.")
+    mean: float
+    ci: list[float] = Field(description="The interval the sequential test holds at 95% over all its looks.")
+    pairs_run: int
+    pairs_planned: int | None = Field(
+        description="The most pairs it would run; null: stored before the sequential confirmation (all ran)."
+    )
+    stopped: str | None = Field(description="Why the pairs stopped: above, below, futile or all pairs; null: as above.")
+    told: str = Field(description="How many pairs ran and why they stopped, as the recommendation says it.")
+
+
 class LeaderboardDocument(_Document):
     """`tuner leaderboard RUN_DIR --json`: the leaderboard for scripts, rows best first."""
 
@@ -560,6 +581,9 @@ class LeaderboardDocument(_Document):
     hosts: HostSpreadDocument | None = Field(default=None, description="A fleet's host effect; null on one host.")
     prediction: PredictionDocument | None = Field(
         default=None, description="The prediction the study started from (search.predicted_from); null: none."
+    )
+    confirmations: list[ConfirmationDocument] = Field(
+        default_factory=list, description="Each re-measurement against the baseline, by trial."
     )
 
 
@@ -616,4 +640,18 @@ def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
                 for number, figures in board.prediction.predicted.items()
             },
         ),
+        confirmations=[
+            ConfirmationDocument(
+                trial=number,
+                host=host,
+                differences=confirmation.differences,
+                mean=confirmation.mean,
+                ci=confirmation.ci,
+                pairs_run=len(confirmation.differences),
+                pairs_planned=confirmation.planned_pairs,
+                stopped=confirmation.stopped,
+                told=confirmation.pairs_told(),
+            )
+            for number, host, confirmation in board.confirmations
+        ],
     )

@@ -211,6 +211,16 @@ def test_json_is_the_whole_stdout_and_its_numbers_are_the_leaderboards(
     assert document["recommendation"] == board.recommendation.message
     recommended = board.recommendation.row
     assert document["recommended_trial"] == (None if recommended is None else recommended.number)
+    # The confirmation's pairs for scripts, not only inside the recommendation's sentence.
+    assert board.confirmations, "the demo's study confirms its best trial"
+    confirmations = document["confirmations"]
+    told = [(c["trial"], c["pairs_run"], c["pairs_planned"], c["stopped"], c["told"]) for c in confirmations]
+    assert told == [
+        (number, len(c.differences), c.planned_pairs, c.stopped, c.pairs_told()) for number, _, c in board.confirmations
+    ]
+    if recommended is not None:
+        (mine,) = [c for c in confirmations if c["trial"] == recommended.number]
+        assert mine["told"] in document["recommendation"]
     assert [row["number"] for row in document["rows"]] == [row.number for row in board.rows]
     for got, row in zip(document["rows"], board.rows, strict=True):
         assert got["baseline"] == row.baseline and got["state"] == row.state and got["pareto"] == row.pareto
