@@ -1,4 +1,4 @@
-"""Int32Array static SVG charts for the morning report: lines, steps and points on linear or log axes.
+"""Small static SVG charts for the morning report: lines, steps and points on linear or log axes.
 
 Static SVG rather than a plotting library's scripts: the report must read without JavaScript and
 without any request to another host, and a chart of a few hundred points is a few kilobytes of text.
