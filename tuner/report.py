@@ -278,7 +278,8 @@ def _predicted_against_measured(figures: PredictedFigures, row: LeaderboardRow) 
 
 def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = None) -> LeaderboardRow:
     """`tuner apply`'s choice, read from the run alone: the recommendation, or `trial` if it completed."""
-    board = build_leaderboard(StudyView.open(RunDirectory(run_path), storage_url))
+    view = StudyView.open(RunDirectory(run_path), storage_url)
+    board = build_leaderboard(view)
     if trial is None:
         if board.recommendation.row is None:
             raise StudyError(
@@ -290,7 +291,12 @@ def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = No
         done = ", ".join(str(r.number) for r in board.rows if r.state == "COMPLETE")
         if not done:
             raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
-        what = "no trial has that number" if row is None else f"trial {trial} did not complete ({row.state.lower()})"
+        if row is not None:
+            what = f"trial {trial} did not complete ({row.state.lower()})"
+        elif any(t.number == trial for t in view.trials):  # a proposal the search skipped: nothing was deployed
+            what = f"trial {trial} was never deployed (the search skipped it: its settings were measured already)"
+        else:
+            what = "no trial has that number"
         raise ConfigError(f"--trial {trial}: {what} in {run_path}; choose one of: {done}")
     return row
 

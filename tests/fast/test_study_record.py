@@ -33,6 +33,7 @@ from tuner.study_record import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MADE_BY_0_1_0 = ROOT / "tests" / "data" / "runs" / "made-by-0.1.0"
+PRINTED_BY_THIS_VERSION = ROOT / "tests" / "data" / "runs" / "made-by-0.1.0-leaderboard.txt"
 DEMO = ROOT / "studies" / "stall-demo-simulated.toml"
 
 
@@ -47,7 +48,21 @@ def test_a_run_made_by_0_1_0_shows_the_leaderboard_that_version_wrote(tmp_path: 
     shown = run_tuner("leaderboard", str(run), "--csv", str(tmp_path / "now.csv"))
     assert shown.returncode == 0, shown.stderr
     assert (tmp_path / "now.csv").read_text() == (MADE_BY_0_1_0 / "leaderboard.csv").read_text()
-    assert "recommended: n_batch=256, n_ubatch=256 (trial 3): paired score difference +0.96" in shown.stdout
+    # The table as printed, byte for byte: 0.1.0's own but for the recommendation's wording, which says how
+    # many pairs ran since the sequential confirmation (issue 30, commit 541704e).
+    assert shown.stdout.removesuffix(f"wrote {tmp_path / 'now.csv'}\n") == PRINTED_BY_THIS_VERSION.read_text()
+
+
+def test_apply_names_a_trial_the_search_skipped_as_never_deployed_not_as_missing(tmp_path: Path) -> None:
+    from tuner.errors import ConfigError
+    from tuner.report import row_to_apply
+
+    run = old_run(tmp_path)
+    with pytest.raises(ConfigError, match=r"--trial 4: trial 4 was never deployed \(the search skipped it"):
+        row_to_apply(run, 4)
+    with pytest.raises(ConfigError, match="--trial 99: no trial has that number"):
+        row_to_apply(run, 99)
+    assert row_to_apply(run, 5).settings == {"n_batch": 256, "n_ubatch": 128}
 
 
 def test_a_run_made_by_0_1_0_resumes_and_keeps_its_measurements(tmp_path: Path) -> None:
