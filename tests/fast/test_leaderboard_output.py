@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from tests.support import run_cli
 from tests.support.sim_study import prepare_simulated, run_simulated
-from tuner.cli import main
 from tuner.console import render_leaderboard
 from tuner.report import Leaderboard, build_leaderboard, leaderboard_frame
 from tuner.runs import RunDirectory
@@ -185,15 +185,6 @@ def test_a_study_without_trials_yet_shows_an_empty_table(demo: Demo) -> None:
     assert demo.board.recommendation.message.split()[0] in notes(text)
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own exits
-        code = exc.code if isinstance(exc.code, int) else 2
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def refuse_constants(name: str) -> float:
     raise AssertionError(f"{name} is not JSON")
 
@@ -201,7 +192,7 @@ def refuse_constants(name: str) -> float:
 def test_json_is_the_whole_stdout_and_its_numbers_are_the_leaderboards(
     demo: Demo, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--json", "--csv", str(tmp_path / "b.csv"))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--json", "--csv", str(tmp_path / "b.csv"))
     assert code == 0, err
     document = json.loads(out, parse_constant=refuse_constants)
     assert f"wrote {tmp_path / 'b.csv'}" in err
@@ -245,7 +236,7 @@ def test_a_value_that_is_not_finite_is_null_in_the_json(demo: Demo) -> None:
 
 
 def test_wide_and_json_together_are_refused_in_one_line(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--wide", "--json")
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--wide", "--json")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "not allowed with argument" in err
 
@@ -253,10 +244,10 @@ def test_wide_and_json_together_are_refused_in_one_line(demo: Demo, capsys: pyte
 def test_the_cli_table_fits_its_console_and_wide_keeps_the_ranges(
     demo: Demo, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir))
     assert code == 0, err
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 200  # a log file's width
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--wide")
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--wide")
     assert code == 0, err
     assert "…" not in out and "unstalled (tok/s)" in out and "median [min-max] over rounds" in out
 
@@ -265,7 +256,7 @@ def test_parquet_holds_the_same_table_as_the_csv(
     demo: Demo, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     csv, parquet = tmp_path / "board.csv", tmp_path / "board.parquet"
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--csv", str(csv), "--parquet", str(parquet))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--csv", str(csv), "--parquet", str(parquet))
     assert code == 0, err
     assert f"wrote {parquet}" in out
     from_parquet = pd.read_parquet(parquet)
@@ -290,7 +281,7 @@ def test_a_bad_parquet_path_is_one_line_and_nothing_is_written(
     demo: Demo, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     missing = tmp_path / "nowhere" / "b.parquet"
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--parquet", str(missing))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--parquet", str(missing))
     assert code == 2
     assert out == "", "refused only after the leaderboard was shown"
     assert err.strip() == (
@@ -298,7 +289,7 @@ def test_a_bad_parquet_path_is_one_line_and_nothing_is_written(
     )
     assert not missing.parent.exists()
 
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--parquet", str(tmp_path))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--parquet", str(tmp_path))
     assert code == 2 and out == ""
     assert (
         err.strip()
@@ -306,11 +297,13 @@ def test_a_bad_parquet_path_is_one_line_and_nothing_is_written(
     )
 
     journal = (demo.run_dir / "optuna.journal").read_bytes()
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--parquet", str(demo.run_dir / "optuna.journal"))
+    code, out, err = run_cli(
+        capsys, "leaderboard", str(demo.run_dir), "--parquet", str(demo.run_dir / "optuna.journal")
+    )
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "is the input" in err
     assert (demo.run_dir / "optuna.journal").read_bytes() == journal
 
     same = tmp_path / "b.out"
-    code, out, err = cli(capsys, "leaderboard", str(demo.run_dir), "--csv", str(same), "--parquet", str(same))
+    code, out, err = run_cli(capsys, "leaderboard", str(demo.run_dir), "--csv", str(same), "--parquet", str(same))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "both name" in err
     assert not same.exists()
