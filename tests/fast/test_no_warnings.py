@@ -4,7 +4,6 @@ with `[[constraints]]`), and the constraints still reach Optuna's samplers, now 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
+from tests.support import run_tuner
 from tuner.config import MetricConstraint, load_search_space
 from tuner.search import record_constraints
 from tuner.search.samplers import SAMPLERS
@@ -36,10 +36,10 @@ def test_a_run_with_constraints_prints_no_warning(tmp_path: Path) -> None:
         'search.sampler="tpe"',
         'constraints=[{metric = "prefill_tok_s", min_vs_baseline = 0.8}, {metric = "ttft_p95_s", max = 2.0}]',
     ]
-    command = [sys.executable, "-m", "tuner", "run", str(DATA / "tiny-study.toml"), "--runs-dir", str(tmp_path / "r")]
+    command = ["run", str(DATA / "tiny-study.toml"), "--runs-dir", str(tmp_path / "r")]
     command += [arg for override in overrides for arg in ("--set", override)]
     env = {**os.environ, "SERVE_TUNER_TEST_KEY": "a-key-of-the-test-0123"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=env)
+    done = run_tuner(*command, timeout=120, env=env)
     assert done.returncode == 1 and "the warm-up request failed" in done.stderr
     assert "Warning" not in done.stderr and "deprecated" not in done.stderr.lower(), done.stderr
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support import free_port, run_tuner
 from tuner.capacity.record import read_sweep
 from tuner.config import PluginSpec
 from tuner.engines import create_engine
@@ -228,10 +228,10 @@ def test_a_study_with_a_bad_simulator_option_exits_2_before_a_run_directory_exis
     tmp_path: Path, overrides: list[str], error: str
 ) -> None:
     sets = [arg for override in overrides for arg in ("--set", override)]
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner", "run", str(ROOT / "studies" / "stall-demo-simulated.toml"),
-         "--runs-dir", str(tmp_path / "runs"), *sets],
-        capture_output=True, text=True, timeout=120, check=False,
+    done = run_tuner(
+        "run", str(ROOT / "studies" / "stall-demo-simulated.toml"),
+         "--runs-dir", str(tmp_path / "runs"), *sets,
+        timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
@@ -260,10 +260,10 @@ def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer
     study = _sim_study(tmp_path, *capacity, "[metrics.slo]", "min_requests = 1", speed=10)
     marker = str(os.getpid())
     # budget.hours with after_study: the command prepares the study once, for the panel and the search alike.
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
-         "--set", "budget.hours=1"],
-        capture_output=True, text=True, timeout=600, check=False,
+    done = run_tuner(
+        "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "budget.hours=1",
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert _processes_with(marker) == [], "a simulated server was left running"
@@ -291,10 +291,10 @@ def test_a_whole_study_runs_on_the_simulated_server_through_the_process_deployer
 def test_a_baseline_whose_objective_has_no_data_ends_the_run_with_one_line(tmp_path: Path) -> None:
     # No prompt of the workload is this long, so the stall and prefill objectives have nothing to measure.
     study = _sim_study(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
-         "--set", "metrics.long_prompt_tokens=100000"],
-        capture_output=True, text=True, timeout=600, check=False,
+    done = run_tuner(
+        "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "metrics.long_prompt_tokens=100000",
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -427,10 +427,10 @@ def test_a_server_that_hangs_while_its_health_check_passes_fails_its_trial_by_th
     fault = f'"--sim-speed", "20", "--sim-fault", "n_batch=64:hang-after={after}"'
     text = study.read_text().replace('"--sim-speed", "20"', fault)
     study.write_text(text.replace("request_timeout_s = 120", "request_timeout_s = 3"))
-    done = subprocess.run(
-        [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs"),
-         "--set", "confirm.top=0"],
-        capture_output=True, text=True, timeout=600, check=False,
+    done = run_tuner(
+        "run", str(study), "--runs-dir", str(tmp_path / "runs"),
+         "--set", "confirm.top=0",
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "runs" / "tiny")))

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.real.conftest import SshHost
-from tests.support import free_port
+from tests.support import free_port, run_tuner
 from tuner.config import PluginSpec
 from tuner.errors import TransportError
 from tuner.transports import create_transport
@@ -244,9 +244,9 @@ def test_a_study_runs_its_server_on_a_host_reached_over_ssh(
     before = llama_server_processes(llama_server_binary, under=tmp_path)
     sshd_log = sshd_host.workdir / "sshd.log"
     logins_before = sshd_log.read_text().count("Accepted publickey")
-    command = [sys.executable, "-m", "tuner", "run", str(tmp_path / "remote.toml"), "--runs-dir", str(tmp_path)]
+    command = ["run", str(tmp_path / "remote.toml"), "--runs-dir", str(tmp_path)]
     command += ["--set", "budget.trials=0", "--set", "confirm.top=0"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    done = run_tuner(*command, timeout=600)  # past it, SIGTERM: the study restores the host and stops its server
     assert done.returncode == 0, done.stderr
     board = build_leaderboard(open_optuna_study_readonly(RunDirectory(tmp_path / "remote")))
     (baseline,) = board.rows
