@@ -104,7 +104,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, NoSuchModuleError, ProgrammingError
 
     for attempt in range(_SCHEMA_TRIES):
         try:
@@ -121,6 +121,11 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             time.sleep(0.5 * (attempt + 1))
         except ImportError as exc:
             raise ConfigError(f"storage.url {shown}: {exc}; .venv/bin/pip install -e '.[fleet]' in the clone") from None
+        except NoSuchModuleError:  # a scheme SQLAlchemy has no dialect for: the URL is wrong, not the database
+            raise ConfigError(
+                f"storage.url {shown} names no database SQLAlchemy knows ({parsed.get_backend_name()}); "
+                f"give one, {_FIX}"
+            ) from None
         except Exception as exc:
             # SQLAlchemy's OperationalError and the driver's own: the first line names the cause
             # (connection refused, no such database, password authentication failed).

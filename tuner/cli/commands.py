@@ -48,7 +48,19 @@ class Command:
 
 
 def _storage(what: str) -> Arg:
-    return arg("--storage", metavar="URL", help=f"{what}; a password is better left to PGPASSWORD or ~/.pgpass")
+    return arg(
+        "--storage",
+        metavar="URL",
+        type=_storage_url,
+        help=f"{what}; a password is better left to PGPASSWORD or ~/.pgpass",
+    )
+
+
+def _storage_url(text: str) -> str:
+    """An empty --storage would be passed over as if absent: refused in the command's line instead."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty URL; give one such as postgresql://user@host/db, or leave it out")
+    return text
 
 
 def _hosts(what: str) -> Arg:
