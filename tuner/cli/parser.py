@@ -16,7 +16,7 @@ EXIT_CODES = """exit codes:
   2    a bad study file, workload file, flag or value, or a study changed on resume: the message
        names it and the fix
   75   the host stayed unreachable past the reconnect window (its dead-man timer restores it)
-  130  Ctrl-C; 143 SIGTERM (run, apply and restore put the host's baseline back first)"""
+  130  Ctrl-C; 143 SIGTERM (run, capacity, apply and restore put the host's baseline back first)"""
 
 
 class _Parser(argparse.ArgumentParser):
