@@ -137,11 +137,17 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(stored, indent=1) + "\n")
 
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    day = time.strftime("%Y-%m-%d", time.gmtime())
     with _load(args.load) as described:
         entry["load"] = described
         if args.whole_suite:
             passed, seconds, failure = _run([str(ROOT / "scripts/test.sh")], log=args.log)
-            entry["whole_suite"] = f"{'passed' if passed else 'FAILED'} in {seconds / 60:.0f} min"
+            entry["whole_suite"] = (
+                f"{'passed' if passed else 'FAILED'} in {seconds / 60:.0f} min ({day}, commit {commit})"
+            )
             save()
             print(entry["whole_suite"], failure, sep="\n")
             return 0 if passed else 1
@@ -154,7 +160,9 @@ def main() -> int:
                 while args.pause_file.exists():
                     time.sleep(5)
                 passed, seconds, failure = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test])
-                done.append({"passed": passed, "seconds": round(seconds, 1), "failure": failure})
+                done.append(
+                    {"passed": passed, "seconds": round(seconds, 1), "failure": failure, "day": day, "commit": commit}
+                )
                 print(f"{'PASS' if passed else 'FAIL'} {seconds:6.0f}s {args.load} {test}", flush=True)
                 save()
     for test in tests:
