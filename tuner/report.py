@@ -293,8 +293,8 @@ def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = No
             raise ConfigError(f"--trial {trial}: no trial of {run_path} completed yet; run the study first")
         if row is not None:
             what = f"trial {trial} did not complete ({row.state.lower()})"
-        elif any(t.number == trial for t in view.trials):  # a proposal the search skipped: nothing was deployed
-            what = f"trial {trial} was never deployed (the search skipped it: its settings were measured already)"
+        elif any(t.number == trial for t in view.trials):  # a proposal that never reached the host
+            what = f"trial {trial} was never deployed (a proposal the search skipped or refused, or a stop kept back)"
         else:
             what = "no trial has that number"
         raise ConfigError(f"--trial {trial}: {what} in {run_path}; choose one of: {done}")

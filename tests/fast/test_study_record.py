@@ -58,7 +58,7 @@ def test_apply_names_a_trial_the_search_skipped_as_never_deployed_not_as_missing
     from tuner.report import row_to_apply
 
     run = old_run(tmp_path)
-    with pytest.raises(ConfigError, match=r"--trial 4: trial 4 was never deployed \(the search skipped it"):
+    with pytest.raises(ConfigError, match=r"--trial 4: trial 4 was never deployed \(a proposal the search skipped"):
         row_to_apply(run, 4)
     with pytest.raises(ConfigError, match="--trial 99: no trial has that number"):
         row_to_apply(run, 99)
