@@ -3,7 +3,7 @@ trace at hundreds of requests per second against a loopback stub, and its report
 
     bench/replay_rate.py [--seconds 20] [--rates 100:16,300:16,300:64,600:64,1000:64,2000:64] [--table]
 
-The trace is an Azure-shaped one (`bench/big_traces.py`'s, 20 requests/s, prompts with a median of
+The trace is an Azure-shaped one (`bench/big_traces.py`'s conversation source, 5.5 requests/s, prompts with a median of
 about 1,000 tokens), imported with `tuner workload import azure` and compressed with the study's own
 `time_scale` to each rate. The client is the study's replay path itself: the trace loaded as a study
 loads it, its prompts made a session at a time (`synthesize_sessions`) as the replay takes them, sent by
@@ -33,11 +33,14 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results" / "replay-rate.json"
-SOURCE_RATE = 20.0  # requests/s of the trace before compression
+# requests/s of the trace before compression: the source's own (it was 20 until the source took the public
+# trace's 5.5 on 2026-12-05, and this constant stayed, so the rates replayed were a quarter of those named).
 TARGET_P99_MS = 2.0
 sys.path.insert(0, str(BENCH))
 
-from big_traces import write_azure  # noqa: E402
+from big_traces import AZURE_RATES, write_azure  # noqa: E402
+
+SOURCE_RATE = AZURE_RATES["azure-conv"]
 from loadgen_vs_guidellm import free_port, pinned  # noqa: E402
 
 
