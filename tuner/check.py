@@ -26,6 +26,7 @@ from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
 from tuner.models import CheckLine, TunedKnob
+from tuner.runs import lock_holder
 from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.text import duration_text
 from tuner.transports.base import Transport, create_transport
@@ -87,13 +88,31 @@ async def check_study(
     if study_text is not None and is_local_diagnose_study(study_text):
         lines.append(CheckLine("study", False, LOCAL_STUDY_FIX))
     for name, host_spec in targets:
-        host_lines = await _check_host(
+        host_lines = _run_directory_lines(run_path, host=name) + await _check_host(
             host_spec, prepared[name], run_path, hosts=len(spec.hosts) or 1, fleet=name is not None
         )
         lines += (
             [CheckLine(f"{name}: {line.subject}", line.ok, line.detail) for line in host_lines] if name else host_lines
         )
     return lines
+
+
+def _run_directory_lines(run_path: Path, *, host: str | None) -> list[CheckLine]:
+    """A tuner that holds the study's run directory (its run, a capacity sweep; a fleet: the host's own
+    controller) is running it now: the run would be refused, and the host's settings are that run's, not the
+    baseline's. Said only where one does."""
+    owner = lock_holder(run_path, host)
+    if owner is None:
+        return []
+    what = f"host {host} of the study" if host is not None else "the study"
+    return [
+        CheckLine(
+            "run directory",
+            False,
+            f"another tuner (pid {owner}) is running {what} in {run_path} now, so it would be refused and the host "
+            "is on that run's settings: wait for it or stop it, then check again",
+        )
+    ]
 
 
 async def _check_host(

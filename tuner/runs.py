@@ -39,7 +39,7 @@ from tuner.models import RequestRecord, TaskTimeline
 if TYPE_CHECKING:  # optuna is imported where the journal is opened: `tuner status` reads files without it
     from optuna.storages import JournalStorage
 
-__all__ = ["RunDirectory", "spec_differences"]
+__all__ = ["RunDirectory", "lock_holder", "spec_differences"]
 
 # Keys of the spec that may change between runs of the same study without invalidating its trials:
 # they decide what is tried next or how long we wait, not what a trial measured.
@@ -131,6 +131,22 @@ def _own(handle: IO[str]) -> None:
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
+
+
+def lock_holder(run_path: Path, host: str | None = None) -> str | None:
+    """The pid of the tuner that holds the run directory alone now (a study's controller, a capacity sweep),
+    or with `host` the one that runs that fleet host; None where none does: what `tuner run` and `tuner
+    capacity` would be refused for. Reads only: a reader creates nothing."""
+    name = ".lock" if host is None else f".lock-{host}"
+    try:
+        with (run_path / name).open("r") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "unknown"
+            return None
+    except OSError:  # no lock file: no tuner ever ran here
+        return None
 
 
 class RunDirectory:
@@ -364,15 +380,7 @@ class RunDirectory:
 
     def _controller_running(self) -> bool:
         """Whether a controller holds this run directory's lock (its journal may be mid-append)."""
-        try:
-            with (self.path / ".lock").open("r") as handle:  # read-only: a reader creates nothing
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return True
-                return False
-        except OSError:  # no lock file: no controller ever ran here
-            return False
+        return lock_holder(self.path) is not None
 
     def check_spec(self, spec: dict[str, Any], *, measured: bool) -> None:
         """Records the spec; refuses a resume whose spec changed what measured trials measured.

@@ -25,6 +25,7 @@ from tuner.capacity.simulated import SimulatedCapacityTarget
 from tuner.capacity.sweep import run_sweep
 from tuner.config import SloSpec
 from tuner.models import RequestRecord, RequestStatus
+from tuner.runs import RunDirectory
 from tuner.sim.inputs import CostModel, load_cost_model
 
 SLO = SloSpec(ttft_p95_s=2.0, decode_tok_s=10.0, min_requests=3)
@@ -541,3 +542,22 @@ def test_a_level_that_breaks_leaves_the_host_through_the_deployers_restore(
         asyncio.run(command.measure_capacity(plan, run_path, say=lambda _: None, saved=lambda _: None))
     assert left == [MeasurementError]
     assert _servers_of_this_test() == []
+
+
+def test_a_check_beside_a_running_tuner_of_the_study_fails_naming_it_and_passes_once_it_ended(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    simulated = ["--runs-dir", str(runs), "--set", 'engine.binary="simulated"']
+    busy = (
+        f"FAIL  run directory: another tuner (pid {os.getpid()}) is running the study in {runs}/stall-demo now, so "
+        "it would be refused and the host is on that run's settings: wait for it or stop it, then check again"
+    )
+    with RunDirectory(runs / "stall-demo"):  # a run or a sweep of the study, in progress
+        checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
+        assert checked.code == 1 and busy in checked.out.splitlines(), checked.out
+        swept = run_cli(capsys, "capacity", str(DEMO), "--baseline", "--check", *simulated)
+        assert swept.code == 1 and busy in swept.out.splitlines(), swept.out
+        assert "the sweep can run" not in swept.out
+    checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
+    assert checked.code == 0 and "run directory" not in checked.out, checked.out

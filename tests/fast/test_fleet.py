@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from tuner.fleet import (
     requeue,
     write_lease,
 )
-from tuner.runs import RunDirectory
+from tuner.runs import RunDirectory, lock_holder
 from tuner.scoring import median_metrics, score_round
 from tuner.search import HOST_CHECK_AFTER_FAILURES, PreparedStudy, open_optuna_study, over_budget
 from tuner.search.samplers import distribution
@@ -369,6 +370,12 @@ def test_a_second_controller_of_one_host_is_refused_and_another_host_may_share_t
             pass
         with pytest.raises(StudyError, match="another tuner"), RunDirectory(tmp_path):
             pass
+        # What `tuner run --check` names: the host's own controller; the directory itself is shared.
+        assert lock_holder(tmp_path, "gpu-a") == str(os.getpid())
+        assert lock_holder(tmp_path, "gpu-b") is None and lock_holder(tmp_path) is None
+    assert lock_holder(tmp_path, "gpu-a") is None
+    with RunDirectory(tmp_path):
+        assert lock_holder(tmp_path) == str(os.getpid())
 
 
 def test_a_version_1_record_may_lack_the_host_and_a_version_2_record_must_have_it() -> None:
