@@ -16,6 +16,8 @@ docs/simulator.md. Run it on a quiet machine (about 10 minutes on 2 cores):
     .venv/bin/python scripts/calibrate_sim.py [--measured FILE] [--out tuner/sim/calibration.json]
 
 `--measured FILE` fits again from a JSON of earlier measurements (the `measured` key of the output).
+`--check` fits nothing: it sets the measurements beside what the shipped calibration predicts (is it still
+right on this machine?) and writes only where `--out` says, the shipped file untouched.
 """
 
 from __future__ import annotations
@@ -220,21 +222,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="measurements of each config (medians are fitted)")
     parser.add_argument("--measured", type=Path, help="fit again from an earlier output's measurements")
-    parser.add_argument("--out", type=Path, default=ROOT / "tuner/sim/calibration.json")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="fit nothing: the measurements beside the shipped calibration's figures (writes only to --out)",
+    )
+    parser.add_argument("--out", type=Path, help="default: tuner/sim/calibration.json; with --check, nowhere")
     args = parser.parse_args()
     if args.measured is not None:
         rows = json.loads(args.measured.read_text())["measured"]
     else:
         rows = asyncio.run(measure_real(args.repeats))
     table = measured_table(rows)
-    cost = fit(table, load_cost_model())
+    cost = load_cost_model() if args.check else fit(table, load_cost_model())
+    out = args.out if args.out is not None or args.check else ROOT / "tuner/sim/calibration.json"
     output = {
         "source": "scripts/calibrate_sim.py against the real llama-server (SmolLM2-135M Q4_1, 2 threads, 4 slots "
         "of 8,192 tokens) on a 2-core CPU",
         "cost_model": cost.to_json(),
         "measured": rows,
     }
-    args.out.write_text(json.dumps(output, indent=1) + "\n")
+    if out is not None:
+        out.write_text(json.dumps(output, indent=1) + "\n")
     print(markdown(table, cost))
     return 0
 
