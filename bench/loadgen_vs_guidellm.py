@@ -11,8 +11,9 @@ Two scenarios, both clients pinned to CPU 0 and the server (bench/sse_server.py)
    reads them. Reported: streams open at once (server-side), streamed tokens/s = all tokens / the time
    from the first arrival to the last stream's end.
 
-guidellm is installed into bench/.venv-guidellm on first use (it brings torch: about 1 GB). Results
-are ratios measured in the same run, printed and written to bench/results/loadgen_vs_guidellm.json.
+guidellm is installed into bench/.venv-guidellm on first use (it brings torch and its CUDA libraries:
+6.0 GB). Results are ratios measured in the same run, printed and written to
+bench/results/loadgen_vs_guidellm.json.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def ensure_llama_server(log: bool = True, jobs: int | None = None) -> Path:
     if log:
         print(
             f"building llama-server from {LLAMA_CPP.project} {LLAMA_CPP.version} "
-            f"(one time, about 6-12 minutes on 2 cores) ...",
+            f"(one time, about 4-12 minutes on 2 cores) ...",
             flush=True,
         )
     with tempfile.TemporaryDirectory(dir=_ensure(cache_root()), prefix="build-") as tmp:
