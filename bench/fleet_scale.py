@@ -18,7 +18,7 @@ trial is the same work.
 - the storage's overhead per trial: the same study on PostgreSQL minus on Optuna's in-memory storage,
   divided by the trials (every ask, tell, record write and lease of a trial, over loopback).
 
-    .venv/bin/python bench/fleet_scale.py                 # about 2 minutes; writes bench/results/fleet-scale.json
+    .venv/bin/python bench/fleet_scale.py                 # about 3.5 minutes; writes bench/results/fleet-scale.json
     .venv/bin/python bench/fleet_scale.py --table         # the table in docs/benchmarks.md
 """
 

@@ -12,7 +12,8 @@ __all__ = ["EXIT_CODES", "build_parser"]
 # The README's exit codes, shown by `tuner --help`.
 EXIT_CODES = """exit codes:
   0    done
-  1    the run failed (the host is back on its baseline); with run --check, a check failed
+  1    the run failed (the host is back on its baseline), or another tuner runs the study now;
+       with --check, a check failed
   2    a bad study file, workload file, flag or value, or a study changed on resume: the message
        names it and the fix
   75   the host stayed unreachable past the reconnect window (its dead-man timer restores it)
