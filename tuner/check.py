@@ -98,21 +98,35 @@ async def check_study(
 
 
 def _run_directory_lines(run_path: Path, *, host: str | None) -> list[CheckLine]:
-    """A tuner that holds the study's run directory (its run, a capacity sweep; a fleet: the host's own
-    controller) is running it now: the run would be refused, and the host's settings are that run's, not the
-    baseline's. Said only where one does."""
-    owner = lock_holder(run_path, host)
-    if owner is None:
-        return []
-    what = f"host {host} of the study" if host is not None else "the study"
-    return [
-        CheckLine(
-            "run directory",
-            False,
-            f"another tuner (pid {owner}) is running {what} in {run_path} now, so it would be refused and the host "
-            "is on that run's settings: wait for it or stop it, then check again",
-        )
-    ]
+    """A tuner that holds the study's run directory now (its run, a capacity sweep; a fleet host: that host's
+    controller, or a run of the study from before it had hosts, which holds the directory alone): the run
+    would be refused, and the host is on that tuner's settings, not the baseline's. Said only where one does,
+    or where the lock cannot be read at all."""
+    locks = [(".lock", "the study")] + ([] if host is None else [(f".lock-{host}", f"host {host} of the study")])
+    for lock, what in locks:
+        try:
+            owner = lock_holder(run_path, lock)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            return [
+                CheckLine(
+                    "run directory",
+                    False,
+                    f"cannot read {run_path / lock}: {reason}; a run could not take it either: remove it, or pass "
+                    "--runs-dir a directory",
+                )
+            ]
+        if owner is not None:
+            return [
+                CheckLine(
+                    "run directory",
+                    False,
+                    f"another tuner (pid {owner}) holds {what} in {run_path} now (a run or a capacity sweep), so it "
+                    "would be refused and the host is on that tuner's settings: wait for it or stop it, then check "
+                    "again",
+                )
+            ]
+    return []
 
 
 async def _check_host(

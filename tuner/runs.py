@@ -119,11 +119,37 @@ def _share_when_free(handle: IO[str]) -> None:
             time.sleep(0.05)
 
 
+# A reader (`tuner status`, `--check`) holds the lock shared for a moment to see whether a run holds it: a run
+# that starts in that moment tries again for this long before it says another tuner runs the study.
+_READER_PROBE_S = 0.2
+
+
+def _lock_alone(handle: IO[str]) -> None:
+    """The run directory's lock, held alone; `BlockingIOError` if another holder keeps it past _READER_PROBE_S."""
+    deadline = time.monotonic() + _READER_PROBE_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _lock_owner(handle: IO[str]) -> str:
-    handle.seek(0)
-    owner = handle.read().strip() or "unknown"
+    owner = _pid_text(handle)
     handle.close()
     return owner
+
+
+def _pid_text(handle: IO[str] | IO[bytes]) -> str:
+    """The pid a lock's holder wrote into it: the first 32 characters, digits only, else "unknown" (a file
+    this tool did not write says nothing a message should print)."""
+    handle.seek(0)
+    start = handle.read(32)
+    text = start.decode("ascii", errors="replace") if isinstance(start, bytes) else start
+    return text.strip() if text.strip().isdigit() else "unknown"
 
 
 def _own(handle: IO[str]) -> None:
@@ -133,19 +159,22 @@ def _own(handle: IO[str]) -> None:
     handle.flush()
 
 
-def lock_holder(run_path: Path, host: str | None = None) -> str | None:
-    """The pid of the tuner that holds the run directory alone now (a study's controller, a capacity sweep),
-    or with `host` the one that runs that fleet host; None where none does: what `tuner run` and `tuner
-    capacity` would be refused for. Reads only: a reader creates nothing."""
-    name = ".lock" if host is None else f".lock-{host}"
+def lock_holder(run_path: Path, lock: str = ".lock") -> str | None:
+    """The pid of the tuner that holds a run directory's lock alone now (`.lock`: a study's controller or a
+    capacity sweep; `.lock-<host>`: a fleet host's controller), None where none does: what `tuner run` and
+    `tuner capacity` would be refused for. Reads only: the file is opened read-only, nothing is created, and
+    a shared lock is tried and let go at once. An `OSError` other than a missing file (a lock that is a
+    directory, or a run directory that is a file) is raised: the run could not take that lock either."""
     try:
-        with (run_path / name).open("r") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return handle.read().strip() or "unknown"
-            return None
-    except OSError:  # no lock file: no tuner ever ran here
+        handle = (run_path / lock).open("rb")
+    except FileNotFoundError:  # no lock file: no tuner ever ran here
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _pid_text(handle)
+        fcntl.flock(handle, fcntl.LOCK_UN)
         return None
 
 
@@ -241,10 +270,10 @@ class RunDirectory:
 
     def __enter__(self) -> RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = (self.path / ".lock").open("a+")
+        handle = (self.path / ".lock").open("a+", errors="replace")
         alone = True
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_alone(handle)
         except BlockingIOError:
             alone = False
             # A fleet's controllers share the directory: each holds the lock shared, beside its hosts' own.
@@ -274,7 +303,7 @@ class RunDirectory:
         return self
 
     def _lock_host(self, host: str) -> None:
-        handle = (self.path / f".lock-{host}").open("a+")
+        handle = (self.path / f".lock-{host}").open("a+", errors="replace")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -380,7 +409,10 @@ class RunDirectory:
 
     def _controller_running(self) -> bool:
         """Whether a controller holds this run directory's lock (its journal may be mid-append)."""
-        return lock_holder(self.path) is not None
+        try:
+            return lock_holder(self.path) is not None
+        except OSError:  # a lock no run could take: no controller runs here
+            return False
 
     def check_spec(self, spec: dict[str, Any], *, measured: bool) -> None:
         """Records the spec; refuses a resume whose spec changed what measured trials measured.

@@ -7,14 +7,13 @@ Pure: no rich, no optuna.
 
 from __future__ import annotations
 
-import fcntl
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError, StudyError
 from tuner.progress_file import PROGRESS_FILE, Progress, controller_files, controller_hosts, read_progress
-from tuner.runs import RunDirectory
+from tuner.runs import RunDirectory, lock_holder
 from tuner.text import duration_text
 
 __all__ = ["RunStatus", "controller_statuses", "duration_text", "held_by", "run_status"]
@@ -22,18 +21,11 @@ __all__ = ["RunStatus", "controller_statuses", "duration_text", "held_by", "run_
 
 def held_by(run_path: Path, lock: str = ".lock") -> str | None:
     """The pid (as the run wrote it) of the `tuner run` holding the run directory's lock (`lock`: a fleet
-    host's, `.lock-<host>`); None when no run holds it. Reads only: the lock file is opened read-only and a
-    shared lock tried and let go at once."""
+    host's, `.lock-<host>`); None when no run holds it or the lock cannot be read (status reads, never
+    refuses)."""
     try:
-        handle = (run_path / lock).open("r")
-    except OSError:  # no lock file: no run ever held this directory
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return handle.read().strip() or "unknown"
-        fcntl.flock(handle, fcntl.LOCK_UN)
+        return lock_holder(run_path, lock)
+    except OSError:
         return None
 
 

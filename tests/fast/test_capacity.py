@@ -5,6 +5,7 @@ process deployer (the real server's sweep is in tests/real/test_capacity_real.py
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from tuner.capacity.shapes import CapacityRequests
 from tuner.capacity.simulated import SimulatedCapacityTarget
 from tuner.capacity.sweep import run_sweep
 from tuner.config import SloSpec
+from tuner.errors import StudyError
 from tuner.models import RequestRecord, RequestStatus
 from tuner.runs import RunDirectory
 from tuner.sim.inputs import CostModel, load_cost_model
@@ -550,8 +552,9 @@ def test_a_check_beside_a_running_tuner_of_the_study_fails_naming_it_and_passes_
     runs = tmp_path / "runs"
     simulated = ["--runs-dir", str(runs), "--set", 'engine.binary="simulated"']
     busy = (
-        f"FAIL  run directory: another tuner (pid {os.getpid()}) is running the study in {runs}/stall-demo now, so "
-        "it would be refused and the host is on that run's settings: wait for it or stop it, then check again"
+        f"FAIL  run directory: another tuner (pid {os.getpid()}) holds the study in {runs}/stall-demo now (a run or "
+        "a capacity sweep), so it would be refused and the host is on that tuner's settings: wait for it or stop "
+        "it, then check again"
     )
     with RunDirectory(runs / "stall-demo"):  # a run or a sweep of the study, in progress
         checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
@@ -561,3 +564,49 @@ def test_a_check_beside_a_running_tuner_of_the_study_fails_naming_it_and_passes_
         assert "the sweep can run" not in swept.out
     checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
     assert checked.code == 0 and "run directory" not in checked.out, checked.out
+
+
+def test_a_fleets_check_names_its_hosts_tuner_and_a_run_of_the_study_from_before_it_had_hosts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    hosts = 'hosts=[{name="gpu-a"},{name="gpu-b"}]'
+    fleet = ["--runs-dir", str(runs), "--set", 'engine.binary="simulated"', "--set", hosts]
+    with RunDirectory(runs / "stall-demo", hosts=["gpu-b"]):  # gpu-b's own controller
+        checked = run_cli(capsys, "run", str(DEMO), "--check", *fleet)
+        (failed,) = [line for line in checked.out.splitlines() if line.startswith("FAIL")]
+        assert checked.code == 1 and failed.startswith(
+            f"FAIL  gpu-b: run directory: another tuner (pid {os.getpid()}) holds host gpu-b of the study in "
+        ), checked.out
+        # A sweep of gpu-a is not held up by gpu-b's run, nor is its check.
+        swept = run_cli(capsys, "capacity", str(DEMO), "--baseline", "--check", "--host", "gpu-a", *fleet)
+        assert swept.code == 0 and "gpu-b" not in swept.out, swept.out
+    with RunDirectory(runs / "stall-demo"):  # a run of the study before [[hosts]] was added holds it alone
+        checked = run_cli(capsys, "run", str(DEMO), "--check", "--host", "gpu-a", *fleet)
+        assert checked.code == 1 and (
+            f"FAIL  gpu-a: run directory: another tuner (pid {os.getpid()}) holds the study in " in checked.out
+        ), checked.out
+
+
+def test_a_lock_no_run_could_take_fails_the_check_naming_it_and_one_not_ours_prints_no_pid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    simulated = ["--runs-dir", str(runs), "--set", 'engine.binary="simulated"']
+    (runs / "stall-demo" / ".lock").mkdir(parents=True)
+    checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
+    assert checked.code == 1 and (
+        f"FAIL  run directory: cannot read {runs}/stall-demo/.lock: Is a directory; a run could not take it either: "
+        "remove it, or pass --runs-dir a directory" in checked.out.splitlines()
+    ), checked.out
+    (runs / "stall-demo" / ".lock").rmdir()
+    # A lock whose holder wrote bytes that are not a pid: neither the check nor the refused run prints them.
+    with (runs / "stall-demo" / ".lock").open("wb") as held:
+        held.write(b"\x1b[31m\xff" * 100_000)
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        checked = run_cli(capsys, "run", str(DEMO), "--check", *simulated)
+        assert checked.code == 1 and "another tuner (pid unknown) holds the study" in checked.out, checked.out
+        assert len(checked.out) < 5_000 and "\x1b" not in checked.out
+        with pytest.raises(StudyError, match=r"another tuner \(pid unknown\) is running the study"):
+            RunDirectory(runs / "stall-demo").__enter__()

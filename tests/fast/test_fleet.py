@@ -371,9 +371,9 @@ def test_a_second_controller_of_one_host_is_refused_and_another_host_may_share_t
         with pytest.raises(StudyError, match="another tuner"), RunDirectory(tmp_path):
             pass
         # What `tuner run --check` names: the host's own controller; the directory itself is shared.
-        assert lock_holder(tmp_path, "gpu-a") == str(os.getpid())
-        assert lock_holder(tmp_path, "gpu-b") is None and lock_holder(tmp_path) is None
-    assert lock_holder(tmp_path, "gpu-a") is None
+        assert lock_holder(tmp_path, ".lock-gpu-a") == str(os.getpid())
+        assert lock_holder(tmp_path, ".lock-gpu-b") is None and lock_holder(tmp_path) is None
+    assert lock_holder(tmp_path, ".lock-gpu-a") is None
     with RunDirectory(tmp_path):
         assert lock_holder(tmp_path) == str(os.getpid())
 

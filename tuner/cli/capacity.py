@@ -116,7 +116,8 @@ def _check(plan: CapacityPlan, base_dir: Path, run_path: Path, console: Console)
     from tuner.capacity.command import sweep_length
     from tuner.check import assumed_start_s, check_study
 
-    lines = asyncio.run(check_study(plan.spec, base_dir, run_path))
+    hosts = None if plan.host is None else [plan.host]  # the sweep's one host, not every host of the fleet
+    lines = asyncio.run(check_study(plan.spec, base_dir, run_path, hosts=hosts))
     lines = [line for line in lines if not line.subject.endswith(("duration", "capacity"))]
     start_s = assumed_start_s(plan.spec, plan.prepared.engine)
     length = sweep_length(plan.prepared, plan.options, run_path, configs=len(plan.configs), start_s=start_s)
