@@ -27,6 +27,7 @@ import itertools
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -393,6 +394,26 @@ def table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kept_command(sampler: str, figures: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
+    """The command that measured a sampler's figures an earlier run kept: its own, else its space's where that
+    command names the sampler (a run of other samplers rewrote the space's command), else not recorded."""
+    if "command" in figures:
+        return str(figures["command"])
+    named = str(entry.get("command", "")).partition("--samplers ")[2].split(" --")[0].split()
+    return str(entry["command"]) if sampler in named else "not recorded"
+
+
+def _measured_at() -> str:
+    """Today and the commit measured, for each sampler's figures."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return f"{time.strftime('%Y-%m-%d')}, commit {commit}"
+
+
 def _write(out: Path, result: Mapping[str, Any]) -> None:
     """Writes the figures; the spaces and samplers an earlier run measured, each with its command, stay."""
     spaces = {space: {**entry, "samplers": dict(entry["samplers"])} for space, entry in result["spaces"].items()}
@@ -403,10 +424,7 @@ def _write(out: Path, result: Mapping[str, Any]) -> None:
                 continue
             for sampler, figures in entry["samplers"].items():
                 if sampler not in spaces[space]["samplers"]:
-                    spaces[space]["samplers"][sampler] = {
-                        **figures,
-                        "command": figures.get("command", entry["command"]),
-                    }
+                    spaces[space]["samplers"][sampler] = {**figures, "command": _kept_command(sampler, figures, entry)}
     out.write_text(json.dumps({**result, "spaces": spaces}, indent=1) + "\n")
 
 
@@ -473,6 +491,9 @@ def main() -> int:
                     "recommended": summary(recommended),
                     "fixed_budget": {"trials": FIXED_BUDGET[space], "near_optimal_recommended": sum(fixed)},
                     "seconds": round(time.monotonic() - started, 1),
+                    "command": f"bench/search_efficiency.py --seeds {args.seeds} --spaces {space} --samplers {sampler}"
+                    + (f" --cap {args.cap}" if args.cap else ""),
+                    "measured": _measured_at(),
                 }
                 result["spaces"][space] = entry
                 _write(args.out, result)  # after each sampler: a long run's figures so far are kept

@@ -11,7 +11,8 @@ llama-server (`tuner setup`) with 4 slots of 8,192 tokens and measures:
 Then it fits `tuner.sim.model.CostModel` by coordinate descent on the log of every figure, replaying the
 same probes on the simulated server's own clock, and writes the constants with both tables into
 `tuner/sim/calibration.json` (what the simulator loads by default) and a Markdown table on stdout for
-docs/simulator.md. Run it on a quiet machine (about 10 minutes on 2 cores):
+docs/simulator.md. Run it on a quiet machine (the measurement took 4m14s on 2 cores on 2026-12-05; the fit
+adds its own time):
 
     .venv/bin/python scripts/calibrate_sim.py [--measured FILE] [--out tuner/sim/calibration.json]
 
@@ -218,6 +219,39 @@ def markdown(table: dict[tuple[int, int], dict[str, float]], cost: CostModel) ->
     return "\n".join(lines)
 
 
+def _out_problem(out: Path | None, shipped: Path, *, check: bool) -> str | None:
+    """Why `--out` cannot be written, found before minutes of measurement; None where it can."""
+    if out is None:
+        return None
+    if check and out.resolve() == shipped.resolve():
+        return f"--check writes nothing into {shipped.name}, the shipped calibration: pass --out another file"
+    if out.is_dir():
+        return f"--out {out} is a directory: name a file in it"
+    if not out.parent.is_dir():
+        return f"--out {out}: {out.parent} is not a directory: make it first, or name a file in one"
+    return None
+
+
+def _measured_rows(path: Path) -> list[dict[str, Any]] | str:
+    """The `measured` rows of an earlier output, or the one line that says why they cannot be read."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
+        return f"--measured {path}: {reason}; pass an output of scripts/calibrate_sim.py"
+    rows = document.get("measured") if isinstance(document, dict) else None
+    configs_named = isinstance(rows, list) and all(
+        isinstance(row, dict) and isinstance(row.get("n_batch"), int) and isinstance(row.get("n_ubatch"), int)
+        for row in rows
+    )
+    if not rows or not configs_named:
+        return (
+            f"--measured {path}: no `measured` list of rows with n_batch and n_ubatch; pass an output of "
+            "scripts/calibrate_sim.py"
+        )
+    return [dict(row) for row in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="measurements of each config (medians are fitted)")
@@ -229,13 +263,17 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, help="default: tuner/sim/calibration.json; with --check, nowhere")
     args = parser.parse_args()
-    if args.measured is not None:
-        rows = json.loads(args.measured.read_text())["measured"]
-    else:
+    shipped = ROOT / "tuner/sim/calibration.json"
+    problem = _out_problem(args.out, shipped, check=args.check)
+    rows = None if problem or args.measured is None else _measured_rows(args.measured)
+    if problem or isinstance(rows, str):
+        print(f"error: {problem or rows}", file=sys.stderr)
+        return 2
+    if rows is None:
         rows = asyncio.run(measure_real(args.repeats))
     table = measured_table(rows)
     cost = load_cost_model() if args.check else fit(table, load_cost_model())
-    out = args.out if args.out is not None or args.check else ROOT / "tuner/sim/calibration.json"
+    out = args.out if args.out is not None or args.check else shipped
     output = {
         "source": "scripts/calibrate_sim.py against the real llama-server (SmolLM2-135M Q4_1, 2 threads, 4 slots "
         "of 8,192 tokens) on a 2-core CPU",
