@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from tuner.config import PluginSpec  # noqa: E402
 from tuner.deployers.process import ProcessDeployer, ProcessOptions  # noqa: E402
 from tuner.engines import create_engine  # noqa: E402
 from tuner.engines.base import Engine  # noqa: E402
+from tuner.files import write_atomic  # noqa: E402
 from tuner.loadgen import replay  # noqa: E402
 from tuner.metrics import compute_metrics  # noqa: E402
 from tuner.models import ReplayRequest, RequestRecord  # noqa: E402
@@ -229,6 +231,8 @@ def _out_problem(out: Path | None, shipped: Path, *, check: bool) -> str | None:
         return f"--out {out} is a directory: name a file in it"
     if not out.parent.is_dir():
         return f"--out {out}: {out.parent} is not a directory: make it first, or name a file in one"
+    if not os.access(out if out.exists() else out.parent, os.W_OK):
+        return f"--out {out} cannot be written here: name a file you may write"
     return None
 
 
@@ -237,17 +241,23 @@ def _measured_rows(path: Path) -> list[dict[str, Any]] | str:
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
+        reason = (exc.strerror or type(exc).__name__) if isinstance(exc, OSError) else "not JSON"
         return f"--measured {path}: {reason}; pass an output of scripts/calibrate_sim.py"
     rows = document.get("measured") if isinstance(document, dict) else None
-    configs_named = isinstance(rows, list) and all(
-        isinstance(row, dict) and isinstance(row.get("n_batch"), int) and isinstance(row.get("n_ubatch"), int)
-        for row in rows
-    )
-    if not rows or not configs_named:
+
+    def well_formed(row: object) -> bool:
+        speeds = [v for k, v in row.items() if k.endswith("_tok_s")] if isinstance(row, dict) else []
         return (
-            f"--measured {path}: no `measured` list of rows with n_batch and n_ubatch; pass an output of "
-            "scripts/calibrate_sim.py"
+            isinstance(row, dict)
+            and isinstance(row.get("n_batch"), int)
+            and isinstance(row.get("n_ubatch"), int)
+            and all(v is None or (isinstance(v, (int, float)) and v > 0) for v in speeds)
+        )
+
+    if not isinstance(rows, list) or not rows or not all(well_formed(row) for row in rows):
+        return (
+            f"--measured {path}: no `measured` list of rows with n_batch, n_ubatch and speeds above zero; pass an "
+            "output of scripts/calibrate_sim.py"
         )
     return [dict(row) for row in rows]
 
@@ -280,9 +290,14 @@ def main() -> int:
         "cost_model": cost.to_json(),
         "measured": rows,
     }
+    print(markdown(table, cost))  # first: a file that cannot be written loses no measurement
     if out is not None:
-        out.write_text(json.dumps(output, indent=1) + "\n")
-    print(markdown(table, cost))
+        try:
+            write_atomic(out, (json.dumps(output, indent=1) + "\n").encode())
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            print(f"error: cannot write --out {out}: {reason}; the measurements are the table above", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -99,10 +99,15 @@ async def check_study(
 
 def _run_directory_lines(run_path: Path, *, host: str | None) -> list[CheckLine]:
     """A tuner that holds the study's run directory now (its run, a capacity sweep; a fleet host: that host's
-    controller, or a run of the study from before it had hosts, which holds the directory alone): the run
+    controller, or a run of the study from before it had hosts, which holds the directory alone; a study
+    without hosts: also any fleet host's controller of it, as a fleet shares the directory's lock): the run
     would be refused, and the host is on that tuner's settings, not the baseline's. Said only where one does,
     or where the lock cannot be read at all."""
-    locks = [(".lock", "the study")] + ([] if host is None else [(f".lock-{host}", f"host {host} of the study")])
+    if host is None:  # a study without hosts beside a fleet of it: its controllers share `.lock`, hold their hosts'
+        others = sorted(path.name for path in run_path.glob(".lock-*")) if run_path.is_dir() else []
+        locks = [(".lock", "the study")] + [(name, f"host {name[len('.lock-') :]} of the study") for name in others]
+    else:
+        locks = [(".lock", "the study"), (f".lock-{host}", f"host {host} of the study")]
     for lock, what in locks:
         try:
             owner = lock_holder(run_path, lock)

@@ -119,9 +119,10 @@ def _share_when_free(handle: IO[str]) -> None:
             time.sleep(0.05)
 
 
-# A reader (`tuner status`, `--check`) holds the lock shared for a moment to see whether a run holds it: a run
-# that starts in that moment tries again for this long before it says another tuner runs the study.
-_READER_PROBE_S = 0.2
+# A reader (`tuner status`, `--check`) holds a lock shared for a moment to see whether a run holds it: a run
+# that starts in that moment tries again for this long before it says another tuner runs the study (a
+# fleet's peer that joins a running fleet waits this long once before it shares the directory's lock).
+_READER_PROBE_S = 0.5
 
 
 def _lock_alone(handle: IO[str]) -> None:
@@ -149,7 +150,8 @@ def _pid_text(handle: IO[str] | IO[bytes]) -> str:
     handle.seek(0)
     start = handle.read(32)
     text = start.decode("ascii", errors="replace") if isinstance(start, bytes) else start
-    return text.strip() if text.strip().isdigit() else "unknown"
+    pid = text.strip()
+    return pid if pid.isascii() and pid.isdigit() else "unknown"
 
 
 def _own(handle: IO[str]) -> None:
@@ -305,7 +307,7 @@ class RunDirectory:
     def _lock_host(self, host: str) -> None:
         handle = (self.path / f".lock-{host}").open("a+", errors="replace")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_alone(handle)
         except BlockingIOError:
             owner = _lock_owner(handle)
             raise StudyError(

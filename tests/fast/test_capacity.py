@@ -578,9 +578,14 @@ def test_a_fleets_check_names_its_hosts_tuner_and_a_run_of_the_study_from_before
         assert checked.code == 1 and failed.startswith(
             f"FAIL  gpu-b: run directory: another tuner (pid {os.getpid()}) holds host gpu-b of the study in "
         ), checked.out
-        # A sweep of gpu-a is not held up by gpu-b's run, nor is its check.
+        # A sweep of gpu-a is not held up by gpu-b's run (its own lock is free), nor is its check.
         swept = run_cli(capsys, "capacity", str(DEMO), "--baseline", "--check", "--host", "gpu-a", *fleet)
         assert swept.code == 0 and "gpu-b" not in swept.out, swept.out
+        # The same study without its hosts would be refused beside the fleet: its check says why.
+        alone = run_cli(capsys, "run", str(DEMO), "--check", *fleet[:4])
+        assert alone.code == 1 and (
+            f"FAIL  run directory: another tuner (pid {os.getpid()}) holds host gpu-b of the study in " in alone.out
+        ), alone.out
     with RunDirectory(runs / "stall-demo"):  # a run of the study before [[hosts]] was added holds it alone
         checked = run_cli(capsys, "run", str(DEMO), "--check", "--host", "gpu-a", *fleet)
         assert checked.code == 1 and (

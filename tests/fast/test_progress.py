@@ -683,15 +683,17 @@ def test_a_resumed_run_shows_the_best_trial_its_earlier_runs_measured(tmp_path: 
     assert resumed.trials_done == 2 and resumed.baseline_done
 
 
-def test_a_run_that_starts_while_a_reader_looks_at_its_lock_is_not_turned_away(tmp_path: Path) -> None:
-    # `tuner status` and `--check` hold the lock shared for a moment to see whether a run holds it.
-    (tmp_path / ".lock").write_text("")
-    with (tmp_path / ".lock").open("rb") as reader:
+@pytest.mark.parametrize("lock", [".lock", ".lock-gpu-a"])
+def test_a_run_that_starts_while_a_reader_looks_at_its_lock_is_not_turned_away(tmp_path: Path, lock: str) -> None:
+    # `tuner status` and `--check` hold a lock shared for a moment to see whether a run holds it: the study's,
+    # or a fleet host's.
+    (tmp_path / lock).write_text("")
+    with (tmp_path / lock).open("rb") as reader:
         fcntl.flock(reader, fcntl.LOCK_SH)
         released = threading.Timer(0.05, fcntl.flock, (reader, fcntl.LOCK_UN))
         released.start()
         try:
-            with RunDirectory(tmp_path):
-                assert (tmp_path / ".lock").read_text() == str(os.getpid())
+            with RunDirectory(tmp_path, hosts=["gpu-a"] if lock != ".lock" else []):
+                assert (tmp_path / lock).read_text() == str(os.getpid())
         finally:
             released.join()
