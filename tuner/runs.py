@@ -105,18 +105,23 @@ def _to_stderr(line: str) -> None:
 _PEER_START_S = 10.0
 
 
-def _share_when_free(handle: IO[str]) -> None:
-    """The run directory's lock, shared, once a peer that holds it alone while it starts lets go of it;
-    `BlockingIOError` if it is still held alone after _PEER_START_S."""
-    deadline = time.monotonic() + _PEER_START_S
+def _flock_within(handle: IO[str], operation: int, seconds: float, poll_s: float) -> None:
+    """`flock(operation)`, tried until it is granted; `BlockingIOError` if it is not within `seconds`."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(handle, operation | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(poll_s)
+
+
+def _share_when_free(handle: IO[str]) -> None:
+    """The run directory's lock, shared, once a peer that holds it alone while it starts lets go of it;
+    `BlockingIOError` if it is still held alone after _PEER_START_S."""
+    _flock_within(handle, fcntl.LOCK_SH, _PEER_START_S, 0.05)
 
 
 # A reader (`tuner status`, `--check`) holds a lock shared for a moment to see whether a run holds it: a run
@@ -126,16 +131,9 @@ _READER_PROBE_S = 0.5
 
 
 def _lock_alone(handle: IO[str]) -> None:
-    """The run directory's lock, held alone; `BlockingIOError` if another holder keeps it past _READER_PROBE_S."""
-    deadline = time.monotonic() + _READER_PROBE_S
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.02)
+    """A run directory's lock (or a host's), held alone; `BlockingIOError` if another holder keeps it past
+    _READER_PROBE_S."""
+    _flock_within(handle, fcntl.LOCK_EX, _READER_PROBE_S, 0.02)
 
 
 def _lock_owner(handle: IO[str]) -> str:
