@@ -33,15 +33,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results" / "replay-rate.json"
-# requests/s of the trace before compression: the source's own (it was 20 until the source took the public
-# trace's 5.5 on 2026-12-05, and this constant stayed, so the rates replayed were a quarter of those named).
 TARGET_P99_MS = 2.0
 sys.path.insert(0, str(BENCH))
 
 from big_traces import AZURE_RATES, write_azure  # noqa: E402
-
-SOURCE_RATE = AZURE_RATES["azure-conv"]
 from loadgen_vs_guidellm import free_port, pinned  # noqa: E402
+
+# requests/s of the trace before compression: the source's own (it was 20 until the source took the public
+# trace's 5.5 on 2026-12-05, and this constant stayed, so the rates replayed were a quarter of those named).
+SOURCE_RATE = AZURE_RATES["azure-conv"]
 
 
 def client(trace_path: Path, rate: float, seconds: float, base_url: str, out: Path) -> None:
