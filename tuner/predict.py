@@ -14,19 +14,21 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tuner.catalog import SIMULATED_KNOBS
-from tuner.config import ParamValue, PluginSpec, SearchSpace, load_search_space
+from tuner.config import MetricConstraint, ObjectiveSpec, ParamValue, PluginSpec, SearchSpace, load_search_space
 from tuner.diagnose import diagnose_log
 from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
 from tuner.engines.llama_server_log import parse_llama_server_log
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, MeasurementError
 from tuner.importers.base import read_lines
 from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServerLogOptions
 from tuner.metrics import compute_metrics
 from tuner.models import TaskTimeline
 from tuner.prediction_record import PredictedFigures, PredictionRecord
+from tuner.scoring import score_round
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
 from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
@@ -79,7 +81,8 @@ class PredictedConfig:
     median: dict[str, float | None]  # over the simulator's seeds
     spread: dict[str, tuple[float, float] | None]  # min and max over them
     baseline: bool
-    eligible: bool  # prefill at or above 80% of the baseline's
+    eligible: bool  # keeps the study's constraints; without a study, prefill at or above 80% of the baseline's
+    score: float | None = None  # a study's: its score against the baseline's predicted figures
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class Prediction:
     requests: int
     seeds: int
     configs: list[PredictedConfig]  # best first, the baseline where it ranks
-    best: PredictedConfig | None  # None: no config beats the baseline's stall speed within the constraint
+    best: PredictedConfig | None  # None: no config beats the baseline (its stall speed, or a study's score)
+    ranked_by: Literal["stall", "score"] = "stall"  # "score": by a study's objectives and constraints
 
 
 def calibrate_from_log(
@@ -256,13 +260,16 @@ def _space_axes(space: SearchSpace) -> tuple[dict[str, tuple[ParamValue, ...]], 
 @dataclass(frozen=True, kw_only=True)
 class StudyTraffic:
     """What a study replays, for a prediction of its own trials (`search.predicted_from`): its workload, its
-    baseline's settings (every knob a config leaves alone) and its context size."""
+    baseline's settings (every knob a config leaves alone) and its context size; and how it ranks its trials,
+    its objectives and constraints, by which the prediction ranks its configs (none: by stall speed)."""
 
     trace: Trace
     baseline: Mapping[str, ParamValue]
     ctx_size: int | None
     workload_seed: int
     time_scale: float
+    objectives: Sequence[ObjectiveSpec] = ()
+    constraints: Sequence[MetricConstraint] = ()
 
 
 def predict(
@@ -278,7 +285,8 @@ def predict(
 ) -> Prediction:
     """Every config of the space (by default n_batch x n_ubatch on llama-server's ladder), replayed on the
     simulated server `seeds` times with the log's traffic (or a study's workload, at its baseline), ranked by
-    the streams' speed during long prefills among those that keep 80% of the baseline's prefill speed."""
+    the streams' speed during long prefills among those that keep 80% of the baseline's prefill speed; a
+    study's, by its own score among those that keep its constraints (`_ranked_by_score`)."""
     if (written_by := _not_llama_server(diagnosis)) is not None:
         raise ConfigError(
             f"--predict reads llama-server logs (this is a {written_by} log): the simulated server models llama-server "
@@ -328,20 +336,28 @@ def predict(
         ]
         for i in range(seeds)
     ]
+    objectives = list(study.objectives) if study is not None else []
+    constraints = list(study.constraints) if study is not None else []
+    names = list(dict.fromkeys([*_METRICS, *(o.metric for o in objectives), *(c.metric for c in constraints)]))
     results = []
     for config in configs:
         settings = _sim_settings({**base, **config}, slots=slots, ctx=ctx)
-        samples: dict[str, list[float]] = {m: [] for m in _METRICS}
+        samples: dict[str, list[float]] = {m: [] for m in names}
         for seed, requests in enumerate(rounds):
             server = SimulatedLlamaServer(settings, cost=calibration.cost, noise=_NOISE, seed=seed)
             done = replay_virtual(requests, server, engine=engine, start_s=0.0, request_timeout_s=1e9)
             metrics = compute_metrics(done.records, long_prompt_tokens=long_prompt_tokens, min_overlap_s=min_overlap_s)
-            for name in _METRICS:
+            for name in names:
                 value = metrics.get(name)
                 if value is not None:
                     samples[name].append(value)
         results.append((config, samples))
-    return _ranked(calibration, sum(len(r) for r in rounds) // seeds, seeds, results, baseline)
+    per_round = sum(len(r) for r in rounds) // seeds
+    if objectives:
+        return _ranked_by_score(
+            calibration, per_round, seeds, results, baseline, objectives=objectives, constraints=constraints
+        )
+    return _ranked(calibration, per_round, seeds, results, baseline)
 
 
 def _traffic(log: Path, study: StudyTraffic | None) -> Trace:
@@ -381,6 +397,52 @@ def _sim_settings(config: Mapping[str, ParamValue], *, slots: int, ctx: int) -> 
     )
 
 
+def _summary(samples: dict[str, list[float]]) -> tuple[dict[str, float | None], dict[str, tuple[float, float] | None]]:
+    """Each metric's median over the simulator's seeds, and its lowest and highest."""
+    median = {m: statistics.median(v) if v else None for m, v in samples.items()}
+    spread = {m: (min(v), max(v)) if v else None for m, v in samples.items()}
+    return median, spread
+
+
+def _ranked_by_score(
+    calibration: Calibration,
+    requests: int,
+    seeds: int,
+    results: list[tuple[dict[str, ParamValue], dict[str, list[float]]]],
+    baseline: dict[str, ParamValue],
+    *,
+    objectives: Sequence[ObjectiveSpec],
+    constraints: Sequence[MetricConstraint],
+) -> Prediction:
+    """A study's configs ranked as its trials are: the score of their predicted medians against the
+    baseline's (`tuner.scoring`), among those that keep its constraints. A stall figure alone names the
+    config that frees the streams most, where the study weighs that against prefill and TTFT: from 8 slots on
+    the five-knob space (bench/search_efficiency.py) it named 64/64, the study's optimum being 128/128. A
+    config a metric of the score has no figure for (the simulated round measures no LoRA wait) is not
+    ranked."""
+    base_median = _summary(next(samples for config, samples in results if config == baseline))[0]
+    configs = []
+    for config, samples in results:
+        median, spread = _summary(samples)
+        try:
+            score: float | None = score_round(median, base_median, objectives)
+        except MeasurementError:  # a metric the simulated round had no data for: not rankable
+            score = None
+        eligible = score is not None and not any(
+            c.violations(median.get(c.metric), base_median.get(c.metric)) for c in constraints
+        )
+        configs.append(
+            PredictedConfig(dict(config), median, spread, baseline=config == baseline, eligible=eligible, score=score)
+        )
+    configs.sort(key=lambda c: (not (c.eligible or c.baseline), -(c.score if c.score is not None else -math.inf)))
+    best = next((c for c in configs if c.eligible and not c.baseline), None)
+    if best is not None and (best.score or 0.0) <= 0.0:
+        best = None
+    return Prediction(
+        calibration=calibration, requests=requests, seeds=seeds, configs=configs, best=best, ranked_by="score"
+    )
+
+
 def _ranked(
     calibration: Calibration,
     requests: int,
@@ -388,18 +450,11 @@ def _ranked(
     results: list[tuple[dict[str, ParamValue], dict[str, list[float]]]],
     baseline: dict[str, ParamValue],
 ) -> Prediction:
-    def summary(
-        samples: dict[str, list[float]],
-    ) -> tuple[dict[str, float | None], dict[str, tuple[float, float] | None]]:
-        median = {m: statistics.median(v) if v else None for m, v in samples.items()}
-        spread = {m: (min(v), max(v)) if v else None for m, v in samples.items()}
-        return median, spread
-
     base_samples = next(samples for config, samples in results if config == baseline)
-    base_prefill = summary(base_samples)[0]["prefill_tok_s"]
+    base_prefill = _summary(base_samples)[0]["prefill_tok_s"]
     configs = []
     for config, samples in results:
-        median, spread = summary(samples)
+        median, spread = _summary(samples)
         prefill = median["prefill_tok_s"]
         eligible = base_prefill is None or (prefill is not None and prefill >= _MIN_PREFILL_VS_BASELINE * base_prefill)
         configs.append(PredictedConfig(dict(config), median, spread, baseline=config == baseline, eligible=eligible))
@@ -419,6 +474,7 @@ def prediction_json(prediction: Prediction) -> dict[str, object]:
             "settings": config.settings,
             "baseline": config.baseline,
             "eligible": config.eligible,
+            "score": config.score,
             "median": config.median,
             "spread": {m: list(v) if v else None for m, v in config.spread.items()},
         }
@@ -427,6 +483,7 @@ def prediction_json(prediction: Prediction) -> dict[str, object]:
         "version": 2,
         "requests": prediction.requests,
         "seeds": prediction.seeds,
+        "ranked_by": prediction.ranked_by,
         "calibration": {
             "prefill_factor": prediction.calibration.prefill_factor,
             "decode_factor": prediction.calibration.decode_factor,
@@ -446,6 +503,7 @@ def prediction_record(prediction: Prediction, *, log: str) -> PredictionRecord:
             settings=config.settings,
             baseline=config.baseline,
             eligible=config.eligible,
+            score=config.score,
             median=config.median,
             spread=config.spread,
         )
@@ -459,6 +517,7 @@ def prediction_record(prediction: Prediction, *, log: str) -> PredictionRecord:
         requests=prediction.requests,
         seeds=prediction.seeds,
         axes=list(prediction.configs[0].settings) if prediction.configs else [],
+        ranked_by=prediction.ranked_by,
         configs=[figures(c) for c in prediction.configs],
         best=None if prediction.best is None else figures(prediction.best),
     )

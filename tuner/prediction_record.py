@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,7 +28,12 @@ class _Stored(BaseModel):
 class PredictedFigures(_Stored):
     settings: dict[str, ParamValue] = Field(description="The config's value of each knob the prediction varied.")
     baseline: bool = Field(description="The study's baseline.")
-    eligible: bool = Field(description="Predicted to keep 80% of the baseline's prefill speed.")
+    eligible: bool = Field(
+        description="Predicted to keep the study's constraints (ranked by stall speed: 80% of the baseline's prefill)."
+    )
+    score: float | None = Field(
+        default=None, description="Its predicted score against the baseline's (ranked by the study's score)."
+    )
     median: dict[str, float | None] = Field(description="Each metric's median over the simulator's seeds.")
     spread: dict[str, tuple[float, float] | None] = Field(description="Each metric's lowest and highest.")
 
@@ -42,6 +48,11 @@ class PredictionRecord(_Stored):
     requests: int = Field(description="Requests a simulated round replayed.")
     seeds: int = Field(description="Simulated rounds per config.")
     axes: list[str] = Field(description="The knobs the prediction varied; the others stayed at the baseline.")
+    ranked_by: Literal["stall", "score"] = Field(
+        default="stall",
+        description="How its configs were ranked: the study's score under its constraints, or stall speed alone "
+        "(a prediction stored before serve-tuner ranked by the score).",
+    )
     configs: list[PredictedFigures] = Field(description="Every config replayed, the predicted best first.")
     best: PredictedFigures | None = Field(description="The config predicted to win; null: none beats the baseline.")
 

@@ -225,16 +225,17 @@ def _prediction_outcome(
 ) -> PredictionOutcome:
     predicted = {row.number: figures for row in rows if (figures := record.figures_for(row.settings)) is not None}
     said = f"prediction from {record.log}"
+    beats = "the baseline's score" if record.ranked_by == "score" else "the baseline's stall speed"
     chosen = recommendation.row
     if record.best is None:
         if chosen is None:
             return PredictionOutcome(
                 record=record, predicted=predicted, held=True,
-                message=f"{said}: no config beats the baseline's stall speed; none was recommended: it held",
+                message=f"{said}: no config beats {beats}; none was recommended: it held",
             )  # fmt: skip
         return PredictionOutcome(
             record=record, predicted=predicted, held=False,
-            message=f"{said}: no config beats the baseline's stall speed, but trial {chosen.number} "
+            message=f"{said}: no config beats {beats}, but trial {chosen.number} "
             f"({_settings(chosen)}) was recommended: it did not hold",
         )  # fmt: skip
     best = record.best
@@ -548,7 +549,9 @@ class HostSpreadDocument(_Document):
 class PredictedTrialDocument(_Document):
     median: dict[str, float | None] = Field(description="Each metric's median over the simulator's seeds.")
     spread: dict[str, tuple[float, float] | None] = Field(description="Each metric's lowest and highest.")
-    eligible: bool = Field(description="Predicted to keep 80% of the baseline's prefill speed.")
+    eligible: bool = Field(
+        description="Predicted to keep the study's constraints (ranked by stall speed: 80% of the baseline's prefill)."
+    )
 
 
 class PredictionDocument(_Document):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from tuner.console import render_leaderboard
 from tuner.errors import ConfigError
 from tuner.morning_report import render_report
 from tuner.observers import NullObserver
-from tuner.prediction_record import read_prediction
+from tuner.prediction_record import PredictionRecord, read_prediction
 from tuner.report import build_leaderboard
 from tuner.runs import RunDirectory
 from tuner.search.prediction import study_prediction
@@ -272,3 +273,80 @@ def test_a_log_no_prediction_can_be_made_of_is_refused_by_the_check_before_a_run
         line = one_error_line(done)
         assert line.startswith("error: search.predicted_from (--predicted-from): ") and said in line, line
         assert not runs.exists()
+
+
+def study_prediction_with(server_log: Path, tmp_path: Path, *overrides: str) -> PredictionRecord:
+    prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"', *overrides])
+    with RunDirectory(tmp_path / "run", notice=lambda _line: None) as run_dir:
+        prediction = study_prediction(prepared, run_dir)
+    assert prediction is not None
+    return prediction
+
+
+def test_the_prediction_ranks_configs_by_the_studys_own_score_not_by_stall_speed_alone(
+    server_log: Path, tmp_path: Path
+) -> None:
+    # Stall and prefill weighed alike, no constraint: the 80% prefill rule of `diagnose --predict` is not the
+    # study's, and the config the study would score highest is the predicted best.
+    objectives = (
+        'objectives=[{metric="stall_tok_s", direction="maximize"}, {metric="prefill_tok_s", direction="maximize"}]'
+    )
+    prediction = study_prediction_with(server_log, tmp_path, objectives, "constraints=[]")
+    assert prediction.ranked_by == "score" and prediction.best is not None
+    base = next(c for c in prediction.configs if c.baseline)
+    for config in prediction.configs:  # each score is the study's, of the predicted medians
+        expected = sum(
+            math.log(config.median[m] / base.median[m])  # type: ignore[operator]
+            for m in ("stall_tok_s", "prefill_tok_s")
+        )
+        assert config.score == pytest.approx(expected)
+    assert prediction.best.score == max(c.score for c in prediction.configs if c.score is not None)
+    assert prediction.configs[0] == prediction.best
+    best_prefill, base_prefill = prediction.best.median["prefill_tok_s"], base.median["prefill_tok_s"]
+    assert best_prefill is not None and base_prefill is not None
+    assert best_prefill < 0.8 * base_prefill  # stall speed with the 80% rule would have named another config
+
+
+def test_a_config_that_breaks_the_studys_constraints_is_never_the_predicted_best(
+    server_log: Path, tmp_path: Path
+) -> None:
+    # The study's own demo objectives, with its prefill constraint tightened to 95% of the baseline's.
+    prediction = study_prediction_with(
+        server_log, tmp_path, 'constraints=[{metric="prefill_tok_s", min_vs_baseline=0.95}]'
+    )
+    base = next(c for c in prediction.configs if c.baseline)
+    base_prefill = base.median["prefill_tok_s"]
+    assert base_prefill is not None
+    for config in prediction.configs:
+        prefill = config.median["prefill_tok_s"]
+        assert prefill is not None
+        assert config.eligible == (prefill >= 0.95 * base_prefill)
+    assert any(c.score is not None and c.score > 0 and not c.eligible for c in prediction.configs)
+    assert prediction.best is not None and prediction.best.eligible
+    assert prediction.best.score == max(c.score for c in prediction.configs if c.eligible and c.score is not None)
+
+
+def test_where_no_config_beats_the_baselines_score_the_leaderboard_says_so(server_log: Path, tmp_path: Path) -> None:
+    # Prefill alone, with streams at least twice as fast as the baseline's: the configs that free the streams
+    # prefill slower, so none beats the baseline.
+    overrides = (
+        'objectives=[{metric="prefill_tok_s", direction="maximize"}]',
+        'constraints=[{metric="stall_tok_s", min_vs_baseline=2.0}]',
+    )
+    prediction = study_prediction_with(server_log, tmp_path / "predicted", *overrides)
+    assert prediction.best is None and prediction.ranked_by == "score"
+    prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"', *overrides])
+    done = run_simulated(prepared, tmp_path / "run", seed=0, in_memory=False)
+    outcome = build_leaderboard(StudyView.of(done.study, RunDirectory(tmp_path / "run"))).prediction
+    assert outcome is not None
+    assert outcome.message.startswith(f"prediction from {server_log}: no config beats the baseline's score")
+
+
+def test_a_config_the_simulated_round_cannot_score_is_not_predicted_to_win(server_log: Path, tmp_path: Path) -> None:
+    # The simulated round measures no LoRA switches: no config has a score, so none is the predicted best.
+    objectives = (
+        'objectives=[{metric="stall_tok_s", direction="maximize"}, {metric="lora_wait_p95_s", direction="minimize"}]'
+    )
+    prediction = study_prediction_with(server_log, tmp_path, objectives, "constraints=[]")
+    assert all(c.score is None and not c.eligible for c in prediction.configs)
+    assert prediction.best is None

@@ -67,6 +67,8 @@ def _predict(prepared: PreparedStudy, path: Path, run_dir: RunDirectory) -> Pred
         ctx_size=int(str(ctx)) if ctx is not None else None,
         workload_seed=spec.workload.seed,
         time_scale=spec.workload.time_scale,
+        objectives=spec.objectives,
+        constraints=spec.constraints,
     )
     prediction = predict(
         diagnosis,
