@@ -295,10 +295,8 @@ def test_the_prediction_ranks_configs_by_the_studys_own_score_not_by_stall_speed
     assert prediction.ranked_by == "score" and prediction.best is not None
     base = next(c for c in prediction.configs if c.baseline)
     for config in prediction.configs:  # each score is the study's, of the predicted medians
-        expected = sum(
-            math.log(config.median[m] / base.median[m])  # type: ignore[operator]
-            for m in ("stall_tok_s", "prefill_tok_s")
-        )
+        ratios = [(config.median[m], base.median[m]) for m in ("stall_tok_s", "prefill_tok_s")]
+        expected = sum(math.log(value / reference) for value, reference in ratios if value and reference)
         assert config.score == pytest.approx(expected)
     assert prediction.best.score == max(c.score for c in prediction.configs if c.score is not None)
     assert prediction.configs[0] == prediction.best
