@@ -79,10 +79,6 @@ SPACES: dict[str, list[str]] = {
 # simulated server with other costs (COSTS), the study unchanged.
 SPACES["demo-knee-32"] = []
 SPACES["demo-knee-1024"] = []
-# The experiment's spaces: the same servers with interleave = 1 (each trial's log before the next is chosen).
-SPACES["demo-knee-32-i1"] = ["interleave=1"]
-SPACES["demo-knee-1024-i1"] = ["interleave=1"]
-SPACES["demo-i1"] = ["interleave=1"]
 _SHIPPED = load_cost_model()
 COSTS: dict[str, CostModel] = {
     # Every width costs the same per token and a pass almost nothing beside it: a small n_batch costs no
@@ -104,37 +100,17 @@ COSTS: dict[str, CostModel] = {
         ),
     ),
 }
-COSTS["demo-knee-32-i1"] = COSTS["demo-knee-32"]
-COSTS["demo-knee-1024-i1"] = COSTS["demo-knee-1024"]
 # tpe-predicted: the study's sampler, starting from `search.predicted_from`, a log of the baseline's first
 # round on that server (its own costs): the predicted best is the first trial after the baseline.
 SAMPLERS = ["tpe", "tpe-maximin", "grid", "random", "tpe-predicted"]
 # A fixed budget per space, for the share of seeds whose study as a user would run it (one budget, chosen
 # beforehand) recommends a near-optimal config: the demo's own 5 trials; 14 on the five-knob space, 15 real
 # trials with the baseline (the issue's target).
-FIXED_BUDGET = {
-    "demo-knee-32-i1": 5,
-    "demo-knee-1024-i1": 5,
-    "demo-i1": 5,
-    "demo": 5,
-    "five-knob": 14,
-    "five-knob-8-slots": 14,
-    "demo-knee-32": 5,
-    "demo-knee-1024": 5,
-}
+FIXED_BUDGET = {"demo": 5, "five-knob": 14, "five-knob-8-slots": 14, "demo-knee-32": 5, "demo-knee-1024": 5}
 # The largest budget a study gets (grid search: its size). The loop redeploys a config that was pruned or
 # failed when a sampler proposes it again, so a study on the demo's 28 configs may run long after it has
 # measured them all; 100 trials are 3.5 times the grid.
-CAP = {
-    "demo-knee-32-i1": 100,
-    "demo-knee-1024-i1": 100,
-    "demo-i1": 100,
-    "demo": 100,
-    "five-knob": 400,
-    "five-knob-8-slots": 400,
-    "demo-knee-32": 100,
-    "demo-knee-1024": 100,
-}
+CAP = {"demo": 100, "five-knob": 400, "five-knob-8-slots": 400, "demo-knee-32": 100, "demo-knee-1024": 100}
 NEAR = 0.95  # near-optimal: at least 95% of the best score
 
 
@@ -218,11 +194,9 @@ def run_study(
 ) -> Outcome:
     """One simulated study (the study's own loop, as tests/support/sim_study.run_simulated runs it); grid search
     replaces the sampler, which the study's file cannot name."""
+    runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise, cost=COSTS.get(space))
     observer = _Deployed(stop_at, after)
     with tempfile.TemporaryDirectory(dir=scratch) as path, RunDirectory(Path(path), notice=lambda _l: None) as run_dir:
-        # A study started from a prediction refits it from its trials' server logs, which the runner then keeps.
-        logs = run_dir if prepared.predicted_from is not None else None
-        runner = SimulatedTrialRunner(prepared, seed=seed, noise=noise, cost=COSTS.get(space), run_dir=logs)
         if prepared.predicted_from is not None:  # predicted once per space (the same for every seed), not per study
             shutil.copyfile(prediction_of(space, prepared, scratch), run_dir.prediction_path)
         study = open_optuna_study(run_dir, prepared.spec, prepared.space, storage=optuna.storages.InMemoryStorage())

@@ -108,15 +108,6 @@ class ConsoleObserver(NullObserver):
             said = f"predicted best {_settings(best)}" + (", queued first after the baseline" if queued else "")
         self._say(f"prediction from {escape(log)}: {escape(said)}" + (f" ({escape(note)})" if note else ""))
 
-    def prediction_refitted(self, *, trials: list[int], best: Mapping[str, ParamValue] | None, queued: bool) -> None:
-        if best is None:
-            said = "no config is predicted to beat the baseline"
-        else:
-            said = f"predicted best {_settings(best)}" + (", queued next" if queued else ", measured or queued already")
-        self._say(
-            f"prediction refitted from trials {', '.join(map(str, trials))} (their passes by width): {escape(said)}"
-        )
-
     def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         what = "baseline (the server's own settings)" if baseline else _settings(settings)
         self._say(f"[bold cyan]trial {number}[/]  {what}")

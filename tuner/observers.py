@@ -91,10 +91,6 @@ class StudyObserver:
         """The study's prediction, made now or read back from its run directory; whether its best was queued
         now (a resume finds it measured or queued already); `note`, what a person should know of it."""
 
-    def prediction_refitted(self, *, trials: list[int], best: Mapping[str, ParamValue] | None, queued: bool) -> None:
-        """The prediction was made again with its costs by pass width fitted from these trials' logs; whether
-        its best was queued now (not where a trial has those settings already)."""
-
     def confirm_started(self, *, number: int, settings: Mapping[str, ParamValue], pairs: int) -> None:
         pass
 

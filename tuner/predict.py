@@ -7,7 +7,6 @@ calibration's value, and the prediction names each."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import random
@@ -22,19 +21,17 @@ from tuner.config import MetricConstraint, ObjectiveSpec, ParamValue, PluginSpec
 from tuner.diagnose import diagnose_log
 from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
-from tuner.engines.base import Engine
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import ConfigError, MeasurementError
 from tuner.importers.base import read_lines
 from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServerLogOptions
 from tuner.metrics import compute_metrics
-from tuner.models import ReplayRequest, TaskTimeline
+from tuner.models import TaskTimeline
 from tuner.prediction_record import PredictedFigures, PredictionRecord
 from tuner.scoring import score_round
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
-from tuner.sim.model import SimulatedLlamaServer, format_log_line
+from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
-from tuner.trial_calibration import TrialLog, fit_pass_widths
 from tuner.workloads.synthesis import synthesize_sessions
 from tuner.workloads.trace import Trace
 
@@ -43,7 +40,6 @@ __all__ = [
     "PredictedConfig",
     "Prediction",
     "StudyTraffic",
-    "TrialLog",
     "calibrate_from_log",
     "check_prediction_log",
     "predict",
@@ -274,8 +270,6 @@ class StudyTraffic:
     time_scale: float
     objectives: Sequence[ObjectiveSpec] = ()
     constraints: Sequence[MetricConstraint] = ()
-    # Its measured trials' logs: two or more widths of pass fit the cost by width (`tuner.trial_calibration`).
-    trials: Sequence[TrialLog] = ()
 
 
 def predict(
@@ -342,10 +336,6 @@ def predict(
         ]
         for i in range(seeds)
     ]
-    if study is not None and study.trials:
-        calibration = _fitted_to_trials(
-            calibration, study.trials, rounds[0], engine=engine, base=base, slots=slots, ctx=ctx
-        )
     objectives = list(study.objectives) if study is not None else []
     constraints = list(study.constraints) if study is not None else []
     names = list(dict.fromkeys([*_METRICS, *(o.metric for o in objectives), *(c.metric for c in constraints)]))
@@ -368,43 +358,6 @@ def predict(
             calibration, per_round, seeds, results, baseline, objectives=objectives, constraints=constraints
         )
     return _ranked(calibration, per_round, seeds, results, baseline)
-
-
-def _fitted_to_trials(
-    calibration: Calibration,
-    trials: Sequence[TrialLog],
-    requests: Sequence[ReplayRequest],
-    *,
-    engine: Engine,
-    base: Mapping[str, ParamValue],
-    slots: int,
-    ctx: int,
-) -> Calibration:
-    """The calibration with its prefill passes' cost by width fitted from the study's trials, where their logs
-    time two widths or more; as it is otherwise."""
-
-    def replay(settings: Mapping[str, ParamValue], cost: CostModel) -> list[str]:
-        lines: list[str] = []
-        server = SimulatedLlamaServer(
-            _sim_settings({**base, **settings}, slots=slots, ctx=ctx),
-            cost=cost,
-            noise=NoiseModel(),
-            seed=0,
-            log=lambda at, line: lines.append(format_log_line(at, line)),
-        )
-        replay_virtual(requests, server, engine=engine, start_s=0.0, request_timeout_s=1e9)
-        return lines
-
-    fit = fit_pass_widths(calibration.cost, trials, replay)
-    if fit is None:
-        return calibration
-    kept = [line for line in calibration.kept if not line.startswith("how a pass's cost changes")]
-    kept.insert(
-        0,
-        "decode's passes by width, attention's share of a pass, a prompt cache's copy and a model's load: the "
-        "shipped calibration's (SmolLM2-135M on a 2-core CPU), scaled",
-    )
-    return dataclasses.replace(calibration, cost=fit.cost, fitted=[*calibration.fitted, *fit.fitted], kept=kept)
 
 
 def _traffic(log: Path, study: StudyTraffic | None) -> Trace:

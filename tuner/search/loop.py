@@ -22,7 +22,7 @@ from tuner.search.confirm import Confirmation
 from tuner.search.ending import end_trial, finish_measured, skip_trial
 from tuner.search.gates import Gates
 from tuner.search.peers import Peers, Pending, SoloPeers
-from tuner.search.prediction import PredictionRefits, start_from_prediction
+from tuner.search.prediction import start_from_prediction
 from tuner.search.queries import BestSoFar, claimed_trials, is_baseline
 from tuner.search.samplers import distribution
 from tuner.server_reuse import Servers
@@ -55,7 +55,6 @@ class StudyRun:
         self.exhausted = False  # the sampler had nothing new to offer
         self.distributions = {name: distribution(p) for name, p in prepared.space.params.items()}
         self.best = BestSoFar(study, observer)
-        self.refits = PredictionRefits(prepared, run_dir, observer)
         self._baseline: FrozenTrial | None = None
         # Set once the host is reached (`search`): what measures, and the servers it measures on.
         self.runner: TrialRunner
@@ -109,7 +108,6 @@ class StudyRun:
                     return
                 if deadline is not None and time.monotonic() >= deadline and self.baseline_trial() is not None:
                     return
-                self.refits.after_trials(self.study, fleet=self.host is not None)
                 batch = self.ask_batch()
             if batch:
                 await self.run_batch(batch)
