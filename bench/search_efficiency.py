@@ -108,7 +108,8 @@ COSTS["demo-twin-flat-above-512"] = dataclasses.replace(
     COSTS["demo-knee-1024"], token_points=tuple((w, c if w <= 512 else 0.0052) for w, c in _KNEE_1024.items())
 )
 COSTS["demo-twin-cheap-at-2048"] = dataclasses.replace(
-    COSTS["demo-knee-1024"], token_points=tuple((w, 0.0052 if w == 1024 else c) for w, c in _KNEE_1024.items())
+    COSTS["demo-knee-1024"],
+    token_points=tuple((w, {1024: 0.0052, 2048: 0.002}.get(w, c)) for w, c in _KNEE_1024.items()),
 )
 SPACES["demo-twin-flat-above-512"] = []
 SPACES["demo-twin-cheap-at-2048"] = []
