@@ -487,3 +487,27 @@ def test_after_a_failed_baseline_the_corrected_study_runs_again_end_to_end(
     assert again.code == 1, again.err  # it ran (and failed to start again), instead of refusing the change
     assert "holds a study" not in again.err
     assert json.loads((tmp_path / "tiny" / "spec.json").read_text())["engine"]["settings"]["threads"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["capacity", str(TINY), "--window", "-5s"], "--window"),
+        (["diagnose", str(DATA / "missing.log"), "--since", "-90s"], "--since"),
+    ],
+)
+def test_a_negative_value_that_argparse_takes_for_a_flag_says_how_to_write_it(
+    capsys: pytest.CaptureFixture[str], argv: list[str], option: str
+) -> None:
+    outcome = run_cli(capsys, *argv)
+    assert outcome.code == 2
+    assert outcome.error_line() == (
+        f"error: tuner {argv[0]}: argument {option}: expected one argument (a value that starts with '-' is read "
+        f"as a flag: write {option}=VALUE); see `tuner {argv[0]} --help`"
+    )
+
+
+def test_a_missing_value_before_the_next_flag_gets_no_such_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = run_cli(capsys, "run", str(TINY), "--set", "--check")
+    assert outcome.code == 2
+    assert outcome.error_line() == "error: tuner run: argument --set: expected one argument; see `tuner run --help`"

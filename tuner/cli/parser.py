@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import re
+import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from tuner.cli.commands import COMMANDS, Command
@@ -23,8 +27,27 @@ EXIT_CODES = """exit codes:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake on the command line is one line (with where to look) and exit code 2."""
 
+    _arguments: tuple[str, ...] = ()  # what this parser was given to parse (a command's parser: its own part)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._arguments = tuple(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        missing = re.fullmatch(r"argument (--[\w-]+)(?:/-\w)?: expected one argument", message)
+        if missing is not None and self._value_like_a_flag(missing[1]):
+            # argparse reads a value that starts with "-" and is not a plain number (-5s) as another flag.
+            message += f" (a value that starts with '-' is read as a flag: write {missing[1]}=VALUE)"
         self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+    def _value_like_a_flag(self, option: str) -> bool:
+        """Whether `option` was followed by a negative value (-5s, -1.5), which argparse took for a flag."""
+        return any(
+            word == option and re.match(r"-[\d.]", after) is not None
+            for word, after in itertools.pairwise(self._arguments)
+        )
 
 
 def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentParser:
