@@ -500,3 +500,51 @@ def test_a_line_whose_knobs_share_fewer_than_three_values_is_refused(tmp_path: P
     )
     with pytest.raises(ConfigError, match=r"line \['n_batch', 'n_ubatch'\]: its knobs share 1 choices; the walk"):
         load_search_space(space)
+
+
+def test_a_restricted_space_starts_its_walk_on_the_line_knobs_it_still_tunes() -> None:
+    # The space's line is n_batch = n_ubatch; a knob not tuned stays at the baseline, off the line.
+    space = load_search_space(REPO / "search_spaces" / "llama-server.toml")
+    assert space.restricted_to(["lora_policy", "n_ubatch", "n_batch"]).line == ["n_batch", "n_ubatch"]
+    assert space.restricted_to(["cache_ram", "n_batch"]).line == ["n_batch"]
+    assert space.restricted_to(["cache_ram"]).line == []
+
+
+def test_a_set_into_a_nested_value_names_the_whole_key_to_set_instead() -> None:
+    from tuner.config import apply_overrides
+
+    with pytest.raises(ConfigError) as refused:
+        apply_overrides({"budget": {"trials": 3}}, ["budget.trials.max=1"])
+    assert str(refused.value) == (
+        "--set 'budget.trials.max=1': 'trials' is a value, not a table; --set budget.trials=VALUE sets it"
+    )
+
+
+def test_of_several_sets_the_refusal_names_the_one_that_gave_the_bad_value() -> None:
+    from tuner.config import StudySpec
+
+    with pytest.raises(ConfigError) as refused:
+        load_study(DEMO, ["budget.trials=3", "rounds=1"])
+    rounds = StudySpec.model_fields["rounds"].description
+    assert str(refused.value) == (
+        f"--set rounds=1: rounds: Input should be greater than or equal to 2 (got 1); rounds is: {rounds}"
+    )
+
+
+def test_each_fleet_host_runs_with_its_own_deploy_table_and_engine_options() -> None:
+    from tuner.config import PluginSpec
+
+    fleet = 'hosts=[{name="gpu-a"}, {name="gpu-b", deploy={kind="systemd", unit="llama.service"}, engine={port=8081}}]'
+    spec, _ = load_study(DEMO, [fleet])
+    gpu_a, gpu_b = (spec.for_host(entry) for entry in spec.hosts)
+    assert (gpu_a.deploy, gpu_a.engine) == (spec.deploy, spec.engine)  # the study's own
+    assert gpu_b.deploy == PluginSpec.model_validate({"kind": "systemd", "unit": "llama.service"})
+    assert gpu_b.engine == PluginSpec.model_validate({**spec.engine.model_dump(), "port": 8081})
+
+
+def test_a_fleet_hosts_deploy_table_without_a_kind_keeps_the_default_kind(tmp_path: Path) -> None:
+    from tuner.config import PluginSpec
+
+    fleet = '\n[[hosts]]\nname = "gpu-a"\ndeploy = { start_timeout_s = 5 }\n'
+    spec, _ = load_study(write_study(tmp_path, DEMO.read_text() + fleet))
+    assert spec.hosts[0].deploy == PluginSpec.model_validate({"kind": "process", "start_timeout_s": 5})

@@ -278,3 +278,23 @@ def test_the_bootstrap_interval_of_identical_values_is_that_value_and_of_two_val
     assert bootstrap_ci([2.5]) == (2.5, 2.5)
     low, high = bootstrap_ci([1.0, 3.0])  # two values that differ are resampled: the interval has a width
     assert 1.0 <= low < high <= 3.0
+
+
+def test_a_look_with_no_share_of_the_error_has_an_unbounded_interval_even_over_identical_differences() -> None:
+    from tuner.scoring import difference_ci
+
+    # At confidence 1 nothing is ruled out; identical differences have no spread, but that proves nothing.
+    assert difference_ci([0.2, 0.2], confidence=1.0) == (-math.inf, math.inf)
+
+
+def test_a_skewed_difference_at_a_strict_look_reaches_as_far_as_the_bootstrap_at_that_confidence() -> None:
+    from tuner.scoring import difference_ci
+
+    # 19 pairs at 0 and one at 10: mean 0.5, standard deviation sqrt(95 / 19) = sqrt(5), standard error
+    # sqrt(5 / 20) = 0.5; t for 19 degrees of freedom at 99% is 2.860935: t interval 0.5 -/+ 1.430467.
+    # A resample's mean is 10 k / 20 for k draws of the 10, k ~ Binomial(20, 0.05): P(k >= 5) = 0.26% and
+    # P(k >= 4) = 1.6%, so the bootstrap's 99.5th percentile is k = 4, a mean of 2.0, above the t interval's
+    # 1.93 (its 97.5th, of a 95% interval, would be k = 3: 1.5).
+    low, high = difference_ci([0.0] * 19 + [10.0], confidence=0.99)
+    assert low == pytest.approx(0.5 - 1.430467)
+    assert high == pytest.approx(2.0)
