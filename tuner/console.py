@@ -294,7 +294,8 @@ def _columns(board: Leaderboard, layout: _Layout) -> list[_Column]:
 
 
 def _predicted_cell(figures: PredictedFigures | None, best: bool) -> Text:
-    """The predicted stall speed; `*` marks the predicted best, `x` a config predicted to lose too much prefill."""
+    """The predicted stall speed; `*` marks the predicted best, `x` a config not eligible to be it (one that breaks
+    the study's constraints, or, ranked by stall speed, loses too much prefill)."""
     if figures is None:
         return Text("-")
     cell = Text(_fmt(figures.median.get("stall_tok_s")))
@@ -413,7 +414,12 @@ def _render_notes(
         console.print(
             f"predicted: the stall speed the simulated server, calibrated from {board.prediction.record.log}, "
             f"expected for the trial's config (median of {board.prediction.record.seeds} simulated rounds); "
-            "* = the predicted best, x = predicted to prefill under 80% of the baseline's speed",
+            "* = the predicted best, x = "
+            + (
+                "predicted to break the study's constraints, or not scored"
+                if board.prediction.record.ranked_by == "score"
+                else "predicted to prefill under 80% of the baseline's speed"
+            ),
             markup=False,
             highlight=False,
         )

@@ -21,6 +21,7 @@ from tuner.config import MetricConstraint, ObjectiveSpec, ParamValue, PluginSpec
 from tuner.diagnose import diagnose_log
 from tuner.diagnose.report import Diagnosis, counted
 from tuner.engines import create_engine
+from tuner.engines.base import Engine
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.errors import ConfigError, MeasurementError
 from tuner.importers.base import read_lines
@@ -28,7 +29,7 @@ from tuner.importers.llama_server_log import LlamaServerLogImporter, LlamaServer
 from tuner.metrics import compute_metrics
 from tuner.models import TaskTimeline
 from tuner.prediction_record import PredictedFigures, PredictionRecord
-from tuner.scoring import score_round
+from tuner.scoring import min_effect, score_round
 from tuner.sim.inputs import CostModel, NoiseModel, SimSettings, load_cost_model
 from tuner.sim.model import SimulatedLlamaServer
 from tuner.sim.virtual import replay_virtual
@@ -93,6 +94,7 @@ class Prediction:
     configs: list[PredictedConfig]  # best first, the baseline where it ranks
     best: PredictedConfig | None  # None: no config beats the baseline (its stall speed, or a study's score)
     ranked_by: Literal["stall", "score"] = "stall"  # "score": by a study's objectives and constraints
+    why_none: str | None = None  # ranked by the score: why no config is the predicted best
 
 
 def calibrate_from_log(
@@ -270,6 +272,7 @@ class StudyTraffic:
     time_scale: float
     objectives: Sequence[ObjectiveSpec] = ()
     constraints: Sequence[MetricConstraint] = ()
+    engine: Engine | None = None  # its engine, which writes its requests (its LoRA adapters' ids among them)
 
 
 def predict(
@@ -305,7 +308,9 @@ def predict(
             f"{len(grid)} of the space's {valid:,} configs, chosen at random (seed 0), and the baseline: more than "
             f"{_GRID_LIMIT} take minutes; narrow search.params or --space for every one"
         )
-    engine = create_engine(PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"}))
+    engine = (study.engine if study is not None else None) or create_engine(
+        PluginSpec.model_validate({"kind": "llama-server", "binary": "simulated"})
+    )
     slots = diagnosis.server.n_slots or 4
     ctx = (diagnosis.server.n_ctx_slot or 4096) * slots
     # The log's server, for every knob a config leaves alone: n_batch as its chunks show it, else
@@ -415,11 +420,12 @@ def _ranked_by_score(
     constraints: Sequence[MetricConstraint],
 ) -> Prediction:
     """A study's configs ranked as its trials are: the score of their predicted medians against the
-    baseline's (`tuner.scoring`), among those that keep its constraints. A stall figure alone names the
+    baseline's (`tuner.scoring`), among those that keep its constraints; the best must gain at least the
+    study's minimum effect (5% on every objective), as a measured win must. A stall figure alone names the
     config that frees the streams most, where the study weighs that against prefill and TTFT: from 8 slots on
-    the five-knob space (bench/search_efficiency.py) it named 64/64, the study's optimum being 128/128. A
-    config a metric of the score has no figure for (the simulated round measures no LoRA wait) is not
-    ranked."""
+    the five-knob space (bench/search_efficiency.py) it named 64/64 with 4 slots, 128/128 with 4 slots being
+    the study's optimum's batch sizes. A config a metric of the score has no figure for (the simulated round
+    measures no LoRA wait) is not ranked."""
     base_median = _summary(next(samples for config, samples in results if config == baseline))[0]
     configs = []
     for config, samples in results:
@@ -435,11 +441,29 @@ def _ranked_by_score(
             PredictedConfig(dict(config), median, spread, baseline=config == baseline, eligible=eligible, score=score)
         )
     configs.sort(key=lambda c: (not (c.eligible or c.baseline), -(c.score if c.score is not None else -math.inf)))
-    best = next((c for c in configs if c.eligible and not c.baseline), None)
-    if best is not None and (best.score or 0.0) <= 0.0:
-        best = None
+    others = [c for c in configs if not c.baseline]
+    best = next((c for c in others if c.eligible), None)
+    smallest_win = min_effect(objectives)
+    why_none = None
+    if not any(c.score is not None for c in others):
+        unmeasured = sorted({o.metric for o in objectives if all(c.median.get(o.metric) is None for c in others)})
+        what = ", ".join(unmeasured) or "figure of the score"
+        why_none = f"the simulated server measures no {what}, so no config has a score"
+    elif best is None:
+        why_none = "no config keeps the study's constraints"
+    elif (best.score or 0.0) < smallest_win:
+        why_none = (
+            f"no config that keeps the study's constraints gains the study's minimum effect over the baseline "
+            f"(a score of {smallest_win:+.2f}; the best, {best.score:+.2f})"
+        )
     return Prediction(
-        calibration=calibration, requests=requests, seeds=seeds, configs=configs, best=best, ranked_by="score"
+        calibration=calibration,
+        requests=requests,
+        seeds=seeds,
+        configs=configs,
+        best=None if why_none else best,
+        ranked_by="score",
+        why_none=why_none,
     )
 
 
@@ -484,6 +508,7 @@ def prediction_json(prediction: Prediction) -> dict[str, object]:
         "requests": prediction.requests,
         "seeds": prediction.seeds,
         "ranked_by": prediction.ranked_by,
+        "why_none": prediction.why_none,
         "calibration": {
             "prefill_factor": prediction.calibration.prefill_factor,
             "decode_factor": prediction.calibration.decode_factor,
@@ -518,6 +543,7 @@ def prediction_record(prediction: Prediction, *, log: str) -> PredictionRecord:
         seeds=prediction.seeds,
         axes=list(prediction.configs[0].settings) if prediction.configs else [],
         ranked_by=prediction.ranked_by,
+        why_none=prediction.why_none,
         configs=[figures(c) for c in prediction.configs],
         best=None if prediction.best is None else figures(prediction.best),
     )

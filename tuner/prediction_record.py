@@ -18,7 +18,9 @@ from tuner.files import write_atomic
 
 __all__ = ["PREDICTION_VERSION", "PredictedFigures", "PredictionRecord", "read_prediction", "write_prediction"]
 
-PREDICTION_VERSION = 1
+# 2: `ranked_by`, `why_none` and each config's `score` (a study's prediction ranked by its own score);
+# optional, so a version-1 file reads as ranked by stall speed, and a version-1 reader asks for an upgrade.
+PREDICTION_VERSION = 2
 
 
 class _Stored(BaseModel):
@@ -52,6 +54,9 @@ class PredictionRecord(_Stored):
         default="stall",
         description="How its configs were ranked: the study's score under its constraints, or stall speed alone "
         "(a prediction stored before serve-tuner ranked by the score).",
+    )
+    why_none: str | None = Field(
+        default=None, description="Ranked by the score, where no config is the predicted best: why."
     )
     configs: list[PredictedFigures] = Field(description="Every config replayed, the predicted best first.")
     best: PredictedFigures | None = Field(description="The config predicted to win; null: none beats the baseline.")

@@ -225,17 +225,21 @@ def _prediction_outcome(
 ) -> PredictionOutcome:
     predicted = {row.number: figures for row in rows if (figures := record.figures_for(row.settings)) is not None}
     said = f"prediction from {record.log}"
-    beats = "the baseline's score" if record.ranked_by == "score" else "the baseline's stall speed"
+    none_wins = record.why_none or (
+        "no config beats the baseline's score"
+        if record.ranked_by == "score"
+        else "no config beats the baseline's stall speed"
+    )
     chosen = recommendation.row
     if record.best is None:
         if chosen is None:
             return PredictionOutcome(
                 record=record, predicted=predicted, held=True,
-                message=f"{said}: no config beats {beats}; none was recommended: it held",
+                message=f"{said}: {none_wins}; none was recommended: it held",
             )  # fmt: skip
         return PredictionOutcome(
             record=record, predicted=predicted, held=False,
-            message=f"{said}: no config beats {beats}, but trial {chosen.number} "
+            message=f"{said}: {none_wins}, but trial {chosen.number} "
             f"({_settings(chosen)}) was recommended: it did not hold",
         )  # fmt: skip
     best = record.best
@@ -253,7 +257,7 @@ def _prediction_outcome(
             message=f"{said}: best {shown} (trial {ended.number}); it did not hold: the trial was "
             f"{ended.state.lower()} ({ended.reason or 'no reason recorded'})",
         )  # fmt: skip
-    stall = _predicted_against_measured(best, measured)
+    against = _predicted_against_measured(best, measured)
     if chosen is not None and predicted.get(chosen.number) == best:
         held, why = True, "it held: the recommendation is the predicted best"
     elif chosen is None:
@@ -262,19 +266,23 @@ def _prediction_outcome(
         held, why = False, f"it did not hold: the recommendation is trial {chosen.number} ({_settings(chosen)})"
     return PredictionOutcome(
         record=record, predicted=predicted, held=held, best_trial=measured.number,
-        message=f"{said}: best {shown} (trial {measured.number}){stall}; {why}",
+        message=f"{said}: best {shown} (trial {measured.number}){against}; {why}",
     )  # fmt: skip
 
 
 def _predicted_against_measured(figures: PredictedFigures, row: LeaderboardRow) -> str:
-    """`, stall 2.10 tok/s predicted (1.90..2.30), 2.40 measured (+14%)`, or nothing where either is missing."""
+    """`, score +1.53 predicted, +1.76 measured` where the prediction ranked by the study's score, then `, stall
+    2.10 tok/s predicted (1.90..2.30), 2.40 measured (+14%)`; each left out where either figure is missing."""
+    said = ""
+    if figures.score is not None and row.score is not None:
+        said += f", score {figures.score:+.2f} predicted, {row.score:+.2f} measured"
     predicted, spread = figures.median.get("stall_tok_s"), figures.spread.get("stall_tok_s")
     if predicted is None or "stall_tok_s" not in row.metrics:
-        return ""
+        return said
     measured = row.metrics["stall_tok_s"][0]
     between = f" ({spread[0]:.2f}..{spread[1]:.2f})" if spread is not None else ""
     off = f" ({measured / predicted - 1:+.0%})" if predicted > 0 else ""
-    return f", stall {predicted:.2f} tok/s predicted{between}, {measured:.2f} measured{off}"
+    return f"{said}, stall {predicted:.2f} tok/s predicted{between}, {measured:.2f} measured{off}"
 
 
 def row_to_apply(run_path: Path, trial: int | None, storage_url: str | None = None) -> LeaderboardRow:
@@ -552,6 +560,7 @@ class PredictedTrialDocument(_Document):
     eligible: bool = Field(
         description="Predicted to keep the study's constraints (ranked by stall speed: 80% of the baseline's prefill)."
     )
+    score: float | None = Field(description="Its predicted score (ranked by the study's score); null otherwise.")
 
 
 class PredictionDocument(_Document):
@@ -560,6 +569,8 @@ class PredictionDocument(_Document):
     held: bool | None = Field(description="Whether the study recommends the predicted best; null: not yet known.")
     message: str = Field(description="What the leaderboard says of it.")
     best_trial: int | None = Field(description="The trial that measured the predicted best; null: none yet.")
+    ranked_by: str = Field(description="score: by the study's objectives and constraints; stall: by stall speed.")
+    why_none: str | None = Field(description="Ranked by the score, where no config is the predicted best: why.")
     trials: dict[int, PredictedTrialDocument] = Field(description="Trial number -> its config's predicted figures.")
 
 
@@ -644,8 +655,12 @@ def leaderboard_document(board: Leaderboard) -> LeaderboardDocument:
             held=board.prediction.held,
             message=board.prediction.message,
             best_trial=board.prediction.best_trial,
+            ranked_by=board.prediction.record.ranked_by,
+            why_none=board.prediction.record.why_none,
             trials={
-                number: PredictedTrialDocument(median=figures.median, spread=figures.spread, eligible=figures.eligible)
+                number: PredictedTrialDocument(
+                    median=figures.median, spread=figures.spread, eligible=figures.eligible, score=figures.score
+                )
                 for number, figures in board.prediction.predicted.items()
             },
         ),

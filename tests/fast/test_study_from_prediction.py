@@ -191,7 +191,7 @@ def test_the_line_walk_starts_beside_the_predicted_best_not_at_the_ladders_middl
     ("text", "said"),
     [
         ('{"version": 1, "log": 3}', "is not a prediction serve-tuner wrote (damaged?); remove it to predict again"),
-        ('{"version": 2, "log": "x.log", "calibrated_by": "a newer field"}', "was written by a newer serve-tuner"),
+        ('{"version": 3, "log": "x.log", "calibrated_by": "a newer field"}', "was written by a newer serve-tuner"),
         ("not json", "is not a prediction serve-tuner wrote (damaged?)"),
     ],
 )
@@ -283,26 +283,36 @@ def study_prediction_with(server_log: Path, tmp_path: Path, *overrides: str) -> 
     return prediction
 
 
-def test_the_prediction_ranks_configs_by_the_studys_own_score_not_by_stall_speed_alone(
+def test_the_prediction_ranks_configs_by_the_studys_own_weighted_score_not_by_stall_speed_alone(
     server_log: Path, tmp_path: Path
 ) -> None:
-    # Stall and prefill weighed alike, no constraint: the 80% prefill rule of `diagnose --predict` is not the
-    # study's, and the config the study would score highest is the predicted best.
+    # Stall weighed once and prefill twice, no constraint: the 80% prefill rule of `diagnose --predict` is
+    # not the study's, and the config the study would score highest is the predicted best.
     objectives = (
-        'objectives=[{metric="stall_tok_s", direction="maximize"}, {metric="prefill_tok_s", direction="maximize"}]'
+        'objectives=[{metric="stall_tok_s", direction="maximize", weight=1.0}, '
+        '{metric="prefill_tok_s", direction="maximize", weight=2.0}]'
     )
     prediction = study_prediction_with(server_log, tmp_path, objectives, "constraints=[]")
     assert prediction.ranked_by == "score" and prediction.best is not None
     base = next(c for c in prediction.configs if c.baseline)
     for config in prediction.configs:  # each score is the study's, of the predicted medians
-        ratios = [(config.median[m], base.median[m]) for m in ("stall_tok_s", "prefill_tok_s")]
-        expected = sum(math.log(value / reference) for value, reference in ratios if value and reference)
-        assert config.score == pytest.approx(expected)
+        stall, prefill = config.median["stall_tok_s"], config.median["prefill_tok_s"]
+        base_stall, base_prefill = base.median["stall_tok_s"], base.median["prefill_tok_s"]
+        assert stall and prefill and base_stall and base_prefill
+        assert config.score == pytest.approx(math.log(stall / base_stall) + 2.0 * math.log(prefill / base_prefill))
     assert prediction.best.score == max(c.score for c in prediction.configs if c.score is not None)
     assert prediction.configs[0] == prediction.best
-    best_prefill, base_prefill = prediction.best.median["prefill_tok_s"], base.median["prefill_tok_s"]
-    assert best_prefill is not None and base_prefill is not None
-    assert best_prefill < 0.8 * base_prefill  # stall speed with the 80% rule would have named another config
+
+
+def test_the_prediction_measures_the_metrics_of_the_studys_objectives(server_log: Path, tmp_path: Path) -> None:
+    # Objectives on figures the stall ranking never looks at: each config has them, and a score.
+    objectives = (
+        'objectives=[{metric="output_tok_s", direction="maximize"}, {metric="itl_max_s", direction="minimize"}]'
+    )
+    prediction = study_prediction_with(server_log, tmp_path, objectives, "constraints=[]")
+    for config in prediction.configs:
+        assert config.median["output_tok_s"] is not None and config.median["itl_max_s"] is not None
+        assert config.score is not None
 
 
 def test_a_config_that_breaks_the_studys_constraints_is_never_the_predicted_best(
@@ -322,22 +332,47 @@ def test_a_config_that_breaks_the_studys_constraints_is_never_the_predicted_best
     assert any(c.score is not None and c.score > 0 and not c.eligible for c in prediction.configs)
     assert prediction.best is not None and prediction.best.eligible
     assert prediction.best.score == max(c.score for c in prediction.configs if c.eligible and c.score is not None)
+    # Ranked as the leaderboard shows them: every config that may win (and the baseline) before any that may not.
+    may_win = [c.eligible or c.baseline for c in prediction.configs]
+    assert may_win == sorted(may_win, reverse=True)
 
 
-def test_where_no_config_beats_the_baselines_score_the_leaderboard_says_so(server_log: Path, tmp_path: Path) -> None:
-    # Prefill alone, with streams at least twice as fast as the baseline's: the configs that free the streams
-    # prefill slower, so none beats the baseline.
-    overrides = (
-        'objectives=[{metric="prefill_tok_s", direction="maximize"}]',
-        'constraints=[{metric="stall_tok_s", min_vs_baseline=2.0}]',
-    )
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        # Prefill alone, with streams twice as fast as the baseline's: the configs that free the streams
+        # prefill slower, so the best that keeps the constraint scores below the baseline.
+        (
+            (
+                'objectives=[{metric="prefill_tok_s", direction="maximize"}]',
+                'constraints=[{metric="stall_tok_s", min_vs_baseline=2.0}]',
+            ),
+            "no config that keeps the study's constraints gains the study's minimum effect over the baseline "
+            "(a score of +0.05; the best, -",
+        ),
+        # TTFT alone: the best is a few percent faster, inside the 5% a win must gain.
+        (
+            ('objectives=[{metric="ttft_p95_s", direction="minimize"}]', "constraints=[]"),
+            "no config that keeps the study's constraints gains the study's minimum effect over the baseline "
+            "(a score of +0.05; the best, ",
+        ),
+        # Prefill five times the baseline's: no config keeps it.
+        (('constraints=[{metric="prefill_tok_s", min_vs_baseline=5.0}]',), "no config keeps the study's constraints"),
+    ],
+)
+def test_where_no_config_is_predicted_to_win_the_run_and_the_leaderboard_say_why(
+    server_log: Path, tmp_path: Path, overrides: tuple[str, ...], why: str
+) -> None:
     prediction = study_prediction_with(server_log, tmp_path / "predicted", *overrides)
     assert prediction.best is None and prediction.ranked_by == "score"
+    assert prediction.why_none is not None and prediction.why_none.startswith(why)
+    told = Told()
     prepared = prepare_simulated([*BUDGET, f'search.predicted_from="{server_log}"', *overrides])
-    done = run_simulated(prepared, tmp_path / "run", seed=0, in_memory=False)
+    done = run_simulated(prepared, tmp_path / "run", seed=0, in_memory=False, observer=told)
+    assert told.said[-1][1]["best"] is None and told.said[-1][1]["note"] == prediction.why_none
     outcome = build_leaderboard(StudyView.of(done.study, RunDirectory(tmp_path / "run"))).prediction
     assert outcome is not None
-    assert outcome.message.startswith(f"prediction from {server_log}: no config beats the baseline's score")
+    assert outcome.message.startswith(f"prediction from {server_log}: {prediction.why_none}")
 
 
 def test_a_config_the_simulated_round_cannot_score_is_not_predicted_to_win(server_log: Path, tmp_path: Path) -> None:
@@ -348,3 +383,35 @@ def test_a_config_the_simulated_round_cannot_score_is_not_predicted_to_win(serve
     prediction = study_prediction_with(server_log, tmp_path, objectives, "constraints=[]")
     assert all(c.score is None and not c.eligible for c in prediction.configs)
     assert prediction.best is None
+    assert prediction.why_none == "the simulated server measures no lora_wait_p95_s, so no config has a score"
+
+
+def test_a_study_whose_workload_runs_lora_adapters_is_predicted_with_its_adapters(
+    server_log: Path, tmp_path: Path
+) -> None:
+    # Its requests name adapters by name, which only the study's engine turns into the server's ids.
+    prepared = prepare_simulated(
+        ['search.params=["n_batch", "n_ubatch"]', f'search.predicted_from="{server_log}"'],
+        study_file=DEMO.parent / "lora-demo.toml",
+    )
+    assert any(adapters for adapters in prepared.trace.lora_mix())
+    with RunDirectory(tmp_path / "run", notice=lambda _line: None) as run_dir:
+        prediction = study_prediction(prepared, run_dir)
+    assert prediction is not None and prediction.ranked_by == "score" and prediction.configs
+
+
+def test_a_prediction_stored_before_the_score_ranking_is_read_as_ranked_by_stall_speed(
+    server_log: Path, tmp_path: Path
+) -> None:
+    view = predicted_study(server_log, tmp_path / "run")
+    path = RunDirectory(tmp_path / "run").prediction_path
+    stored = json.loads(path.read_text())
+    stored["version"] = 1  # as serve-tuner wrote it before the score ranking: no score, ranked_by, why_none
+    for field in ("ranked_by", "why_none"):
+        del stored[field]
+    for config in [*stored["configs"], stored["best"]]:
+        del config["score"]
+    path.write_text(json.dumps(stored))
+    outcome = build_leaderboard(view).prediction
+    assert outcome is not None and outcome.record.ranked_by == "stall"
+    assert "stall" in outcome.message and ", score " not in outcome.message

@@ -39,6 +39,7 @@ def start_from_prediction(
     prediction = stored or _predict(prepared, path, run_dir)
     best = None if prediction.best is None else prediction.best.settings
     queued = queue_predicted_best(study, prepared, prediction)
+    note = "; ".join(text for text in (prediction.why_none, note) if text) or None
     observer.predicted(log=prediction.log, best=best, queued=queued, note=note)
 
 
@@ -69,6 +70,7 @@ def _predict(prepared: PreparedStudy, path: Path, run_dir: RunDirectory) -> Pred
         time_scale=spec.workload.time_scale,
         objectives=spec.objectives,
         constraints=spec.constraints,
+        engine=prepared.engine,
     )
     prediction = predict(
         diagnosis,
