@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import re
 import sys
 from collections.abc import Sequence
@@ -27,27 +26,31 @@ EXIT_CODES = """exit codes:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake on the command line is one line (with where to look) and exit code 2."""
 
-    _arguments: tuple[str, ...] = ()  # what this parser was given to parse (a command's parser: its own part)
-
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        self._arguments = tuple(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        return super().parse_known_args(self._negative_values_joined(sys.argv[1:] if args is None else args), namespace)
 
     def error(self, message: str) -> NoReturn:
-        missing = re.fullmatch(r"argument (--[\w-]+)(?:/-\w)?: expected one argument", message)
-        if missing is not None and self._value_like_a_flag(missing[1]):
-            # argparse reads a value that starts with "-" and is not a plain number (-5s) as another flag.
-            message += f" (a value that starts with '-' is read as a flag: write {missing[1]}=VALUE)"
         self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
 
-    def _value_like_a_flag(self, option: str) -> bool:
-        """Whether `option` was followed by a negative value (-5s, -1.5), which argparse took for a flag."""
-        return any(
-            word == option and re.match(r"-[\d.]", after) is not None
-            for word, after in itertools.pairwise(self._arguments)
-        )
+    def _negative_values_joined(self, words: Sequence[str]) -> list[str]:
+        """`--window -5s` as `--window=-5s`: argparse reads a word that starts with "-" and is not a plain
+        number as another flag and says only "expected one argument", where the option's own check names
+        what is wrong with the value."""
+        joined: list[str] = []
+        index = 0
+        while index < len(words):
+            word = words[index]
+            action = self._option_string_actions.get(word)
+            takes_one = action is not None and action.nargs is None and action.option_strings
+            if takes_one and index + 1 < len(words) and re.match(r"-[\d.]", words[index + 1]):
+                joined.append(f"{word}={words[index + 1]}")
+                index += 2
+                continue
+            joined.append(word)
+            index += 1
+        return joined
 
 
 def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentParser:
