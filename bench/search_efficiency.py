@@ -103,13 +103,13 @@ COSTS: dict[str, CostModel] = {
 # Twins of demo-knee-1024: the same cost for every pass up to 512 tokens, so their baselines log the same lines
 # (docs/benchmarks.md: why no rule meets the goal of issue 28 wherever the optimum sits), but passes wider
 # than 512 no cheaper per token, or cheaper only at 2048.
-_KNEE_1024 = dict(COSTS["demo-knee-1024"].token_points)
+_KNEE_1024_POINTS = dict(COSTS["demo-knee-1024"].token_points)
 COSTS["demo-twin-flat-above-512"] = dataclasses.replace(
-    COSTS["demo-knee-1024"], token_points=tuple((w, c if w <= 512 else 0.0052) for w, c in _KNEE_1024.items())
+    COSTS["demo-knee-1024"], token_points=tuple((w, c if w <= 512 else 0.0052) for w, c in _KNEE_1024_POINTS.items())
 )
 COSTS["demo-twin-cheap-at-2048"] = dataclasses.replace(
     COSTS["demo-knee-1024"],
-    token_points=tuple((w, {1024: 0.0052, 2048: 0.002}.get(w, c)) for w, c in _KNEE_1024.items()),
+    token_points=tuple((w, {1024: 0.0052, 2048: 0.002}.get(w, c)) for w, c in _KNEE_1024_POINTS.items()),
 )
 SPACES["demo-twin-flat-above-512"] = []
 SPACES["demo-twin-cheap-at-2048"] = []
