@@ -120,25 +120,25 @@ SAMPLERS = ["tpe", "tpe-maximin", "grid", "random", "tpe-predicted"]
 # beforehand) recommends a near-optimal config: the demo's own 5 trials; 14 on the five-knob space, 15 real
 # trials with the baseline (the target).
 FIXED_BUDGET = {
-    "demo-twin-flat-above-512": 5,
-    "demo-twin-cheap-at-2048": 5,
     "demo": 5,
     "five-knob": 14,
     "five-knob-8-slots": 14,
     "demo-knee-32": 5,
     "demo-knee-1024": 5,
+    "demo-twin-flat-above-512": 5,
+    "demo-twin-cheap-at-2048": 5,
 }
 # The largest budget a study gets (grid search: its size). The loop redeploys a config that was pruned or
 # failed when a sampler proposes it again, so a study on the demo's 28 configs may run long after it has
 # measured them all; 100 trials are 3.5 times the grid.
 CAP = {
-    "demo-twin-flat-above-512": 100,
-    "demo-twin-cheap-at-2048": 100,
     "demo": 100,
     "five-knob": 400,
     "five-knob-8-slots": 400,
     "demo-knee-32": 100,
     "demo-knee-1024": 100,
+    "demo-twin-flat-above-512": 100,
+    "demo-twin-cheap-at-2048": 100,
 }
 NEAR = 0.95  # near-optimal: at least 95% of the best score
 
