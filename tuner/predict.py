@@ -43,6 +43,7 @@ __all__ = [
     "StudyTraffic",
     "calibrate_from_log",
     "check_prediction_log",
+    "check_prediction_space",
     "predict",
     "prediction_json",
     "prediction_record",
@@ -92,7 +93,7 @@ class Prediction:
     requests: int
     seeds: int
     configs: list[PredictedConfig]  # best first, the baseline where it ranks
-    best: PredictedConfig | None  # None: no config beats the baseline (its stall speed, or a study's score)
+    best: PredictedConfig | None  # None: no config beats the baseline's stall speed, or by a study's score `why_none`
     ranked_by: Literal["stall", "score"] = "stall"  # "score": by a study's objectives and constraints
     why_none: str | None = None  # ranked by the score: why no config is the predicted best
 
@@ -202,6 +203,20 @@ def check_prediction_log(log: Path) -> None:
             f"{said}: {log} times no prompt and no decode (no print_timing line), so no calibration can be made "
             "of it; name a log of the server while it served requests"
         )
+
+
+def check_prediction_space(space: SearchSpace, *, said: str) -> None:
+    """A study's space, for `search.predicted_from`: what `predict` would refuse in it, named as the study's
+    (`search.params`), before its run directory exists."""
+    if not any(name in _MODELLED for name in space.params):
+        raise ConfigError(
+            f"{said}: the study tunes {', '.join(space.params)}, none of which the simulated server models "
+            f"({', '.join(_MODELLED)}); tune one of them, or leave predicted_from out"
+        )
+    try:
+        _space_axes(space)
+    except ConfigError as exc:
+        raise ConfigError(f"{said}: {exc}") from None
 
 
 def _prefill_s(cost: CostModel, tokens: int, n_batch: int) -> float:
@@ -424,8 +439,8 @@ def _ranked_by_score(
     study's minimum effect (5% on every objective), as a measured win must. A stall figure alone names the
     config that frees the streams most, where the study weighs that against prefill and TTFT: from 8 slots on
     the five-knob space (bench/search_efficiency.py) it named 64/64 with 4 slots, 128/128 with 4 slots being
-    the study's optimum's batch sizes. A config a metric of the score has no figure for (the simulated round
-    measures no LoRA wait) is not ranked."""
+    the study's optimum's batch sizes. A config a metric of the score has no figure for (a LoRA wait, where
+    the workload runs no adapters) is not ranked."""
     base_median = _summary(next(samples for config, samples in results if config == baseline))[0]
     configs = []
     for config, samples in results:
@@ -445,15 +460,18 @@ def _ranked_by_score(
     best = next((c for c in others if c.eligible), None)
     smallest_win = min_effect(objectives)
     why_none = None
-    if not any(c.score is not None for c in others):
+    if not others:
+        why_none = "the space holds no config but the baseline's"
+    elif not any(c.score is not None for c in others):
         unmeasured = sorted({o.metric for o in objectives if all(c.median.get(o.metric) is None for c in others)})
         what = ", ".join(unmeasured) or "figure of the score"
-        why_none = f"the simulated server measures no {what}, so no config has a score"
+        why_none = f"the simulated rounds of the study's workload give no {what}, so no config has a score"
     elif best is None:
         why_none = "no config keeps the study's constraints"
     elif (best.score or 0.0) < smallest_win:
+        which = "no config that keeps the study's constraints" if constraints else "no config"
         why_none = (
-            f"no config that keeps the study's constraints gains the study's minimum effect over the baseline "
+            f"{which} gains the study's minimum effect over the baseline "
             f"(a score of {smallest_win:+.2f}; the best, {best.score:+.2f})"
         )
     return Prediction(

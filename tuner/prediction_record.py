@@ -59,7 +59,9 @@ class PredictionRecord(_Stored):
         default=None, description="Ranked by the score, where no config is the predicted best: why."
     )
     configs: list[PredictedFigures] = Field(description="Every config replayed, the predicted best first.")
-    best: PredictedFigures | None = Field(description="The config predicted to win; null: none beats the baseline.")
+    best: PredictedFigures | None = Field(
+        description="The config predicted to win; null: none beats the baseline (ranked by the score: see why_none)."
+    )
 
     def figures_for(self, settings: Mapping[str, ParamValue]) -> PredictedFigures | None:
         """The predicted figures of the config a trial with `settings` ran (matched on the varied knobs)."""

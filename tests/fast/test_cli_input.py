@@ -517,3 +517,14 @@ def test_a_missing_value_before_the_next_flag_is_still_a_missing_value(capsys: p
     outcome = run_cli(capsys, "run", str(TINY), "--set", "--check")
     assert outcome.code == 2
     assert outcome.error_line() == "error: tuner run: argument --set: expected one argument; see `tuner run --help`"
+
+
+def test_words_after_a_double_dash_and_the_top_level_options_are_left_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    after_dashes = run_cli(capsys, "run", str(TINY), "--check", "--", "--runs-dir", "-5")
+    assert after_dashes.code == 2
+    assert after_dashes.error_line() == "error: tuner: unrecognized arguments: -- --runs-dir -5; see `tuner --help`"
+    top_level = run_cli(capsys, "run", str(TINY), "--log-level", "-1", "--check")
+    assert top_level.code == 2
+    assert top_level.error_line() == "error: tuner: unrecognized arguments: --log-level -1; see `tuner --help`"

@@ -38,10 +38,14 @@ class _Parser(argparse.ArgumentParser):
         """`--window -5s` as `--window=-5s`: argparse reads a word that starts with "-" and is not a plain
         number as another flag and says only "expected one argument", where the option's own check names
         what is wrong with the value."""
+        if self._subparsers is not None:  # `tuner`'s own parser: the command's parser joins its own words
+            return list(words)
         joined: list[str] = []
         index = 0
         while index < len(words):
             word = words[index]
+            if word == "--":  # the words after it are not options
+                return [*joined, *words[index:]]
             action = self._option_string_actions.get(word)
             takes_one = action is not None and action.nargs is None and action.option_strings
             if takes_one and index + 1 < len(words) and re.match(r"-[\d.]", words[index + 1]):

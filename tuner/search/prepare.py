@@ -110,11 +110,11 @@ def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
         space=space,
         baseline_settings=baseline,
         trace=trace,
-        predicted_from=_predicted_from(spec, engine, base_dir),
+        predicted_from=_predicted_from(spec, engine, space, base_dir),
     )
 
 
-def _predicted_from(spec: StudySpec, engine: Engine, base_dir: Path) -> Path | None:
+def _predicted_from(spec: StudySpec, engine: Engine, space: SearchSpace, base_dir: Path) -> Path | None:
     """The log `search.predicted_from` names, checked before a run directory exists."""
     if spec.search.predicted_from is None:
         return None
@@ -130,8 +130,9 @@ def _predicted_from(spec: StudySpec, engine: Engine, base_dir: Path) -> Path | N
             f"{said}: {log} {what}; name the llama-server log of the server this study tunes (in the study file, "
             "relative to it), or leave it out"
         )
-    from tuner.predict import check_prediction_log  # the simulator and the log reader, for such a study alone
+    from tuner.predict import check_prediction_log, check_prediction_space  # for such a study alone
 
+    check_prediction_space(space, said=said)
     check_prediction_log(log)
     return log
 
