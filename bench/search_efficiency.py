@@ -101,8 +101,9 @@ COSTS: dict[str, CostModel] = {
     ),
 }
 # Twins of demo-knee-1024: the same cost for every pass up to 512 tokens, so their baselines log the same lines
-# (docs/benchmarks.md: why no rule meets the goal of issue 28 wherever the optimum sits), but passes wider
-# than 512 no cheaper per token, or cheaper only at 2048.
+# but for the few passes of a 512-token chunk beside its decoding slots (docs/benchmarks.md: why no rule meets
+# the goal of issue 28 wherever the optimum sits); passes wider than 512 no cheaper per token, or cheaper only
+# at 2048.
 _KNEE_1024_POINTS = dict(COSTS["demo-knee-1024"].token_points)
 COSTS["demo-twin-flat-above-512"] = dataclasses.replace(
     COSTS["demo-knee-1024"], token_points=tuple((w, c if w <= 512 else 0.0052) for w, c in _KNEE_1024_POINTS.items())

@@ -93,7 +93,7 @@ class Prediction:
     requests: int
     seeds: int
     configs: list[PredictedConfig]  # best first, the baseline where it ranks
-    best: PredictedConfig | None  # None: no config beats the baseline's stall speed, or by a study's score `why_none`
+    best: PredictedConfig | None  # None: none beats the baseline (its stall speed; by a study's score, see why_none)
     ranked_by: Literal["stall", "score"] = "stall"  # "score": by a study's objectives and constraints
     why_none: str | None = None  # ranked by the score: why no config is the predicted best
 

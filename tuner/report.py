@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import optuna
 from optuna.trial import TrialState
@@ -569,7 +569,9 @@ class PredictionDocument(_Document):
     held: bool | None = Field(description="Whether the study recommends the predicted best; null: not yet known.")
     message: str = Field(description="What the leaderboard says of it.")
     best_trial: int | None = Field(description="The trial that measured the predicted best; null: none yet.")
-    ranked_by: str = Field(description="score: by the study's objectives and constraints; stall: by stall speed.")
+    ranked_by: Literal["stall", "score"] = Field(
+        description="score: by the study's objectives and constraints; stall: by stall speed."
+    )
     why_none: str | None = Field(description="Ranked by the score, where no config is the predicted best: why.")
     trials: dict[int, PredictedTrialDocument] = Field(description="Trial number -> its config's predicted figures.")
 
