@@ -42,6 +42,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from provenance import write_result
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "big-traces.json"
 TARGET_MB, TARGET_S = 500, 60.0
@@ -216,7 +218,7 @@ def main() -> None:
         return
     rows_list = sorted(int(r) for r in args.rows.split(","))
     data = run(rows_list, args.kinds.split(","))
-    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(args.out, data, indent=2)
     print(table(data))
 
 

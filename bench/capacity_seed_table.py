@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
+
+from provenance import write_result
 
 from tuner.capacity.record import CapacitySweep, SweptConfig
 from tuner.capacity.simulated import SimulatedCapacityTarget
@@ -141,7 +142,7 @@ def main() -> int:
         print(f"-np {slots}: capacity simulated {swept.capacity}")
         document[f"capacity_np{slots}"] = swept.capacity
     if args.out:
-        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        write_result(args.out, document)
     return 0
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from provenance import write_result
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "diagnose-big-log.json"
 TARGET_MB = 300
@@ -189,7 +191,7 @@ def main() -> None:
         "target_peak_mb": TARGET_MB,
         "rows": rows,
     }
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    write_result(RESULTS, document, indent=2)
     print_table(document)
 
 

@@ -40,6 +40,8 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 from tests.support.postgres import running_postgres  # noqa: E402
 from tests.support.sim_study import fleet_overrides, prepare_simulated, run_simulated_fleet  # noqa: E402
 from tuner.storage import open_storage  # noqa: E402
@@ -199,7 +201,7 @@ def main() -> None:
         print(table(json.loads(args.out.read_text())))
         return
     results = run(args.trials, args.round_s, args.seed)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(args.out, results, indent=2)
     print(table(results))
 
 

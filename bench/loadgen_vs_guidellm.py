@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from provenance import write_result
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 
@@ -180,7 +182,7 @@ def main() -> None:
     print(f"  tokens/s ratio serve-tuner / guidellm: {ratio:.2f} (higher is better)")
     out = BENCH / "results" / "loadgen_vs_guidellm.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(out, results, indent=2)
     print(f"wrote {out.relative_to(REPO)}")
 
 

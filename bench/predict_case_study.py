@@ -21,9 +21,10 @@ prefilled at 802 tok/s), prefill of 5,000+ token prompts 830 tok/s.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from provenance import write_result
 
 from tuner.config import PluginSpec
 from tuner.diagnose.report import Diagnosis, Figure, ServerFacts
@@ -132,7 +133,7 @@ def main() -> int:
             "fitted": calibration.fitted,
             "rows": rows,
         }
-        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        write_result(args.out, document)
     return 0
 
 

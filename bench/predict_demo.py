@@ -30,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 from tuner.config import load_study  # noqa: E402
 from tuner.report import build_leaderboard  # noqa: E402
 from tuner.runs import RunDirectory  # noqa: E402
@@ -108,7 +110,7 @@ def main() -> int:
             "decode_factor": record.decode_factor,
             "rows": rows,
         }
-        args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
+        write_result(args.out, document, default=str)
     return 0
 
 

@@ -29,6 +29,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 from tuner import assets  # noqa: E402
 from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions  # noqa: E402
 from tuner.gate import PROBE_PROMPTS, ask_probes  # noqa: E402
@@ -130,7 +132,7 @@ def main() -> None:
         print(table(json.loads(args.out.read_text())))
         return
     results = run(args.repeats)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(args.out, results, indent=2)
     print(table(results))
 
 

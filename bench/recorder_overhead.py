@@ -10,7 +10,6 @@ that drift on the machine hits both alike. Reported: p50 and p99 of each, and th
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ import httpx
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from loadgen_vs_guidellm import free_port  # noqa: E402
+from provenance import write_result  # noqa: E402
 
 
 def timed(client: httpx.Client, url: str) -> tuple[float, float]:
@@ -93,7 +93,7 @@ def main() -> None:
     print(f"the proxy recorded {recorded} of {args.requests} proxied requests")
     out = BENCH / "results" / "recorder_overhead.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({**result, "recorded": recorded, "requests": args.requests}, indent=2) + "\n")
+    write_result(out, {**result, "recorded": recorded, "requests": args.requests}, indent=2)
 
 
 if __name__ == "__main__":

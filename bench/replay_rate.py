@@ -38,6 +38,7 @@ sys.path.insert(0, str(BENCH))
 
 from big_traces import AZURE_RATES, write_azure  # noqa: E402
 from loadgen_vs_guidellm import free_port, pinned  # noqa: E402
+from provenance import write_result  # noqa: E402
 
 # requests/s of the trace before compression: the source's own (it was 20 until the source took the public
 # trace's 5.5 on 2026-12-05, and this constant stayed, so the rates replayed were a quarter of those named).
@@ -184,7 +185,7 @@ def main() -> None:
         "seconds": args.seconds,
         "runs": runs,
     }
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(RESULTS, data, indent=2)
     print(table(data))
 
 

@@ -43,6 +43,8 @@ from optuna.trial import FrozenTrial, TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 from tests.support.sim_study import NOISE, prepare_simulated  # noqa: E402
 from tuner.config import ParamValue, SearchSpace  # noqa: E402
 from tuner.observers import NullObserver  # noqa: E402
@@ -455,7 +457,7 @@ def _write(out: Path, result: Mapping[str, Any]) -> None:
             for sampler, figures in entry["samplers"].items():
                 if sampler not in spaces[space]["samplers"]:
                     spaces[space]["samplers"][sampler] = {**figures, "command": _kept_command(sampler, figures, entry)}
-    out.write_text(json.dumps({**result, "spaces": spaces}, indent=1) + "\n")
+    write_result(out, {**result, "spaces": spaces})
 
 
 def main() -> int:

@@ -9,7 +9,6 @@ in docs/metrics.md.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from provenance import write_result  # noqa: E402
 
 from tuner.sequential import look  # noqa: E402
 
@@ -64,7 +65,7 @@ def main() -> int:
             }
         )
     result = {"planned_pairs": args.planned, "confirmations": args.confirmations, "rows": rows}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(f"| effect (sd of a pair) | wins, fixed {args.planned} pairs | wins, sequential | pairs run (mean) |")
     print("|---|---|---|---|")
     for row in rows:

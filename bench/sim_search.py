@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 from tests.support.sim_study import AA_OVERRIDES, NOISE, SimulatedStudy, prepare_simulated, run_simulated  # noqa: E402
 from tuner.study_record import StudyRecord  # noqa: E402
 
@@ -121,7 +123,7 @@ def main() -> int:
             "confirmation_pairs_first_20_seeds": first_20.summary(),
         },
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import write_result
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "startup.json"
 TARGET_S = 0.3
@@ -102,7 +104,7 @@ def main() -> None:
         result["compared_minus_bare_s"] = round(before - bare, 4)
         result["compared_over_bare_ratio"] = round(before / bare, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, indent=2)
     print(json.dumps(result, indent=2))
 
 

@@ -45,6 +45,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from provenance import write_result  # noqa: E402
+
 import tuner.deployers.process as process_deployer  # noqa: E402
 import tuner.search.confirm as confirm_module  # noqa: E402
 import tuner.search.ending as ending_module  # noqa: E402
@@ -449,7 +451,7 @@ def main() -> int:
         "summary": summarize(REC.units, spec.rounds),
         "units": [{**u, "steps": {p: round(s, 4) for p, s in u["steps"].items()}} for u in REC.units],
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(table(result))
     print(f"study wall time {wall:.1f} s; figures in {_scrub(str(args.out.resolve()))}")
     return 0

@@ -43,3 +43,15 @@ def signal_handlers_put_back() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, after_blocked - blocked)
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked - after_blocked)
         pytest.fail(f"the test left the signal handling of the test process changed ({'; '.join(changed)})")
+
+
+# A fast test's own limit (pytest-timeout), tighter than pyproject.toml's 900 s for the real tier: the
+# slowest fast test takes 30 s in 4 workers on 2 cores (a whole simulated study through the process
+# deployer), so 120 s is a hang, never a slow machine.
+FAST_TIMEOUT_S = 120
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None and "tests/fast/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))

@@ -27,8 +27,9 @@ def test_an_out_of_range_value_fails_with_one_line(tmp_path: Path) -> None:
 
 def test_a_missing_binary_fails_with_one_line_before_touching_anything(tmp_path: Path) -> None:
     result = run_tuner(
-        "run", str(TINY), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/nonexistent/llama-server"'
-    )
+        "run", str(TINY), "--runs-dir", str(tmp_path), "--set", 'engine.binary="/nonexistent/llama-server"',
+        "--set", f'engine.model="{DATA / "stand-in-model.gguf"}"',  # the fast tier runs before `tuner setup`
+    )  # fmt: skip
     assert result.returncode == 2  # a study-file value to fix
     assert "/nonexistent/llama-server does not exist" in one_error_line(result)
     assert not (tmp_path / "tiny").exists()

@@ -28,12 +28,13 @@ from tuner.study_record import update_trial_record
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny-study.toml"
-QUICK_FAIL = 'engine.binary="/bin/false"'  # see the module docstring
+# See the module docstring. The model is a stand-in too: the fast tier runs before `tuner setup` has fetched one.
+QUICK_FAIL = ('engine.binary="/bin/false"', f'engine.model="{DATA / "stand-in-model.gguf"}"')
 
 
 def run_tiny(capsys: pytest.CaptureFixture[str], runs: Path, *overrides: str, study: Path = TINY) -> Outcome:
-    argv = ["run", str(study), "--runs-dir", str(runs), "--set", QUICK_FAIL]
-    for override in overrides:
+    argv = ["run", str(study), "--runs-dir", str(runs)]
+    for override in (*QUICK_FAIL, *overrides):
         argv += ["--set", override]
     return run_cli(capsys, *argv)
 
@@ -57,7 +58,7 @@ def journal_with(run_dir: Path, *states: TrialState) -> None:
 
 
 def stored_spec(run_dir: Path, *overrides: str) -> dict[str, object]:
-    spec, _ = load_study(TINY, [QUICK_FAIL, *overrides])
+    spec, _ = load_study(TINY, [*QUICK_FAIL, *overrides])
     dumped = spec.model_dump(mode="json")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(json.dumps(dumped))
@@ -90,7 +91,7 @@ def test_after_a_failed_start_a_fixed_deploy_or_model_is_accepted(tmp_path: Path
     stored_spec(run_dir, "deploy.start_timeout_s=1", 'engine.model="/wrong/model.gguf"')
     journal_with(run_dir, TrialState.FAIL)  # the baseline did not start: nothing was measured
     assert not storage_module.has_measured_trials(RunDirectory(run_dir))
-    fixed, _ = load_study(TINY, [QUICK_FAIL, 'deploy.kind="container"', 'deploy.container="llm"'])
+    fixed, _ = load_study(TINY, [*QUICK_FAIL, 'deploy.kind="container"', 'deploy.container="llm"'])
     RunDirectory(run_dir).check_spec(fixed.model_dump(mode="json"), measured=False)
     assert json.loads((run_dir / "spec.json").read_text())["deploy"]["kind"] == "container"
 
@@ -109,14 +110,14 @@ def test_a_study_with_a_measured_trial_counts_as_measured(tmp_path: Path) -> Non
 def test_a_change_that_cannot_alter_a_measurement_resumes_a_measured_study(tmp_path: Path, change: str) -> None:
     run_dir = tmp_path / "tiny"
     stored_spec(run_dir)
-    resumed, _ = load_study(TINY, [QUICK_FAIL, change])
+    resumed, _ = load_study(TINY, [*QUICK_FAIL, change])
     RunDirectory(run_dir).check_spec(resumed.model_dump(mode="json"), measured=True)
 
 
 def test_a_change_to_what_was_measured_is_refused_showing_the_difference(tmp_path: Path) -> None:
     run_dir = tmp_path / "tiny"
     stored_spec(run_dir)
-    changed, _ = load_study(TINY, [QUICK_FAIL, "rounds=3", "engine.settings.n_parallel=8"])
+    changed, _ = load_study(TINY, [*QUICK_FAIL, "rounds=3", "engine.settings.n_parallel=8"])
     with pytest.raises(ConfigError) as refused:
         RunDirectory(run_dir).check_spec(changed.model_dump(mode="json"), measured=True)
     message = str(refused.value)

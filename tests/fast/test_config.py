@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounded import fifo_nobody_may_open
 from tuner.config import Constraint, load_search_space, load_study
 from tuner.errors import ConfigError
 from tuner.search import prepare_study
@@ -466,11 +467,8 @@ def test_an_engines_own_counter_is_a_metric_of_that_engine_only() -> None:
 
 
 def test_a_study_path_that_is_a_fifo_is_refused_without_reading_it(tmp_path: Path) -> None:
-    import os
-
     fifo = tmp_path / "study.toml"
-    os.mkfifo(fifo)  # reading it would block for ever
-    with pytest.raises(ConfigError) as refused:
+    with fifo_nobody_may_open(fifo), pytest.raises(ConfigError) as refused:  # a read of it waits for ever
         load_study(fifo, [])
     assert (
         str(refused.value) == f"{fifo} is a FIFO (named pipe), not a TOML file; pass the path of the study's .toml file"

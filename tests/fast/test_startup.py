@@ -57,7 +57,14 @@ sys.stderr.write("\\n" + json.dumps(seen) + "\\n")
 """
 
 # What parsing and checking the command line may load of `tuner.cli`: never a command's own module.
-PARSING = {"tuner.cli.main", "tuner.cli.commands", "tuner.cli.parser", "tuner.cli.checks", "tuner.cli.signals"}
+PARSING = {
+    "tuner.cli.main",
+    "tuner.cli.commands",
+    "tuner.cli.parser",
+    "tuner.cli.checks",
+    "tuner.cli.signals",
+    "tuner.cli.library_warnings",
+}
 
 
 def python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -146,7 +146,7 @@ def test_a_journal_damaged_mid_way_names_the_line_and_the_way_back_works(journal
     assert f"damaged at line {number}" in line, line
     fix = line.split("`")[1]  # the command the line gives, run as the user would
     assert fix.startswith(f"head -n {number - 1} ")
-    subprocess.run(["sh", "-c", fix], check=True)
+    subprocess.run(["sh", "-c", fix], check=True, timeout=30)
     assert completed(RunDirectory(run, notice=pytest.fail)) == [(0, {"n_batch": 2048}), (1, {"n_batch": 256})]
 
 

@@ -235,7 +235,7 @@ class StallingProxy:
                     allowed, self._budget = data[: max(self._budget, 0)], self._budget - len(data)
                     sink.sendall(allowed)
                     if self._budget < 0:
-                        self._cut.wait()  # hold the rest back until the link is cut
+                        self._cut.wait(timeout=60)  # hold the rest back until the link is cut
                         return
                 else:
                     sink.sendall(data)

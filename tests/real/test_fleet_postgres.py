@@ -243,6 +243,7 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
         text=True,
         check=True,
         cwd=ROOT,
+        timeout=120,
     ).stdout
     assert f"host-to-host spread of the baseline over {len(all_hosts)} hosts" in board
     for host in all_hosts:
@@ -254,6 +255,7 @@ def _killed_controller_story(url: str, plain_url: str, tmp_path: Path, *, real: 
             text=True,
             check=True,
             cwd=ROOT,
+            timeout=120,
         ).stdout
     )
     assert {row["host"] for row in document["rows"]} == all_hosts
@@ -274,7 +276,12 @@ def test_two_controllers_share_a_simulated_fleet_study_on_postgresql(postgres_ur
     run_dir = tmp_path / "shared-fleet"
     _wait("the first controller's trial", (run_dir / "trials").is_dir, timeout_s=60, procs=[one, two])
     refused = subprocess.run(
-        [sys.executable, "-m", "tuner", *args, "--host", "sim-1"], check=False, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "tuner", *args, "--host", "sim-1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     if one.poll() is None:  # held until it ends: the second controller of sim-1 was refused
         assert refused.returncode == 1 and "running host sim-1" in refused.stderr, refused.stderr
@@ -288,7 +295,11 @@ def test_two_controllers_share_a_simulated_fleet_study_on_postgresql(postgres_ur
     assert "<th data-sort='text'>host</th>" in report and "id='host-spread'" in report
     # Each controller kept its own progress file, and `tuner status` shows both.
     status = subprocess.run(
-        [sys.executable, "-m", "tuner", "status", str(run_dir), "--json"], check=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "tuner", "status", str(run_dir), "--json"],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
     )
     controllers = json.loads(status.stdout)["controllers"]
     assert [(c["hosts"], c["progress"]["state"]) for c in controllers] == [

@@ -77,7 +77,12 @@ def test_trust_host_shows_the_fingerprint_and_pins_the_key_that_then_connects(
 
     assert asyncio.run(scenario()) == "hello\n"
     refused = subprocess.run(
-        [*command, "--known-hosts", str(tmp_path / "other")], input="n\n", capture_output=True, text=True, check=False
+        [*command, "--known-hosts", str(tmp_path / "other")],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert refused.returncode == 1 and not (tmp_path / "other").exists()
 

@@ -303,7 +303,7 @@ def test_every_value_is_refused_or_reaches_the_process_unchanged(
     host.run("mkdir", "-p", path.rsplit("/", 1)[0])
     subprocess.run(
         ["nsenter", "-t", str(host.pid), "-m", "-p", "-u", "-i", "-r", "-w", "sh", "-c", f"cat > {path}"],
-        input=text, text=True, check=True,
+        input=text, text=True, check=True, timeout=30,
     )  # fmt: skip
     host.run("systemctl", "daemon-reload")
     host.run("systemctl", "restart", _FUZZ_UNIT)

@@ -59,11 +59,17 @@ def run_tuner(
     cwd: Path | None = None,
     stdin: str | None = None,
     umask: int = -1,
+    memory_limit_bytes: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`tuner ARGS` in a subprocess, its output captured; past the deadline it is stopped as a user would
     stop it, with SIGTERM, so that it restores the host and stops its server (subprocess.run's SIGKILL left
-    a llama-server running)."""
+    a llama-server running). `memory_limit_bytes` bounds its address space, for a test whose broken guard
+    would read without end (/dev/zero: 9 GB in 10 s)."""
     command = [sys.executable, "-m", "tuner", *args]
+    if memory_limit_bytes is not None:  # set by the child itself: a preexec_fn is unsafe beside threads
+        limited = f"resource.setrlimit(resource.RLIMIT_AS, ({memory_limit_bytes}, {memory_limit_bytes}))"
+        start = f"import resource, runpy; {limited}; runpy.run_module('tuner', run_name='__main__', alter_sys=True)"
+        command = [sys.executable, "-c", start, *args]
     with subprocess.Popen(
         command,
         stdin=None if stdin is None else subprocess.PIPE,

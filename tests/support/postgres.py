@@ -68,6 +68,8 @@ def running_postgres(base: Path, *, database: str = "tuner") -> Iterator[str]:
         try:
             run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
         except RuntimeError:
-            status = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "status"], check=False)
+            status = subprocess.run(
+                [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "status"], check=False, timeout=30
+            )
             if status.returncode != 3:  # 3: no server running (it stopped already)
                 raise

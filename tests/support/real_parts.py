@@ -62,8 +62,8 @@ def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
     if os.geteuid() != 0:
         need_real_part("root", "mounting a small tmpfs for the run directory needs root")
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, timeout=30)
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)

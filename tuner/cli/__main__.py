@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from tuner.cli.main import entry
 
-from tuner.cli.main import main
-
-sys.exit(main())
+entry()

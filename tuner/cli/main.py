@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from tuner.cli.commands import Command, chosen
+from tuner.cli.library_warnings import hide_library_warnings
 from tuner.cli.parser import build_parser
 from tuner.cli.signals import hold_late_signals as ignore_late_signals
 from tuner.errors import TunerError
@@ -31,7 +32,9 @@ Handler = Callable[[argparse.Namespace, "Console"], int]
 
 
 def entry() -> NoReturn:
-    """The `tuner` command: main, then its exit code, with no signal after that deciding another."""
+    """The `tuner` command: main, then its exit code, with no signal after that deciding another. A
+    library's warning is not printed (tuner/cli/library_warnings.py)."""
+    hide_library_warnings()
     sys.exit(main(hold_late_signals=True))
 
 
