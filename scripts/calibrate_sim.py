@@ -39,6 +39,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tuner.cli.library_warnings import hide_library_warnings  # noqa: E402
+
+hide_library_warnings()  # before the imports below: one of them imports asyncssh, which a library may make warn
+
 from tuner.config import PluginSpec  # noqa: E402
 from tuner.deployers.process import ProcessDeployer, ProcessOptions  # noqa: E402
 from tuner.engines import create_engine  # noqa: E402

@@ -59,4 +59,4 @@ for name in base dev fleet dashboard lock-tool; do
   fi
 done
 git --no-pager diff --stat -- requirements/ 2>/dev/null || true
-echo "lock: $(cat requirements/*.txt | sha256sum | cut -c1-12) (run ./scripts/test.sh, then commit requirements/ with what it ran)"
+echo "lock: $(cat requirements/{base,dev,fleet,dashboard}.txt | sha256sum | cut -c1-12) (run ./scripts/test.sh, then commit requirements/ with what it ran)"
