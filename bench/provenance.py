@@ -5,7 +5,7 @@ install picked that day (before 2026-12-07)."""
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import json
 import subprocess
 import time
@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCKS = ("base", "dev", "fleet", "dashboard")  # scripts/check_lock.py's order
 
 __all__ = ["lock_id", "measured_on", "write_result"]
 
 
-def lock_id(root: Path = ROOT) -> str:
-    """The first 12 hex digits of the SHA-256 of the four lock files (as scripts/check_lock.py --id)."""
-    digest = hashlib.sha256()
-    for name in LOCKS:
-        digest.update((root / "requirements" / f"{name}.txt").read_bytes())
-    return digest.hexdigest()[:12]
+def lock_id() -> str:
+    """The lock's identity, as scripts/check_lock.py --id prints it (its one definition)."""
+    spec = importlib.util.spec_from_file_location("check_lock", ROOT / "scripts" / "check_lock.py")
+    assert spec is not None and spec.loader is not None
+    check_lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_lock)
+    return str(check_lock.lock_id(ROOT))
 
 
 def _commit() -> str:

@@ -27,9 +27,18 @@ stamp_want="$(stamp_of "$lock_name")"
 stamp_have="$(cat .venv/.serve-tuner-stamp 2>/dev/null || true)"
 # dev's lock holds every other lock's pins (scripts/lock.sh resolves them from it): an install of dev
 # serves the demo, a fleet host and the dashboard as it is.
-[ "$stamp_have" = "$(stamp_of dev)" ] && stamp_want="$stamp_have"
+held="$lock_name"
+[ "$stamp_have" = "$(stamp_of dev)" ] && stamp_want="$stamp_have" && held=dev
+install=""
 if [ ! -x .venv/bin/python ] || [ "$stamp_have" != "$stamp_want" ]; then
-  echo "installing serve-tuner and requirements/$lock_name.txt into .venv ..."
+  install="installing serve-tuner and requirements/$lock_name.txt into .venv ..."
+elif ! differences=$(.venv/bin/python scripts/check_lock.py --quiet "requirements/$held.txt" 2>&1); then
+  # Something changed .venv behind the lock's back (a `pip install` by hand): the tests would run on it.
+  echo "$differences" >&2
+  install="installing requirements/$lock_name.txt into .venv again: it is no longer the lock (above) ..."
+fi
+if [ -n "$install" ]; then
+  echo "$install"
   # A new environment each time: what an earlier install left (a package the lock dropped, a newer
   # version) would otherwise stay, and the tests would run on something CI never installs.
   "$python" -m venv --clear .venv || { echo "error: cannot create a virtual environment; install python3-venv" >&2; return 1 2>/dev/null || exit 1; }
@@ -42,7 +51,7 @@ if [ ! -x .venv/bin/python ] || [ "$stamp_have" != "$stamp_want" ]; then
     && .venv/bin/python -m pip check; } >"$install_log" 2>&1; then
     grep -v '^WARNING: Location' "$install_log" | tail -n 20 >&2
     rm -f "$install_log" .venv/.serve-tuner-stamp
-    echo "error: installing requirements/$lock_name.txt into .venv failed (above); run ./scripts/bootstrap.sh ${1:-} again once the cause is fixed" >&2
+    echo "error: installing requirements/$lock_name.txt into .venv failed (above); .venv is incomplete until ./scripts/bootstrap.sh $lock_name runs again once the cause is fixed" >&2
     return 1 2>/dev/null || exit 1
   fi
   rm -f "$install_log"

@@ -1,12 +1,14 @@
 """Checks that this Python environment holds exactly what a lock file pins, and names the lock.
 
     .venv/bin/python scripts/check_lock.py requirements/dev.txt    # exit 0: the installed packages are the lock's
-    .venv/bin/python scripts/check_lock.py --id                    # the lock's identity, as figures name it
+    python3 scripts/check_lock.py --id                             # the lock's identity, as figures name it
 
-scripts/bootstrap.sh runs the first after every install, so that a CI log shows the install equal to the
-lock; tests/fast/test_lock.py runs the same comparison on the environment the tests run in. The lock's
-identity is the first 12 hex digits of the SHA-256 of its four files (base, dev, fleet, dashboard, in
-that order): a figure measured on this version names it beside the commit (docs/testing.md, "The lock").
+scripts/bootstrap.sh runs the first after every install (so that a CI log shows the install equal to the
+lock) and, with --quiet, before reusing .venv; tests/fast/test_lock.py runs the same comparison on the
+environment the tests run in. The lock's identity is the first 12 hex digits of the SHA-256 of its four
+files' pins and hashes (base, dev, fleet, dashboard, in that order; comments left out, so that a new
+"via" note alone changes nothing): a figure names it beside its commit (docs/testing.md, "The lock").
+`--id` needs nothing but the standard library (scripts/lock.sh runs it before any venv exists).
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from importlib import metadata
 from pathlib import Path
-
-from packaging.markers import Marker
-from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = ("base", "dev", "fleet", "dashboard")
@@ -26,30 +24,58 @@ LOCKS = ("base", "dev", "fleet", "dashboard")
 NOT_LOCKED = frozenset({"serve-tuner", "pip"})
 
 
+class LockError(Exception):
+    """A lock file that cannot be read as one: its message is one line."""
+
+
+def _pin_lines(lock: Path) -> list[tuple[int, str]]:
+    """(line number, text) of each pin, its hashes and line continuations taken off."""
+    try:
+        text = lock.read_text()
+    except OSError as exc:
+        raise LockError(f"{lock}: {exc.strerror or exc}; pass a lock file such as requirements/dev.txt") from None
+    return [
+        (number, line.split(" --hash=")[0].rstrip(" \\"))
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line[:1].isalnum()  # not a comment, a hash or a "via" note
+    ]
+
+
 def entries(lock: Path) -> list[tuple[str, str, str]]:
-    """(canonical name, version, environment marker or "") of each pin, in the lock's order."""
+    """(canonical name, version, environment marker or "") of each pin, in the lock's order; a line that
+    is not an exact pin (`name==version`, an optional marker) is refused, naming it."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     found = []
-    for line in lock.read_text().splitlines():
-        if not line[:1].isalnum():
-            continue  # a comment, a hash or a "via" note
-        requirement, _, marker = line.rstrip(" \\").partition(";")
-        name, _, version = requirement.strip().partition("==")
-        found.append((canonicalize_name(name), version.strip(), marker.strip()))
+    for number, line in _pin_lines(lock):
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement as exc:
+            raise LockError(f"{lock}:{number}: not a requirement ({exc}); run scripts/lock.sh") from None
+        pinned = list(requirement.specifier)
+        if requirement.url or requirement.extras or len(pinned) != 1 or pinned[0].operator != "==":
+            raise LockError(f"{lock}:{number}: {line!r} is not an exact pin (name==version); run scripts/lock.sh")
+        marker = str(requirement.marker) if requirement.marker else ""
+        found.append((canonicalize_name(requirement.name), pinned[0].version, marker))
     return found
 
 
 def pins(lock: Path) -> dict[str, str]:
     """The version the lock gives each package whose environment marker holds here."""
+    from packaging.markers import Marker
+
     return {name: version for name, version, marker in entries(lock) if not marker or Marker(marker).evaluate()}
 
 
 def installed() -> dict[str, str]:
     """Every distribution this interpreter sees, by its canonical name."""
-    return {
-        canonicalize_name(dist.metadata["Name"]): dist.version
-        for dist in metadata.distributions()
-        if canonicalize_name(dist.metadata["Name"]) not in NOT_LOCKED
-    }
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    names = {canonicalize_name(dist.metadata["Name"]): dist.version for dist in metadata.distributions()}
+    return {name: version for name, version in names.items() if name not in NOT_LOCKED}
 
 
 def differences(lock: Path, have: dict[str, str] | None = None) -> list[str]:
@@ -68,10 +94,13 @@ def differences(lock: Path, have: dict[str, str] | None = None) -> list[str]:
 
 
 def lock_id(root: Path = ROOT) -> str:
-    """The lock's identity: the first 12 hex digits of the SHA-256 of its four files, in LOCKS's order."""
+    """The lock's identity: 12 hex digits of the SHA-256 of its four files' pins and hashes."""
     digest = hashlib.sha256()
     for name in LOCKS:
-        digest.update((root / "requirements" / f"{name}.txt").read_bytes())
+        lock = root / "requirements" / f"{name}.txt"
+        for line in lock.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                digest.update(line.strip().encode() + b"\n")
     return digest.hexdigest()[:12]
 
 
@@ -79,19 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("lock", nargs="?", type=Path, help="the lock file the environment should hold")
     parser.add_argument("--id", action="store_true", help="print the lock's identity and exit")
+    parser.add_argument("--quiet", action="store_true", help="print nothing when the environment is the lock")
     args = parser.parse_args(argv)
     if args.id:
         print(lock_id())
         return 0
     if args.lock is None:
         parser.error("give a lock file (requirements/NAME.txt) or --id")
-    lines = differences(args.lock)
+    try:
+        lines = differences(args.lock)
+        count = len(pins(args.lock))
+    except LockError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if lines:
         print(f"error: this environment is not {args.lock} ({len(lines)} differences):", file=sys.stderr)
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"installed: exactly {args.lock}, {len(pins(args.lock))} packages (lock {lock_id()})")
+    if not args.quiet:
+        print(f"installed: exactly {args.lock}, {count} packages (lock {lock_id()})")
     return 0
 
 

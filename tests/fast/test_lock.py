@@ -89,8 +89,50 @@ def test_the_locks_identity_is_stable_and_changes_with_any_lock_file(tmp_path: P
         (tmp_path / "requirements" / f"{name}.txt").write_bytes((REQUIREMENTS / f"{name}.txt").read_bytes())
     assert check_lock.lock_id(tmp_path) == check_lock.lock_id(ROOT)
     with (tmp_path / "requirements" / "fleet.txt").open("a") as fleet:
-        fleet.write("\n")
+        fleet.write("    # via a new note\n\n")  # a comment alone is the same lock
+    assert check_lock.lock_id(tmp_path) == check_lock.lock_id(ROOT)
+    base = tmp_path / "requirements" / "base.txt"
+    base.write_text(base.read_text().replace("--hash=sha256:", "--hash=sha256:0", 1))
     assert check_lock.lock_id(tmp_path) != check_lock.lock_id(ROOT)
+
+
+def test_the_bench_names_the_same_lock() -> None:
+    spec = importlib.util.spec_from_file_location("provenance", ROOT / "bench" / "provenance.py")
+    assert spec is not None and spec.loader is not None
+    provenance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(provenance)
+    assert provenance.measured_on()["lock"] == check_lock.lock_id(ROOT)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("foo @ https://example.org/foo.whl", "is not an exact pin"),
+        ("foo>=1.0", "is not an exact pin"),
+        ("foo[extra]==1.0", "is not an exact pin"),
+        ("foo==1.0 ; python_version >>> '3'", "not a requirement"),
+    ],
+)
+def test_a_lock_line_that_is_no_exact_pin_is_refused_naming_it(tmp_path: Path, line: str, said: str) -> None:
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"# a comment\n{line} \\\n    --hash=sha256:00\n")
+    with pytest.raises(check_lock.LockError, match=f"^{lock}:2: .*{said}"):
+        check_lock.entries(lock)
+
+
+def test_a_missing_lock_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_lock.main([str(tmp_path / "missing.txt")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_every_script_that_sources_bootstrap_names_its_lock() -> None:
+    """Sourced without a name, bootstrap.sh reads the caller's own arguments (`demo.sh --set ...` was
+    refused as "no lock named '--set'")."""
+    for script in (ROOT / "scripts").glob("*.sh"):
+        for line in script.read_text().splitlines():
+            if line.lstrip().startswith("source scripts/bootstrap.sh"):
+                named = line.split("#")[0].split()[2:]
+                assert named and named[0] in check_lock.LOCKS, f"{script.name}: {line.strip()}"
 
 
 def test_a_difference_from_the_lock_is_named(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """No test can hang: a broken guard fails the suite in seconds, it does not stop it.
 
-Every wait a test makes on a process has a bound (a `timeout=`), and every test runs under pytest-timeout's
+Every call that waits on a process (subprocess's run, call, check_call and check_output, a Popen's
+communicate and wait, an Event's wait) has a bound (a `timeout=`), and every test runs under pytest-timeout's
 limit, which CI enforces (pyproject.toml's `timeout`, the fast tier's own in tests/fast/conftest.py). A FIFO
 a test hands a reader is released after seconds (tests/support/bounded.py)."""
 

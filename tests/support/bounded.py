@@ -29,17 +29,16 @@ def fifo_nobody_may_open(path: Path, *, release_after_s: float = RELEASE_AFTER_S
     def release() -> None:
         if leaving.wait(release_after_s):
             return
-        while not leaving.is_set():
+        while not leaving.is_set():  # every reader, however often one opens it again
             try:  # without a reader, O_NONBLOCK refuses at once (ENXIO) instead of waiting for one
                 fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as exc:
-                if exc.errno != errno.ENXIO:
+                if exc.errno not in (errno.ENXIO, errno.ENOENT):
                     raise
-                leaving.wait(0.05)
-                continue
-            released.append(True)
-            os.close(fd)
-            return
+            else:
+                released.append(True)
+                os.close(fd)
+            leaving.wait(0.05)
 
     watcher = threading.Thread(target=release, name=f"release {path.name}", daemon=True)
     watcher.start()
