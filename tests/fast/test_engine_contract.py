@@ -628,3 +628,38 @@ def test_every_engine_reads_its_servers_build_from_its_version_endpoint(
     assert engine.parse_version(body) == expected
     assert engine.parse_version({}) is None
     assert engine.parse_version({"version": 3, "build_info": ""}) is None
+
+
+def test_ollama_gets_its_models_directory_and_auto_means_the_setup_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OLLAMA_MODELS for a server the study starts; `auto` is what `tuner setup --ollama` made here, and
+    refused in one line, naming the command, before it exists."""
+    from tuner.engines.ollama import OllamaEngine, OllamaOptions
+    from tuner.errors import AssetError
+    from tuner.models import ServerCommand
+
+    ollama = engine_of("ollama", models_dir="/srv/ollama/models").launch_spec({})
+    assert ollama.env["OLLAMA_MODELS"] == "/srv/ollama/models"
+    assert "OLLAMA_MODELS" not in engine_of("ollama").launch_spec({}).env  # Ollama's own default stays
+    monkeypatch.setenv("SERVE_TUNER_CACHE", str(tmp_path))
+    monkeypatch.delenv("SERVE_TUNER_OLLAMA", raising=False)
+    built = engine_of("ollama", binary="auto", models_dir="auto")
+    with pytest.raises(AssetError, match=r"run `tuner setup --ollama`"):
+        built.launch_spec({})
+    binary = tmp_path / "ollama-0.11.4-cpu-avx2" / "ollama"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    with pytest.raises(AssetError, match=r"engine\.models_dir = \"auto\": .*run `tuner setup --ollama`"):
+        built.launch_spec({})  # built, but its model not made yet
+    (tmp_path / "ollama-models-smollm2-0.1.2").mkdir()
+    launch = built.launch_spec({})
+    assert launch.executable == str(binary)
+    assert launch.env["OLLAMA_MODELS"] == str(tmp_path / "ollama-models-smollm2-0.1.2")
+    # The operator's unit keeps its own models directory, and a host has no build of this machine's.
+    options = OllamaOptions.model_validate({"model": "m", "models_dir": "/srv/models"})
+    with pytest.raises(ConfigError, match=r"engine\.models_dir is the operator's own"):
+        OllamaEngine(options, command=ServerCommand.UNIT)
+    with pytest.raises(ConfigError, match=r'engine\.binary = "auto" means a file of this machine'):
+        OllamaEngine(OllamaOptions.model_validate({"model": "m", "binary": "auto"}), command=ServerCommand.REMOTE)

@@ -33,6 +33,16 @@ def llama_server_binary() -> Path:
     return binary
 
 
+@pytest.fixture(scope="session")
+def ollama_binary() -> Path:
+    """The real Ollama and the demo model made an Ollama model (`tuner setup --ollama`)."""
+    binary, model = assets.find_ollama(), assets.find_ollama_model()
+    if binary is None or model is None:
+        why = os.environ.get("SERVE_TUNER_SETUP_ERROR") or "run `tuner setup --ollama` (scripts/test.sh does it)"
+        need_real_part("ollama", why)
+    return binary
+
+
 @dataclass(frozen=True, kw_only=True)
 class TinyRun:
     """`tuner run tests/data/tiny-study.toml` against the real llama-server, once per test process."""

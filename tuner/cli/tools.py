@@ -63,12 +63,15 @@ def diagnose(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def setup(_args: argparse.Namespace, console: Console) -> int:
+def setup(args: argparse.Namespace, console: Console) -> int:
     from tuner import assets
 
     console.print(f"model: {assets.ensure_model()}")
     console.print(f"llama-server: {assets.ensure_llama_server()}")
     console.print(f"test LoRA adapter: {assets.ensure_test_lora()}")
+    if args.ollama:
+        console.print(f"ollama: {assets.ensure_ollama()}")
+        console.print(f"ollama model: {assets.ensure_ollama_model()} (OLLAMA_MODELS={assets.ollama_models_dir()})")
     return 0
 
 

@@ -33,7 +33,7 @@ from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.engines.text_prompts import WORDS, ids_to_text
-from tuner.errors import ConfigError
+from tuner.errors import AssetError, ConfigError
 from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 
@@ -96,8 +96,16 @@ OLLAMA_KNOBS: dict[str, Knob] = {
 
 
 class OllamaOptions(StrictModel):
-    binary: str = Field(default="ollama", description="The ollama executable, for the process deployer.")
+    binary: str = Field(
+        default="ollama",
+        description="The ollama executable, for the process deployer; auto for the one `tuner setup --ollama` built.",
+    )
     model: str = Field(min_length=1, description="The model to load, e.g. llama3.2:3b.")
+    models_dir: str | None = Field(
+        default=None,
+        description="OLLAMA_MODELS for a server the study starts (default: Ollama's own, ~/.ollama/models); "
+        "auto for the directory `tuner setup --ollama` made the demo model in.",
+    )
     host: str = Field(default="127.0.0.1", description="Address Ollama listens on (OLLAMA_HOST).")
     port: int = Field(default=11434, ge=1, le=65535, description="Port Ollama listens on.")
     api: Literal["native", "openai"] = Field(
@@ -126,19 +134,24 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
 
     def __init__(self, options: OllamaOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
         super().__init__(options, command=command)
-        check_paths_for(command, options, paths={}, placement=("binary", "host", "port"))
+        # Only `auto` is checked: a bare `ollama` is a name on the host's PATH, as Ollama's install puts it.
+        configured = {"engine.binary": options.binary, "engine.models_dir": options.models_dir}
+        paths = {key: value for key, value in configured.items() if value == "auto"}
+        check_paths_for(command, options, paths=paths, placement=("binary", "host", "port", "models_dir"))
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)
         env: dict[str, str] = {}
-        if self._command is not ServerCommand.UNIT:  # the unit's own OLLAMA_HOST stays
+        if self._command is not ServerCommand.UNIT:  # the unit's own OLLAMA_HOST and OLLAMA_MODELS stay
             env["OLLAMA_HOST"] = f"{self._options.host}:{self._options.port}"
+            if self._options.models_dir is not None:
+                env["OLLAMA_MODELS"] = _resolve_auto(self._options.models_dir, "models_dir")
         for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             assert knob.env is not None
             env[knob.env] = render_env_value(knob, value)
         return LaunchSpec(
-            executable=self._options.binary,
+            executable=_resolve_auto(self._options.binary, "binary"),
             args=("serve",),
             env=env,
             host=self._options.host,
@@ -242,6 +255,20 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
 
     def round_counters(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
         return {}
+
+
+def _resolve_auto(configured: str, option: str) -> str:
+    """A configured path, or with `auto` the one `tuner setup --ollama` made on this machine."""
+    if configured != "auto":
+        return configured
+    from tuner import assets
+
+    found = assets.find_ollama() if option == "binary" else assets.ollama_models_dir()
+    if found is None or not found.exists():
+        raise AssetError(
+            f'engine.{option} = "auto": Ollama is not built here yet; run `tuner setup --ollama` (one time)'
+        )
+    return str(found)
 
 
 def parse_ollama_ndjson_line(line: str) -> StreamEvent | None:

@@ -1,0 +1,59 @@
+"""A real Ollama (`tuner setup --ollama`: built from its pinned Go module, SmolLM2 made an Ollama model
+offline), tuned through the process deployer: every request of the replay reaches it and is measured
+from its own NDJSON stream, its server log lands in the run directory, and nothing of it is left running.
+Until this test, the Ollama engine had met transcripts only."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.support import DATA, free_port, run_tuner
+from tuner import assets
+from tuner.models import RequestRecord
+
+STUDY = DATA / "ollama-five-users.toml"
+
+
+def _records(path: Path) -> list[RequestRecord]:
+    return [RequestRecord.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ollama_processes(binary: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "exe") == str(binary):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
+    ollama_binary: Path, tmp_path: Path
+) -> None:
+    # `ollama serve` writes a key pair under ~/.ollama: a home of the test's own, the builds' cache kept.
+    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
+    args = ["run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}"]
+    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "runs" / "ollama-five"
+    baseline = sorted((run / "trials").iterdir())[0]
+    rounds = [path for path in sorted(baseline.glob("round-*.jsonl")) if ".server." not in path.name]
+    records = [record for path in rounds for record in _records(path)]
+    assert len(records) == 10 and all(r.ok for r in records), [r.error for r in records]
+    # Each answer streamed token by token, and Ollama's own figures read from its last line.
+    assert all(len(r.token_s) >= 2 and r.timings is not None and r.timings.predicted_n > 0 for r in records)
+    # At OLLAMA_NUM_PARALLEL=1 the five users are served one after the other: in each round, the last
+    # user's first token comes after the first user's answer ended.
+    for path in rounds:
+        by_id = {r.request_id: r for r in _records(path)}
+        first_token = by_id["user-5"].first_token_s
+        assert first_token is not None and first_token > by_id["user-1"].end_s
+    assert "Listening on 127.0.0.1" in (baseline / "server.log").read_text()  # Ollama's own log, kept
+    board = json.loads(run_tuner("leaderboard", str(run), "--json", cwd=tmp_path, timeout=120).stdout)
+    assert {row["settings"]["num_parallel"] for row in board["rows"]} <= {1, 4}
+    assert _ollama_processes(ollama_binary) == []
