@@ -108,13 +108,17 @@ def _llama_dir() -> Path:
     return cache_root() / f"llama-server-{LLAMA_CPP.version}-{BUILD_FLAVOR}"
 
 
-def find_llama_server() -> Path | None:
-    """The cached llama-server binary for the pinned version, or None if it is not built yet."""
-    explicit = os.environ.get("SERVE_TUNER_LLAMA_SERVER")
+def _built(override: str, binary: Path) -> Path | None:
+    """The binary a variable names (`override`, for a build of one's own), else `binary` if it is built."""
+    explicit = os.environ.get(override)
     if explicit:
         return Path(explicit) if Path(explicit).is_file() else None
-    binary = _llama_dir() / "llama-server"
     return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def find_llama_server() -> Path | None:
+    """The cached llama-server binary for the pinned version, or None if it is not built yet."""
+    return _built("SERVE_TUNER_LLAMA_SERVER", _llama_dir() / "llama-server")
 
 
 def find_model() -> Path | None:
@@ -333,11 +337,7 @@ def _ollama_dir() -> Path:
 
 def find_ollama() -> Path | None:
     """The cached ollama binary for the pinned version (or SERVE_TUNER_OLLAMA's), or None if not built."""
-    explicit = os.environ.get("SERVE_TUNER_OLLAMA")
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    binary = _ollama_dir() / "ollama"
-    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+    return _built("SERVE_TUNER_OLLAMA", _ollama_dir() / "ollama")
 
 
 def ollama_models_dir() -> Path:
