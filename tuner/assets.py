@@ -8,10 +8,14 @@ never depend on the package's other dependencies.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import platform
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,24 +357,23 @@ def find_ollama_model() -> str | None:
 
 
 def _require_go() -> None:
-    """Go's toolchain at OLLAMA.go_minimum or later, and a C and C++ compiler for cgo."""
+    """Go's toolchain at OLLAMA.go_minimum or later, and the C and C++ compilers cgo will call."""
     need = f"Go {OLLAMA.go_minimum[0]}.{OLLAMA.go_minimum[1]} or later"
     if shutil.which("go") is None:
         raise AssetError(f"building Ollama needs {need}, and `go` is not on PATH: install it and run again")
     try:
-        version = subprocess.run(
-            ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout.strip()
+        said = subprocess.run(
+            ["go", "env", "GOVERSION", "CC", "CXX"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.splitlines()
     except (OSError, subprocess.SubprocessError) as exc:
         raise AssetError(f"building Ollama needs {need}, and `go env GOVERSION` failed: {exc}") from exc
-    numbers = version.removeprefix("go").split(".")
-    try:
-        found = (int(numbers[0]), int(numbers[1]))
-    except (IndexError, ValueError):
-        found = (0, 0)
+    version = said[0].strip() if said else ""
+    numbers = re.match(r"go(\d+)\.(\d+)", version)  # go1.26.8, go1.24rc1
+    found = (int(numbers[1]), int(numbers[2])) if numbers else (0, 0)
     if found < OLLAMA.go_minimum:
         raise AssetError(f"building Ollama needs {need}, and `go` is {version}: install a newer Go and run again")
-    missing = [tool for tool in ("cc", "c++") if shutil.which(tool) is None]
+    compilers = [(line.strip() or default).split()[0] for line, default in zip(said[1:3], ("gcc", "g++"), strict=False)]
+    missing = [tool for tool in compilers or ["gcc", "g++"] if shutil.which(tool) is None]
     if missing:
         raise AssetError(
             f"building Ollama needs a C and C++ compiler for cgo ({', '.join(missing)} missing): "
@@ -391,14 +395,15 @@ def ensure_ollama(log: bool = True) -> Path:
             flush=True,
         )
     build_log = cache_root() / f"ollama-{OLLAMA.version}-{BUILD_FLAVOR}-build.log"
-    staging = Path(tempfile.mkdtemp(dir=_ensure(cache_root()), prefix="ollama-staging-"))
+    staging = Path(tempfile.mkdtemp(dir=_ensure(cache_root()), prefix="ollama-staging-")).resolve()
+    flags = OLLAMA_CGO_FLAGS if platform.machine().lower() in ("x86_64", "amd64") else "-O3"
     env = {
         **os.environ,
-        "GOBIN": str(staging),
+        "GOBIN": str(staging),  # absolute, as Go requires
         "CGO_ENABLED": "1",
-        "CGO_CFLAGS": OLLAMA_CGO_FLAGS,
-        "CGO_CXXFLAGS": OLLAMA_CGO_FLAGS,
-        "GOFLAGS": "-buildvcs=false",
+        "CGO_CFLAGS": flags,
+        "CGO_CXXFLAGS": flags,
+        "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -buildvcs=false".strip(),
     }
     version_flag = f"-X {OLLAMA.module}/version.Version={OLLAMA.version}"
     command = ["go", "install", "-ldflags", version_flag, f"{OLLAMA.module}@v{OLLAMA.version}"]
@@ -409,7 +414,10 @@ def ensure_ollama(log: bool = True) -> Path:
             raise AssetError(f"the Ollama build failed (exit {result.returncode}); see {build_log}")
         if not (staging / "ollama").is_file():
             raise AssetError(f"the Ollama build produced no ollama binary; see {build_log}")
-        # A rename makes the cache entry appear whole or not at all, even if the build is interrupted.
+        # A rename makes the cache entry appear whole or not at all, even if the build is interrupted; an
+        # entry without its binary (left by hand, or by a copy that failed) is replaced.
+        if _ollama_dir().exists() and find_ollama() is None:
+            shutil.rmtree(_ollama_dir())
         if not _ollama_dir().exists():
             staging.replace(_ollama_dir())
     except subprocess.TimeoutExpired as exc:
@@ -431,7 +439,8 @@ def ensure_ollama_model(log: bool = True) -> str:
     binary, model = ensure_ollama(log=log), ensure_model(log=log)
     if log:
         print(f"making {MODEL_FILENAME} the Ollama model {OLLAMA_MODEL} ...", flush=True)
-    with tempfile.TemporaryDirectory(dir=_ensure(cache_root()), prefix="ollama-models-") as tmp:
+    serve_log = cache_root() / f"ollama-{OLLAMA.version}-create.log"
+    with tempfile.TemporaryDirectory(dir=_ensure(cache_root()), prefix="ollama-models-") as tmp, _stopped_by_sigterm():
         work = Path(tmp)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -440,15 +449,13 @@ def ensure_ollama_model(log: bool = True) -> str:
             **os.environ,
             "OLLAMA_HOST": address,
             "OLLAMA_MODELS": str(work / "models"),
-            "HOME": str(work),  # `ollama serve` writes a key pair under ~/.ollama
+            "HOME": str(work),  # `ollama serve` writes a key pair under ~/.ollama: gone with the directory
         }
         (work / "Modelfile").write_text(f"FROM {model}\n")
-        with (work / "serve.log").open("w") as serve_log:
-            server = subprocess.Popen(
-                [str(binary), "serve"], env=env, stdout=serve_log, stderr=subprocess.STDOUT, cwd=work
-            )
+        with serve_log.open("w") as out:
+            server = subprocess.Popen([str(binary), "serve"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work)
             try:
-                _wait_for_ollama(f"http://{address}/api/version", server, work / "serve.log")
+                _wait_for_ollama(f"http://{address}/api/version", server, serve_log)
                 created = subprocess.run(
                     [str(binary), "create", OLLAMA_MODEL, "-f", str(work / "Modelfile")],
                     env=env,
@@ -460,6 +467,8 @@ def ensure_ollama_model(log: bool = True) -> str:
                 if created.returncode != 0:
                     said = (created.stderr or created.stdout).strip().splitlines()
                     raise AssetError(f"`ollama create {OLLAMA_MODEL}` failed: {said[-1] if said else 'no output'}")
+            except subprocess.TimeoutExpired as exc:
+                raise AssetError(f"`ollama create {OLLAMA_MODEL}` ran past 600 s; see {serve_log}") from exc
             finally:
                 server.terminate()
                 try:
@@ -467,22 +476,41 @@ def ensure_ollama_model(log: bool = True) -> str:
                 except subprocess.TimeoutExpired:
                     server.kill()
                     server.wait(timeout=30)
-        if not ollama_models_dir().exists():
-            (work / "models").replace(ollama_models_dir())
+        if ollama_models_dir().exists():  # a directory without the model's manifest (find_ollama_model said so)
+            shutil.rmtree(ollama_models_dir())
+        (work / "models").replace(ollama_models_dir())
     if find_ollama_model() is None:
         raise AssetError(f"the Ollama model {OLLAMA_MODEL} is missing from {ollama_models_dir()} after it was made")
     return OLLAMA_MODEL
 
 
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM as Ctrl-C while a server of our own runs, so that the `finally` that stops it runs too."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _wait_for_ollama(url: str, server: subprocess.Popen[bytes], log_path: Path) -> None:
+    # Straight to loopback: an http_proxy (which a machine may need for the Go module proxy) is no way there.
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + _OLLAMA_READY_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            raise AssetError(f"`ollama serve` exited ({server.returncode}) before it answered: {' '.join(tail)}")
+            raise AssetError(
+                f"`ollama serve` exited ({server.returncode}) before it answered: {' '.join(tail)}; see {log_path}"
+            )
         try:
-            with urllib.request.urlopen(url, timeout=2):
+            with direct.open(url, timeout=2):
                 return
         except OSError:
             time.sleep(0.2)
-    raise AssetError(f"`ollama serve` did not answer {url} within {_OLLAMA_READY_S:g} s; see its log")
+    raise AssetError(f"`ollama serve` did not answer {url} within {_OLLAMA_READY_S:g} s; see {log_path}")

@@ -651,9 +651,11 @@ def test_ollama_gets_its_models_directory_and_auto_means_the_setup_build(
     binary.parent.mkdir()
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    with pytest.raises(AssetError, match=r"engine\.models_dir = \"auto\": .*run `tuner setup --ollama`"):
+    with pytest.raises(AssetError, match=r"engine\.models_dir = \"auto\": the demo model is not made an Ollama"):
         built.launch_spec({})  # built, but its model not made yet
-    (tmp_path / "ollama-models-smollm2-0.1.2").mkdir()
+    manifest = tmp_path / "ollama-models-smollm2-0.1.2/manifests/registry.ollama.ai/library/serve-tuner-smollm2"
+    manifest.mkdir(parents=True)
+    (manifest / "latest").write_text("{}")
     launch = built.launch_spec({})
     assert launch.executable == str(binary)
     assert launch.env["OLLAMA_MODELS"] == str(tmp_path / "ollama-models-smollm2-0.1.2")
@@ -661,5 +663,7 @@ def test_ollama_gets_its_models_directory_and_auto_means_the_setup_build(
     options = OllamaOptions.model_validate({"model": "m", "models_dir": "/srv/models"})
     with pytest.raises(ConfigError, match=r"engine\.models_dir is the operator's own"):
         OllamaEngine(options, command=ServerCommand.UNIT)
+    with pytest.raises(ConfigError, match=r"engine\.models_dir = 'models' is relative"):
+        OllamaEngine(OllamaOptions.model_validate({"model": "m", "models_dir": "models"}), command=ServerCommand.REMOTE)
     with pytest.raises(ConfigError, match=r'engine\.binary = "auto" means a file of this machine'):
         OllamaEngine(OllamaOptions.model_validate({"model": "m", "binary": "auto"}), command=ServerCommand.REMOTE)

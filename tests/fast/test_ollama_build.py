@@ -32,9 +32,14 @@ def _bin_with(directory: Path, tools: dict[str, str]) -> str:
             "building Ollama needs Go 1.24 or later, and `go` is go1.21.13: install a newer Go and run again",
         ),
         (
-            {"go": "echo go1.26.8", "cc": "exit 0"},
-            "building Ollama needs a C and C++ compiler for cgo (c++ missing): install them (Debian/Ubuntu: "
+            {"go": "echo go1.24rc1", "gcc": "exit 0"},  # a release candidate of the least Go that builds it
+            "building Ollama needs a C and C++ compiler for cgo (g++ missing): install them (Debian/Ubuntu: "
             "apt-get install g++) and run again",
+        ),
+        (
+            {"go": "printf 'go1.26.8\\nclang\\nclang++\\n'", "gcc": "exit 0", "g++": "exit 0"},  # cgo's own
+            "building Ollama needs a C and C++ compiler for cgo (clang, clang++ missing): install them "
+            "(Debian/Ubuntu: apt-get install g++) and run again",
         ),
     ],
 )

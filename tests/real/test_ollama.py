@@ -25,7 +25,7 @@ def _ollama_processes(binary: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "exe") == str(binary):
+                if os.readlink(entry / "exe") == os.path.realpath(binary):
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -55,5 +55,6 @@ def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
         assert first_token is not None and first_token > by_id["user-1"].end_s
     assert "Listening on 127.0.0.1" in (baseline / "server.log").read_text()  # Ollama's own log, kept
     board = json.loads(run_tuner("leaderboard", str(run), "--json", cwd=tmp_path, timeout=120).stdout)
-    assert {row["settings"]["num_parallel"] for row in board["rows"]} <= {1, 4}
+    # The trial ran Ollama with four slots (the study's seed draws it; a draw of the baseline's 1 is skipped).
+    assert sorted(row["settings"]["num_parallel"] for row in board["rows"]) == [1, 4], board["rows"]
     assert _ollama_processes(ollama_binary) == []

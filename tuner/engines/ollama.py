@@ -134,9 +134,10 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
 
     def __init__(self, options: OllamaOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
         super().__init__(options, command=command)
-        # Only `auto` is checked: a bare `ollama` is a name on the host's PATH, as Ollama's install puts it.
-        configured = {"engine.binary": options.binary, "engine.models_dir": options.models_dir}
-        paths = {key: value for key, value in configured.items() if value == "auto"}
+        # The binary only for `auto`: a bare `ollama` is a name on the host's PATH, as Ollama's install puts it.
+        paths = {"engine.binary": options.binary} if options.binary == "auto" else {}
+        if options.models_dir is not None:
+            paths["engine.models_dir"] = options.models_dir
         check_paths_for(command, options, paths=paths, placement=("binary", "host", "port", "models_dir"))
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
@@ -263,11 +264,13 @@ def _resolve_auto(configured: str, option: str) -> str:
         return configured
     from tuner import assets
 
-    found = assets.find_ollama() if option == "binary" else assets.ollama_models_dir()
-    if found is None or not found.exists():
-        raise AssetError(
-            f'engine.{option} = "auto": Ollama is not built here yet; run `tuner setup --ollama` (one time)'
-        )
+    if option == "binary":
+        found, missing = assets.find_ollama(), "Ollama is not built here yet"
+    else:
+        found = assets.ollama_models_dir() if assets.find_ollama_model() else None
+        missing = "the demo model is not made an Ollama model here yet"
+    if found is None:
+        raise AssetError(f'engine.{option} = "auto": {missing}; run `tuner setup --ollama` (one time)')
     return str(found)
 
 
