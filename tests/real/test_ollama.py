@@ -44,7 +44,9 @@ def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
     baseline = sorted((run / "trials").iterdir())[0]
     rounds = [path for path in sorted(baseline.glob("round-*.jsonl")) if ".server." not in path.name]
     records = [record for path in rounds for record in _records(path)]
-    assert len(records) == 10 and all(r.ok for r in records), [r.error for r in records]
+    # Two rounds, or more where the study measured a noisy trial again (on a loaded machine, a third).
+    assert len(rounds) >= 2 and len(records) == 5 * len(rounds), [path.name for path in rounds]
+    assert all(r.ok for r in records), [r.error for r in records]
     # Each answer streamed token by token, and Ollama's own figures read from its last line.
     assert all(len(r.token_s) >= 2 and r.timings is not None and r.timings.predicted_n > 0 for r in records)
     # At OLLAMA_NUM_PARALLEL=1 the five users are served one after the other: in each round, the last
