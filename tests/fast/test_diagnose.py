@@ -248,3 +248,24 @@ def test_a_short_log_compares_the_stall_with_requests_that_decoded_alone_and_say
     by_name = {figure.name: figure for figure in stall.figures}
     assert by_name["stall_tok_s"].value is not None and by_name["stall_tok_s"].value < 1.0
     assert "requests that decoded with no long prefill beside them" in by_name["unstalled_tok_s"].label
+
+
+def test_an_ollama_logs_stall_names_ollamas_own_lever_not_a_llama_server_variable() -> None:
+    """Ollama's runner writes llama-server's lines, but an Ollama operator has no LLAMA_ARG_BATCH: the fix
+    names num_batch, where Ollama reads it (the model's Modelfile), and says serve-tuner cannot tune it there."""
+    log = simulated_log(stall_requests(), n_batch=256, n_ubatch=256)
+    ollama = journal(log.lines, unit="ollama", strip_time=True)
+    ollama.insert(
+        0,
+        "Nov 29 12:00:00.000000 gpu1 ollama[4242]: "
+        'time=2026-11-29T12:00:00.000Z level=INFO msg="starting llama-server"',
+    )
+    diagnosis = diagnose_log(ollama)
+    assert diagnosis.server.engine == "ollama"
+    stall = diagnosis.finding("stalls")
+    assert stall is not None
+    (fix,) = stall.fixes
+    assert fix.action.startswith("lower num_batch to about 64: Ollama reads it from the model")
+    assert "PARAMETER num_batch 64" in fix.action and "LLAMA_ARG" not in fix.action
+    same_log = diagnose_log(log.lines).finding("stalls")  # llama-server's own log keeps its variable
+    assert same_log is not None and "LLAMA_ARG_BATCH" in same_log.fixes[0].action

@@ -18,6 +18,7 @@ from pathlib import Path
 from tuner.diagnose.analyses import ANALYSES, LoraSwitch, Stalls, Waits, new_analyses
 from tuner.diagnose.analyses.stalls import UNREADABLE_TOK_S
 from tuner.diagnose.identity import ServerIdentity
+from tuner.diagnose.ollama_levers import in_ollamas_terms
 from tuner.diagnose.reader import LogFacts, ReadContext, read_llama_server_log
 from tuner.diagnose.report import (
     DIAGNOSIS_VERSION,
@@ -208,7 +209,7 @@ def diagnose_log(
             engine="ollama" if identity.ollama else "llama-server",
             models=identity.models,
         ),
-        findings=findings,
+        findings=in_ollamas_terms(findings) if identity.ollama else findings,
         profile=profile,
         notes=notes,
     )
