@@ -645,13 +645,15 @@ def test_ollama_gets_its_models_directory_and_auto_means_the_setup_build(
     monkeypatch.setenv("SERVE_TUNER_CACHE", str(tmp_path))
     monkeypatch.delenv("SERVE_TUNER_OLLAMA", raising=False)
     built = engine_of("ollama", binary="auto", models_dir="auto")
-    with pytest.raises(AssetError, match=r"run `tuner setup --ollama`"):
+    with pytest.raises(AssetError, match=r"the Ollama build is not there yet; run `tuner setup --ollama`"):
         built.launch_spec({})
     binary = tmp_path / "ollama-0.11.4-cpu-avx2" / "ollama"
     binary.parent.mkdir()
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    with pytest.raises(AssetError, match=r"engine\.models_dir = \"auto\": the demo model is not made an Ollama"):
+    with pytest.raises(
+        AssetError, match=r"the demo model as an Ollama model is not there yet; run `tuner setup --ollama`"
+    ):
         built.launch_spec({})  # built, but its model not made yet
     manifest = tmp_path / "ollama-models-smollm2-0.1.2/manifests/registry.ollama.ai/library/serve-tuner-smollm2"
     manifest.mkdir(parents=True)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from tuner.config import ParamValue, PluginSpec, StrictModel, validate_options
-from tuner.errors import ConfigError
+from tuner.errors import AssetError, ConfigError
 from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 from tuner.registry import Registry
@@ -199,6 +200,19 @@ def check_paths_for(
                 f"line, which sets the program, model, address and port; remove engine.{given[0]} from the study "
                 "(the unit's are read and shown), or set deploy.exec_start = \"replace\" to run the study's own"
             )
+
+
+def resolve_auto(
+    configured: str, find_built: Callable[[], Path | None], *, what: str, setup: str = "tuner setup"
+) -> str:
+    """A configured path (a path on the host, which the study checks there), or with `auto` the one
+    `setup` made here."""
+    if configured != "auto":
+        return configured
+    found = find_built()
+    if found is None:
+        raise AssetError(f"the {what} is not there yet; run `{setup}` (one time, about 10 minutes)")
+    return str(found)
 
 
 def render_env_value(knob: Knob, value: ParamValue) -> str:

@@ -13,7 +13,7 @@ import re
 import socket
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,7 +22,16 @@ from pydantic_core import PydanticCustomError
 
 from tuner import assets, catalog
 from tuner.config import ParamValue, StrictModel
-from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for, render_env_value
+from tuner.engines.base import (
+    ENGINES,
+    HttpCall,
+    Knob,
+    KnobbedEngine,
+    StreamEvent,
+    check_paths_for,
+    render_env_value,
+    resolve_auto,
+)
 from tuner.engines.llama_server_api import (
     completion_body,
     flush_requests,
@@ -121,17 +130,6 @@ class LlamaServerOptions(StrictModel):
         return value
 
 
-def _resolve(configured: str, find_built: Callable[[], Path | None], *, what: str) -> str:
-    """A configured path (a path on the host, which the study checks there), or with `auto` the one
-    `tuner setup` made here."""
-    if configured != "auto":
-        return configured
-    found = find_built()
-    if found is None:
-        raise AssetError(f"the {what} is not there yet; run `tuner setup` (one time, about 10 minutes)")
-    return str(found)
-
-
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -193,12 +191,12 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def resolve_binary(self) -> str:
         if self.simulated:
             return str(Path(sys.executable).with_name(_SIMULATOR_PROGRAM))
-        return _resolve(self._options.binary, assets.find_llama_server, what="llama-server binary")
+        return resolve_auto(self._options.binary, assets.find_llama_server, what="llama-server binary")
 
     def resolve_model(self) -> str:
         if self.simulated and self._options.model == "auto":
             return SIMULATED  # the simulator loads no model
-        return _resolve(self._options.model, assets.find_model, what="model file")
+        return resolve_auto(self._options.model, assets.find_model, what="model file")
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)
@@ -228,7 +226,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             if self.simulated and configured == "auto":
                 path = f"{SIMULATED}-{name}.gguf"  # the simulator loads nothing, it only numbers the adapters
             else:
-                path = _resolve(configured, assets.find_test_lora, what="LoRA adapter")
+                path = resolve_auto(configured, assets.find_test_lora, what="LoRA adapter")
             lora_args += ["--lora-scaled", f"{path}:0"]
         return LaunchSpec(
             executable=self._options.binary if self._unit_command else self.resolve_binary(),

@@ -28,12 +28,13 @@ from tuner.engines.base import (
     StreamEvent,
     check_paths_for,
     render_env_value,
+    resolve_auto,
 )
 from tuner.engines.llama_server_log import parse_llama_server_log
 from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
 from tuner.engines.text_prompts import WORDS, ids_to_text
-from tuner.errors import AssetError, ConfigError
+from tuner.errors import ConfigError
 from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ListenRule, ReplayRequest, ServerCommand, ServerTimings, TaskTimeline
 
@@ -142,17 +143,18 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)
+        executable = _auto(self._options.binary, "binary")  # the build before the model made with it
         env: dict[str, str] = {}
         if self._command is not ServerCommand.UNIT:  # the unit's own OLLAMA_HOST and OLLAMA_MODELS stay
             env["OLLAMA_HOST"] = f"{self._options.host}:{self._options.port}"
             if self._options.models_dir is not None:
-                env["OLLAMA_MODELS"] = _resolve_auto(self._options.models_dir, "models_dir")
+                env["OLLAMA_MODELS"] = _auto(self._options.models_dir, "models_dir")
         for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
             assert knob.env is not None
             env[knob.env] = render_env_value(knob, value)
         return LaunchSpec(
-            executable=_resolve_auto(self._options.binary, "binary"),
+            executable=executable,
             args=("serve",),
             env=env,
             host=self._options.host,
@@ -258,20 +260,17 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         return {}
 
 
-def _resolve_auto(configured: str, option: str) -> str:
+def _auto(configured: str, option: str) -> str:
     """A configured path, or with `auto` the one `tuner setup --ollama` made on this machine."""
-    if configured != "auto":
-        return configured
     from tuner import assets
 
     if option == "binary":
-        found, missing = assets.find_ollama(), "Ollama is not built here yet"
-    else:
-        found = assets.ollama_models_dir() if assets.find_ollama_model() else None
-        missing = "the demo model is not made an Ollama model here yet"
-    if found is None:
-        raise AssetError(f'engine.{option} = "auto": {missing}; run `tuner setup --ollama` (one time)')
-    return str(found)
+        return resolve_auto(configured, assets.find_ollama, what="Ollama build", setup="tuner setup --ollama")
+
+    def made() -> Path | None:
+        return assets.ollama_models_dir() if assets.find_ollama_model() else None
+
+    return resolve_auto(configured, made, what="demo model as an Ollama model", setup="tuner setup --ollama")
 
 
 def parse_ollama_ndjson_line(line: str) -> StreamEvent | None:
