@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.config import ParamValue, StudySpec
+from tuner.engines.base import request_setting_advice
 from tuner.errors import ConfigError, MeasurementError, StudyError, TunerError
 from tuner.report import LeaderboardRow, row_to_apply
 from tuner.runs import RunDirectory
@@ -37,6 +38,7 @@ class Applied:
     trial: int
     server_settings: dict[str, ParamValue]
     client_settings: dict[str, ParamValue]
+    client_advice: tuple[str, ...]  # how to keep each client setting, which the host's configuration cannot carry
     path: str
     requests: int
     metrics: dict[str, float | None]
@@ -213,7 +215,8 @@ async def _apply(plan: _Plan, run_path: Path, *, say: Callable[[str], None]) -> 
             path = await deployer.persist(note=note)
     return Applied(
         trial=row.number, server_settings=server, client_settings=plan.client, path=path, requests=len(records),
-        metrics=metrics, host=host,
+        client_advice=tuple(request_setting_advice(plan.prepared.engine.knobs, plan.client)), metrics=metrics,
+        host=host,
     )  # fmt: skip
 
 

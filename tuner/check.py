@@ -25,7 +25,7 @@ from tuner.deployers.base import check_launch, create_deployer
 from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
-from tuner.models import CheckLine, TunedKnob
+from tuner.models import CheckLine
 from tuner.runs import lock_holder
 from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.text import duration_text
@@ -156,7 +156,12 @@ async def _check_host(
                 check_deployment = getattr(deployer, "check", None)
                 read_running_log = getattr(deployer, "running_log", None)
                 if callable(check_deployment):
-                    lines += await check_deployment(launch, tuned=_tuned_knobs(prepared))
+                    lines += await check_deployment(launch, tuned=prepared.tuned_knobs())
+                read_running = getattr(deployer, "running_values", None)
+                found = await read_running(prepared.tuned_knobs()) if callable(read_running) else None
+                said = prepared.with_running_values(found)[1] if found is not None else []
+                if said:  # the baseline is the operator's own server: its values are the study's reference
+                    lines.append(CheckLine("baseline", True, "the server runs " + "; ".join(said)))
                 if callable(read_running_log):
                     startup_s = engine.startup_s(await read_running_log())
                 sized = await _with_model_from_host(engine, deployer, transport, Path(scratch))
@@ -221,13 +226,6 @@ async def _with_model_from_host(engine: Engine, deployer: object, transport: Tra
     sized = with_model_from_host(header, int(size))
     assert isinstance(sized, type(engine))
     return sized
-
-
-def _tuned_knobs(prepared: PreparedStudy) -> list[TunedKnob]:
-    engine = prepared.engine
-    names = [*prepared.space.params, *(n for n in engine.base_settings if n not in prepared.space.params)]
-    knobs = [engine.knobs[name] for name in names]
-    return [TunedKnob(knob.name, knob.env, knob.flags) for knob in knobs if knob.scope == "server"]
 
 
 def _workload_line(prepared: PreparedStudy) -> CheckLine:

@@ -108,6 +108,9 @@ class ConsoleObserver(NullObserver):
             said = f"predicted best {_settings(best)}" + (", queued first after the baseline" if queued else "")
         self._say(f"prediction from {escape(log)}: {escape(said)}" + (f" ({escape(note)})" if note else ""))
 
+    def baseline_read(self, *, values: list[str]) -> None:
+        self._say(f"the baseline is the server as it runs: {escape('; '.join(values))}")
+
     def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         what = "baseline (the server's own settings)" if baseline else _settings(settings)
         self._say(f"[bold cyan]trial {number}[/]  {what}")

@@ -50,6 +50,7 @@ async def ask_probes(
     tokens: int,
     timeout_s: float,
     lora: tuple[tuple[str, float], ...] | None = None,
+    load_options: tuple[tuple[str, ParamValue], ...] = (),
     together: bool = True,
 ) -> list[tuple[int, ...]]:
     """The probes' greedy answers, in PROBE_PROMPTS' order. `together`: all at once, which the server decodes
@@ -62,7 +63,7 @@ async def ask_probes(
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers, verify=tls_context()) as client:
 
         async def ask(prompt: str) -> tuple[int, ...]:
-            call = engine.probe_request(prompt, tokens=tokens, lora=lora)
+            call = engine.probe_request(prompt, tokens=tokens, lora=lora, load_options=load_options)
             try:
                 response = await client.request(call.method, call.path, json=call.json)
             except httpx.TimeoutException:

@@ -25,6 +25,7 @@ __all__ = [
     "ServerTimings",
     "TaskTimeline",
     "TokenRateSample",
+    "RunningValue",
     "TunedKnob",
 ]
 
@@ -165,6 +166,15 @@ class TunedKnob:
     flags: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class RunningValue:
+    """A tuned knob's value in the operator's own server (read, not set by us), and where it was found."""
+
+    knob: str
+    text: str  # as the server is given it: a flag's value or a variable's, or "true" for a bare flag
+    source: str  # e.g. "OLLAMA_NUM_PARALLEL in Environment=", "the ExecStart= flag -np"
+
+
 class LaunchSpec(_Contract):
     """Everything a deployer needs to start a server, and nothing about which engine it is."""
 
@@ -225,6 +235,11 @@ class ReplayRequest(_Contract):
     tag: str = "chat"
     lora: tuple[tuple[str, float], ...] | None = Field(
         default=None, description="Adapter names and scales; None leaves the server's default."
+    )
+    load_options: tuple[tuple[str, int | float | bool | str], ...] = Field(
+        default=(),
+        description="Options every request of the trial carries because the server loads the model with them "
+        "(Ollama's num_batch): a request that carried others would reload the model mid-round.",
     )
 
     @property

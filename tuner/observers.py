@@ -32,6 +32,9 @@ class StudyObserver:
     def study_started(self, *, name: str, run_dir: str, baseline_done: bool, trials_done: int, budget: int) -> None:
         pass
 
+    def baseline_read(self, *, values: list[str]) -> None:
+        """The operator's server was read: each searched knob's value in the baseline, and where from."""
+
     def trial_started(self, *, number: int, settings: Mapping[str, ParamValue], baseline: bool) -> None:
         pass
 

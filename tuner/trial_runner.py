@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +29,7 @@ from tuner.gpu import GpuMemorySampler
 from tuner.http import tls_context
 from tuner.loadgen import replay, replay_sessions, scrape_prometheus
 from tuner.metrics import compute_metrics, fell_behind, join_server_tasks, server_metrics
-from tuner.models import ReplayRequest, RequestRecord, TaskTimeline
+from tuner.models import ReplayRequest, RequestRecord, RunningValue, TaskTimeline, TunedKnob
 from tuner.observers import NullObserver, StudyObserver
 from tuner.redact import redact
 from tuner.runs import RunDirectory
@@ -73,6 +73,34 @@ class PreparedStudy:
     def searched_values(self, settings: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
         """Every searched knob's value in a trial with `settings` ({} for the baseline, which sets nothing)."""
         return {**self.baseline_settings, **settings}
+
+    def tuned_knobs(self) -> list[TunedKnob]:
+        """The server knobs a trial sets (the searched ones and engine.settings), as a deployer sees them."""
+        engine = self.engine
+        names = [*self.space.params, *(n for n in engine.base_settings if n not in self.space.params)]
+        knobs = [engine.knobs[name] for name in names]
+        return [TunedKnob(knob.name, knob.env, knob.flags) for knob in knobs if knob.scope == "server"]
+
+    def with_running_values(self, found: Sequence[RunningValue]) -> tuple[PreparedStudy, list[str]]:
+        """The study with the baseline's searched knobs as the operator's server runs them (what a deployer
+        that keeps the operator's command line read), and a line for each value read and where from. A knob
+        engine.settings fixes is the study's in the baseline too; one found nowhere runs the default."""
+        baseline, said = dict(self.baseline_settings), []
+        for value in found:
+            if value.knob not in self.space.params or value.knob in self.engine.base_settings:
+                continue
+            try:
+                baseline[value.knob] = self.engine.knobs[value.knob].parse(value.text)
+            except ValueError as exc:
+                said.append(
+                    f"{value.knob}: cannot read {value.source} ({exc}); the baseline is recorded as the default"
+                )
+                continue
+            said.append(f"{value.knob}={baseline[value.knob]} ({value.source})")
+        for name in self.space.params:
+            if name not in self.engine.base_settings and not any(v.knob == name for v in found):
+                said.append(f"{name}={baseline[name]} (set nowhere: the server's default)")
+        return replace(self, baseline_settings=baseline), said
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +260,7 @@ class ServerTrialRunner:
         self._log_mark = 0
         self._slots: int | None = None
         self._server_log: str | None = None  # the running server's log
+        self._load_options: tuple[tuple[str, ParamValue], ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -243,6 +272,8 @@ class ServerTrialRunner:
     ) -> None:
         engine = self.prepared.engine
         self._base_url, self._slots = None, None
+        # What every request of this trial carries for the model's load (Ollama's num_batch), probes included.
+        self._load_options = engine.apply_request_settings([warm_up_request(engine)], settings)[0].load_options
         deployment = await self.deployer.apply(engine.launch_spec(settings), log_path=log_path)
         self.observer.server_ready(number=number, seconds=deployment.started_in_s)
         startup_log, log_mark = await self.deployer.read_log(0)
@@ -259,7 +290,7 @@ class ServerTrialRunner:
             return
         self.observer.warming_up(number=number)
         records = await replay(
-            [warm_up_request(engine)],
+            [warm_up_request(engine).model_copy(update={"load_options": self._load_options})],
             engine=engine,
             base_url=deployment.base_url,
             request_timeout_s=self.prepared.spec.workload.request_timeout_s,
@@ -354,7 +385,13 @@ class ServerTrialRunner:
     ) -> list[tuple[int, ...]]:
         timeout = self.prepared.spec.workload.request_timeout_s
         answers = await ask_probes(
-            self.prepared.engine, self.base_url, tokens=tokens, timeout_s=timeout, lora=lora, together=together
+            self.prepared.engine,
+            self.base_url,
+            tokens=tokens,
+            timeout_s=timeout,
+            lora=lora,
+            load_options=self._load_options,
+            together=together,
         )
         _, self._log_mark = await self.deployer.read_log(self._log_mark)  # the probes are not the round's
         return answers

@@ -92,7 +92,7 @@ DOCUMENTED: dict[str, dict[str, tuple[str, str]]] = {
         "kv_cache_dtype": ("flag", "--kv-cache-dtype"),
     },
 }
-REQUEST_SCOPED = {"llama-server": {"lora_policy"}, "ollama": set(), "vllm": set()}
+REQUEST_SCOPED = {"llama-server": {"lora_policy"}, "ollama": {"num_batch"}, "vllm": set()}
 
 
 def documented_form(how: str, where: str, value: ParamValue) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -222,6 +222,24 @@ def test_prefill_speed_from_ollama_counts_only_the_new_tokens_not_the_cached_one
         timings=ServerTimings(prompt_n=2400, prompt_n_includes_cached=True, prompt_ms=1000.0, predicted_n=2),
     )
     assert compute_metrics([record], long_prompt_tokens=1000, min_overlap_s=0.5)["prefill_tok_s"] == 2000.0
+
+
+def test_ollama_num_batch_rides_on_every_request_of_the_trial_and_never_on_the_launch() -> None:
+    # Ollama reads num_batch from a request (or the Modelfile) only, and reloads the model for a request
+    # whose num_batch differs from the loaded one's: every request of a trial carries the trial's.
+    engine = engine_of("ollama", settings={"num_parallel": 2})
+    assert "num_batch" not in str(engine.launch_spec({"num_batch": 128}).env)
+    requests = [ReplayRequest(request_id=f"r{i}", session="s", offset_s=0, prompt_token_ids=(1, 2), output_tokens=4)
+                for i in range(2)]  # fmt: skip
+    applied = engine.apply_request_settings(requests, {"num_batch": 128})
+    for request in applied:
+        assert engine.build_request(request).json["options"] == {"num_batch": 128, "num_predict": 4, "temperature": 0.0}
+    probe = engine.probe_request("Hello", tokens=3, load_options=applied[0].load_options)
+    assert probe.json["options"]["num_batch"] == 128
+    # Without it, nothing is added: the model keeps the Modelfile's or Ollama's own 512.
+    assert "num_batch" not in engine.build_request(engine.apply_request_settings(requests, {})[0]).json["options"]
+    with pytest.raises(ConfigError, match='engine.api = "native"'):
+        engine_of("ollama", api="openai").launch_spec({"num_batch": 128})
 
 
 def test_ollama_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:

@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 from tests.support import run_tuner
-from tuner.config import PluginSpec
-from tuner.deployers.base import check_launch, server_command
+from tuner.config import PluginSpec, StudySpec
+from tuner.deployers.base import check_launch, running_values, server_command
 from tuner.engines import create_engine
 from tuner.engines.llama_server import LLAMA_SERVER_LISTEN
 from tuner.engines.ollama import OLLAMA_LISTEN
 from tuner.engines.vllm import VLLM_LISTEN
 from tuner.errors import ConfigError
 from tuner.models import OperatorServer, ServerCommand
+from tuner.search import prepare_study
 from tuner.transports.local import LocalTransport
+from tuner.trial_runner import PreparedStudy
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -197,3 +199,68 @@ def test_a_launch_systemd_cannot_run_is_refused_before_the_host_is_reached(tmp_p
     (line,) = done.stderr.strip().splitlines()
     assert "absolute path on the host" in line and "engine.command" in line
     assert not (tmp_path / "runs").exists()
+
+
+# ---- the baseline is what the operator's server runs (keep) ---------------------------------------
+
+
+def _prepared(engine: dict[str, object], space: str, params: list[str]) -> PreparedStudy:
+    study = StudySpec.model_validate(
+        {
+            "name": "baseline-read",
+            "engine": engine,
+            "deploy": {"kind": "systemd", "unit": "server.service"},
+            "workload": {"path": str(DATA / "five-users.jsonl")},
+            "search": {"space": str(SPACES / space), "params": params},
+            "objectives": [{"metric": "ttft_p95_s", "direction": "minimize"}],
+        }
+    )
+    return prepare_study(study, DATA)
+
+
+def test_an_ollama_override_conf_value_is_the_baselines_not_ollamas_default() -> None:
+    # Ollama's FAQ: `systemctl edit ollama.service` writes Environment="OLLAMA_NUM_PARALLEL=4".
+    prepared = _prepared({"kind": "ollama", "model": "m"}, "ollama.toml", ["num_parallel", "keep_alive"])
+    assert prepared.baseline_settings["num_parallel"] == 1  # the space's default, before the host is read
+    found = running_values(
+        ["/usr/local/bin/ollama", "serve"],
+        {"OLLAMA_NUM_PARALLEL": "4", "HOME": "/usr/share/ollama"},
+        prepared.tuned_knobs(),
+        env_source=lambda env: f"{env} in ollama.service's Environment=",
+    )
+    read, said = prepared.with_running_values(found)
+    assert read.baseline_settings == {"num_parallel": 4, "keep_alive": "5m"}
+    assert said == [
+        "num_parallel=4 (OLLAMA_NUM_PARALLEL in ollama.service's Environment=)",
+        "keep_alive=5m (set nowhere: the server's default)",
+    ]
+    assert read.searched_values({}) == {"num_parallel": 4, "keep_alive": "5m"}  # a proposal of 4 is the baseline
+
+
+def test_a_flag_on_the_units_command_line_decides_over_its_variable_and_booleans_read_as_the_server_does() -> None:
+    prepared = _prepared(
+        {"kind": "llama-server"},
+        "llama-server.toml",
+        ["n_batch", "n_ubatch", "kv_unified"],
+    )
+    argv = ["/opt/llama-server", "-m", "/m.gguf", "-ub", "256", "--kv-unified", "--batch-size=1024"]
+    found = running_values(argv, {"LLAMA_ARG_UBATCH": "64"}, prepared.tuned_knobs(), env_source=str)
+    read, said = prepared.with_running_values(found)
+    assert read.baseline_settings == {"n_batch": 1024, "n_ubatch": 256, "kv_unified": True}
+    assert "n_ubatch=256 (the command line's -ub)" in said
+    negated = running_values(["/opt/llama-server", "--no-kv-unified"], {}, prepared.tuned_knobs(), env_source=str)
+    assert prepared.with_running_values(negated)[0].baseline_settings["kv_unified"] is False
+    # A value the server would not read as a number is said, and the baseline keeps the default.
+    garbled = running_values(["/opt/llama-server", "-b", "lots"], {}, prepared.tuned_knobs(), env_source=str)
+    read, said = prepared.with_running_values(garbled)
+    assert read.baseline_settings["n_batch"] == prepared.baseline_settings["n_batch"]
+    assert any(line.startswith("n_batch: cannot read the command line's -b") for line in said), said
+
+
+def test_a_knob_the_study_fixes_in_engine_settings_is_the_studys_in_the_baseline_too() -> None:
+    prepared = _prepared(
+        {"kind": "ollama", "model": "m", "settings": {"num_parallel": 2}}, "ollama.toml", ["num_parallel"]
+    )
+    found = running_values(["ollama", "serve"], {"OLLAMA_NUM_PARALLEL": "4"}, prepared.tuned_knobs(), env_source=str)
+    read, said = prepared.with_running_values(found)
+    assert read.baseline_settings == {"num_parallel": 2} and said == []

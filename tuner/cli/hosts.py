@@ -45,9 +45,8 @@ def apply(args: argparse.Namespace, console: Console) -> int:
             + (f", TTFT p95 {ttft:.2f} s" if ttft is not None else "")
         )
         console.print(f"applied trial {result.trial} ({settings}){on} for good: {result.path}", highlight=False)
-        if result.client_settings:
-            client = settings_text(result.client_settings, separator=", ")
-            console.print(f"also set on the clients' side, which the host cannot carry: {client}", highlight=False)
+        for advice in result.client_advice:
+            console.print(f"also set, which the host's configuration cannot carry: {advice}", highlight=False)
 
     async def main() -> list[Applied]:
         stop_on_signals(received)

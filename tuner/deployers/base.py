@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -16,7 +16,7 @@ from tuner.config import PluginSpec, validate_options
 from tuner.errors import ServerNotReady
 from tuner.faults import crash_point
 from tuner.http import tls_context
-from tuner.models import LaunchSpec, ServerCommand
+from tuner.models import LaunchSpec, RunningValue, ServerCommand, TunedKnob
 from tuner.registry import Registry
 from tuner.transports.base import Transport
 
@@ -30,12 +30,38 @@ __all__ = [
     "check_launch",
     "create_deployer",
     "health_answer",
+    "running_values",
     "server_command",
     "wait_until_healthy",
 ]
 
 
 _MIN_POLL_S = 0.01
+
+
+def running_values(
+    argv: Sequence[str], environ: Mapping[str, str], tuned: Sequence[TunedKnob], *, env_source: Callable[[str], str]
+) -> list[RunningValue]:
+    """The tuned knobs' values in an operator's server, from its command line and environment: a flag
+    decides over the variable (as the servers read them), the last of repeated flags wins. `env_source`
+    says where a variable came from. A knob found in neither is left out: the server runs its default."""
+    found = []
+    for knob in tuned:
+        value: RunningValue | None = None
+        for i, word in enumerate(argv[1:], start=1):
+            for flag in knob.flags:
+                if word == flag:
+                    following = argv[i + 1] if i + 1 < len(argv) else "-"
+                    bare = following[:1] == "-" and not following[1:2].isdigit()  # a flag next, not -1
+                    text = "false" if flag.startswith("--no-") else "true" if bare else following
+                    value = RunningValue(knob.name, text, f"the command line's {flag}")
+                elif word.startswith(flag + "="):
+                    value = RunningValue(knob.name, word.split("=", 1)[1], f"the command line's {flag}")
+        if value is None and knob.env and knob.env in environ:
+            value = RunningValue(knob.name, environ[knob.env], env_source(knob.env))
+        if value is not None:
+            found.append(value)
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ __all__ = [
     "create_engine",
     "parse_prometheus_text",
     "render_env_value",
+    "request_setting_advice",
 ]
 
 
@@ -50,10 +51,29 @@ class Knob:
     description: str = ""
     # "server": set at launch (env var or flag); "request": changes what the replay sends, not the server.
     scope: Literal["server", "request"] = "server"
+    # How an operator makes a request-scope setting stick where the host's configuration cannot carry it.
+    how_to_apply: str = ""
 
     @property
     def flags(self) -> tuple[str, ...]:
         return ((self.flag,) if self.flag else ()) + self.other_flags
+
+    def parse(self, text: str) -> ParamValue:
+        """A value as a server is given it (a variable's or a flag's text) in this knob's type; ValueError
+        for one the server would not read as such."""
+        text = text.strip()
+        if self.value_type == "bool":
+            lowered = text.lower()
+            if lowered in ("1", "true", "on", "yes", "enabled"):
+                return True
+            if lowered in ("0", "false", "off", "no", "disabled", ""):
+                return False
+            raise ValueError(f"{text!r} is not a boolean")
+        if self.value_type == "int":
+            return int(text)
+        if self.value_type == "float":
+            return float(text)
+        return text
 
     def check(self, value: ParamValue) -> None:
         types: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
@@ -70,6 +90,16 @@ class Knob:
             )
         if self.choices and value not in self.choices:
             raise ConfigError(f"knob {self.name!r} must be one of {', '.join(self.choices)}, got {value!r}")
+
+
+def request_setting_advice(knobs: Mapping[str, Knob], settings: Mapping[str, ParamValue]) -> list[str]:
+    """For each request-scope setting, how an operator keeps it (the host's configuration cannot carry it)."""
+    advice = []
+    for name, value in sorted(settings.items()):
+        knob = knobs.get(name)
+        how = knob.how_to_apply.format(value=value) if knob is not None and knob.how_to_apply else ""
+        advice.append(f"{name}={value}: {how or 'what every client sends with each request'}")
+    return advice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,9 +357,17 @@ class Engine(Protocol):
         """Reads one line of the streamed response; None for lines that carry nothing."""
         ...
 
-    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+    def probe_request(
+        self,
+        prompt: str,
+        *,
+        tokens: int,
+        lora: tuple[tuple[str, float], ...] | None = None,
+        load_options: tuple[tuple[str, ParamValue], ...] = (),
+    ) -> HttpCall:
         """A non-streamed, greedy (temperature 0) completion of a fixed text prompt, for the correctness gate;
-        `lora` asks for these adapters (empty: none), None for the server's default."""
+        `lora` asks for these adapters (empty: none), None for the server's default; `load_options` are the
+        trial's (`ReplayRequest.load_options`), which an engine that loads no model per request ignores."""
         ...
 
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:

@@ -370,7 +370,14 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
     def build_request(self, request: ReplayRequest) -> HttpCall:
         return HttpCall(method="POST", path="/completion", json=completion_body(request, self._adapters))
 
-    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+    def probe_request(
+        self,
+        prompt: str,
+        *,
+        tokens: int,
+        lora: tuple[tuple[str, float], ...] | None = None,
+        load_options: tuple[tuple[str, ParamValue], ...] = (),
+    ) -> HttpCall:
         body = probe_body(prompt, tokens=tokens, adapters=self._adapters, lora=lora)
         return HttpCall(method="POST", path="/completion", json=body)
 

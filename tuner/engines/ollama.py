@@ -87,6 +87,17 @@ OLLAMA_KNOBS: dict[str, Knob] = {
             description="Models kept loaded at once (0: 3 per GPU).",
         ),
         Knob(
+            name="num_batch",
+            value_type="int",
+            minimum=1,
+            scope="request",
+            description="Prompt tokens per forward pass (Ollama's default 512; its n_ubatch stays 512): the lever "
+            "for a stall. Ollama reads it from the request or the Modelfile, never the environment; every request "
+            "of a trial carries the trial's, because one with another value would reload the model.",
+            how_to_apply="PARAMETER num_batch {value} in the model's Modelfile, then `ollama create` it again "
+            "(or options.num_batch in every request: a request with another value reloads the model)",
+        ),
+        Knob(
             name="keep_alive",
             value_type="str",
             env="OLLAMA_KEEP_ALIVE",
@@ -151,6 +162,8 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
                 env["OLLAMA_MODELS"] = _auto(self._options.models_dir, "models_dir")
         for name, value in self.effective_settings(settings).items():
             knob = self.knobs[name]
+            if knob.scope == "request":
+                continue
             assert knob.env is not None
             env[knob.env] = render_env_value(knob, value)
         return LaunchSpec(
@@ -162,6 +175,14 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
             health_path="/api/version",
             listen=OLLAMA_LISTEN,
         )
+
+    def check_settings(self, settings: Mapping[str, ParamValue]) -> None:
+        super().check_settings(settings)
+        if self._options.api == "openai" and "num_batch" in settings:
+            raise ConfigError(
+                "num_batch reaches Ollama only through its native API (/v1 has no such option): set engine.api = "
+                '"native", or leave num_batch out'
+            )
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """Ollama's child gets num_ctx x num_parallel KV tokens beside the weights."""
@@ -190,7 +211,12 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         *,
         lora_mix: Mapping[tuple[tuple[str, float], ...], int] | None = None,
     ) -> list[ReplayRequest]:
-        return list(requests)
+        load = tuple(
+            (name, value)
+            for name, value in sorted(self.effective_settings(settings).items())
+            if self.knobs[name].scope == "request"
+        )
+        return [request.model_copy(update={"load_options": load}) for request in requests] if load else list(requests)
 
     def check_lora_adapters(self, names: set[str]) -> None:
         raise ConfigError(
@@ -217,7 +243,7 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
             "raw": True,
             "stream": True,
             "keep_alive": self._options.request_keep_alive,
-            "options": {"num_predict": request.output_tokens, "temperature": 0.0},
+            "options": {**dict(request.load_options), "num_predict": request.output_tokens, "temperature": 0.0},
         }
         return HttpCall(method="POST", path="/api/generate", json=body)
 
@@ -226,14 +252,21 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
             return parse_openai_sse_line(line, prompt_count_includes_cached=True)
         return parse_ollama_ndjson_line(line)
 
-    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+    def probe_request(
+        self,
+        prompt: str,
+        *,
+        tokens: int,
+        lora: tuple[tuple[str, float], ...] | None = None,
+        load_options: tuple[tuple[str, ParamValue], ...] = (),
+    ) -> HttpCall:
         body = {
             "model": self._options.model,
             "prompt": prompt,
             "raw": True,
             "stream": False,
             "keep_alive": self._options.request_keep_alive,
-            "options": {"num_predict": tokens, "temperature": 0.0},
+            "options": {**dict(load_options), "num_predict": tokens, "temperature": 0.0},
         }
         return HttpCall(method="POST", path="/api/generate", json=body)
 

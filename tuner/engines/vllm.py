@@ -258,7 +258,14 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         return parse_openai_sse_line(line, prompt_count_includes_cached=False)
 
-    def probe_request(self, prompt: str, *, tokens: int, lora: tuple[tuple[str, float], ...] | None = None) -> HttpCall:
+    def probe_request(
+        self,
+        prompt: str,
+        *,
+        tokens: int,
+        lora: tuple[tuple[str, float], ...] | None = None,
+        load_options: tuple[tuple[str, ParamValue], ...] = (),
+    ) -> HttpCall:
         body = {"model": self.model_name, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": False}
         return HttpCall(method="POST", path="/v1/completions", json=body)
 

@@ -122,6 +122,7 @@ class Change:
     env: list[tuple[str, str]]
     flags: list[str]
     request: dict[str, ParamValue]
+    request_advice: list[str]  # how to keep each of `request`, which the host's configuration cannot carry
     server: bool  # any server-scope setting
     deploy_kind: str
     unit: str
@@ -406,9 +407,9 @@ def _change(g: Gathered, row: LeaderboardRow | None) -> Change | None:
     request = {k: v for k, v in row.changed.items() if k in knobs and knobs[k].scope == "request"}
     env: list[tuple[str, str]] = []
     flags: list[str] = []
-    if server:
-        from tuner.engines.base import render_env_value
+    from tuner.engines.base import render_env_value, request_setting_advice
 
+    if server:
         for name, value in sorted(server.items()):
             knob = knobs.get(name)
             if knob is None:
@@ -421,6 +422,7 @@ def _change(g: Gathered, row: LeaderboardRow | None) -> Change | None:
         env=env,
         flags=flags,
         request=request,
+        request_advice=request_setting_advice(knobs, request),
         server=bool(server),
         deploy_kind=str(deploy.get("kind", "")),
         unit=str(deploy.get("unit", "UNIT.service")),

@@ -142,10 +142,8 @@ def _apply(c: Computed) -> str:
     if change.server:
         parts.append(_server_change(change))
     if change.request:
-        parts.append(
-            "<p>Request-scope settings (what the clients send, not the server's configuration): "
-            f"<code>{escape(settings_text(change.request))}</code>.</p>"
-        )
+        items = "".join(f"<li>{escape(advice)}</li>" for advice in change.request_advice)
+        parts.append(f"<p>Settings the host's configuration cannot carry, and how to keep them:</p><ul>{items}</ul>")
     # The run does not record where its study file was; the convention's path is a guess, said as one.
     study_file = f"studies/{c.g.board.study_name}.toml"
     if change.deploy_kind == "systemd":

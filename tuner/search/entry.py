@@ -164,6 +164,7 @@ async def _search_on_host(
         if isinstance(deployer, RecoveringDeployer):
             deployer.remember_in(state_path)
         async with deployer:
+            await loop.adopt_running_values(deployer)
             runner = ServerTrialRunner(
                 loop.prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer
             )

@@ -51,6 +51,7 @@ class Peers(Protocol):
     """The loop's hooks; a method returning a reason (`str`) has ended the trial as skipped with it."""
 
     host: str | None  # the host this loop measures on (None: the study's only one)
+    prepared: PreparedStudy  # the loop's, its baseline's settings read from the host once it is reached
 
     def begin(self) -> None:
         """A (re)start's housekeeping before the host is reached: interrupted trials, the baseline queued."""

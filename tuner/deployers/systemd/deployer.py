@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from tuner.config import StrictModel
-from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
+from tuner.deployers.base import DEPLOYERS, Deployment, running_values, wait_until_healthy
 from tuner.deployers.systemd.check import check_unit
 from tuner.deployers.systemd.dead_man import DeadManTimer
 from tuner.deployers.systemd.lock import HostLock
@@ -23,10 +23,15 @@ from tuner.deployers.systemd.paths import HostPaths
 from tuner.deployers.systemd.snapshot import difference_from_snapshot, read_snapshot, take_snapshot
 from tuner.deployers.systemd.start import StartWatcher, verify_started, wait_restored
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
-from tuner.deployers.systemd.unit_file import check_kept_command, render_drop_in, render_secrets_file
+from tuner.deployers.systemd.unit_file import (
+    check_kept_command,
+    parse_show_environment,
+    render_drop_in,
+    render_secrets_file,
+)
 from tuner.errors import DeployError, HostUnreachable, ServerNotReady
 from tuner.faults import crash_point
-from tuner.models import CheckLine, LaunchSpec, OperatorServer, ServerCommand, TunedKnob
+from tuner.models import CheckLine, LaunchSpec, OperatorServer, RunningValue, ServerCommand, TunedKnob
 from tuner.redact import redact
 from tuner.transports.base import Transport
 
@@ -150,6 +155,24 @@ class SystemdDeployer:
     async def running_log(self) -> str:
         """The start of the log of the unit's running invocation (the operator's server, for `--check`)."""
         return await self._unit.running_log()
+
+    async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:
+        """With `keep`, the tuned knobs' values in the unit's own server (its running process, or its
+        ExecStart= and Environment= where it is stopped): the baseline's settings. None with `replace`,
+        whose baseline runs the study's own command line."""
+        if self._options.exec_start != "keep":
+            return None
+        state = await self._unit.state()
+        argv, environ = await self._unit.command_line(state)
+        shown = parse_show_environment(state["Environment"])
+        unit = self._unit.name
+
+        def source(env: str) -> str:
+            if env in shown:
+                return f"{env} in {unit}'s Environment= (the unit or a drop-in)"
+            return f"{env} in {unit}'s EnvironmentFile= or its process's environment"
+
+        return running_values(argv, environ, tuned, env_source=source)
 
     async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
         """What `tuner run --check` reads of the unit, changing nothing and taking no lock (`check.py`)."""
