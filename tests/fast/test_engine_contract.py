@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,7 @@ def test_ollama_num_batch_rides_on_every_request_of_the_trial_and_never_on_the_l
     assert probe.json["options"]["num_batch"] == 128
     # Without it, nothing is added: the model keeps the Modelfile's or Ollama's own 512.
     assert "num_batch" not in engine.build_request(engine.apply_request_settings(requests, {})[0]).json["options"]
-    with pytest.raises(ConfigError, match='engine.api = "native"'):
+    with pytest.raises(ConfigError, match=re.escape('engine.api = "native"')):
         engine_of("ollama", api="openai").launch_spec({"num_batch": 128})
 
 

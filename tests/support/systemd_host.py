@@ -139,6 +139,14 @@ class SystemdHost:
             input=data, text=True, check=True, timeout=60,
         )  # fmt: skip
 
+    def copy_in(self, source: Path, path: str, *, mode: str = "0644") -> None:
+        """A file of this machine's (a build, a model blob) to `path` on the host, byte for byte."""
+        subprocess.run(
+            ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "-r", "-w", "sh", "-c",
+             'mkdir -p "$(dirname "$0")" && cat > "$0" && chmod "$1" "$0"', path, mode],
+            input=source.read_bytes(), check=True, timeout=120,
+        )  # fmt: skip
+
     def show(self, *properties: str, unit: str | None = None) -> dict[str, str]:
         args = [arg for name in properties for arg in ("-p", name)]
         out = self.run("systemctl", "show", unit or self.unit, *args).stdout
