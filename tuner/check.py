@@ -19,13 +19,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from tuner.capacity.command import SweepLength, after_study_length, budget_left_for_trials
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.deployers.base import check_launch, create_deployer
 from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
+from tuner.http import tls_context
 from tuner.models import CheckLine
+from tuner.redact import redact
 from tuner.runs import lock_holder
 from tuner.search import PreparedStudy, fleet_hosts, host_has_file, prepare_study
 from tuner.text import duration_text
@@ -157,6 +161,9 @@ async def _check_host(
                 read_running_log = getattr(deployer, "running_log", None)
                 if callable(check_deployment):
                     lines += await check_deployment(launch, tuned=prepared.tuned_knobs())
+                running_url = getattr(deployer, "running_url", None)
+                url = await running_url(launch) if callable(running_url) else None
+                lines.append(await _request_line(engine, url, timeout_s=min(60.0, spec.workload.request_timeout_s)))
                 read_running = getattr(deployer, "running_values", None)
                 found = await read_running(prepared.tuned_knobs()) if callable(read_running) else None
                 said = prepared.with_running_values(found)[1] if found is not None else []
@@ -226,6 +233,46 @@ async def _with_model_from_host(engine: Engine, deployer: object, transport: Tra
     sized = with_model_from_host(header, int(size))
     assert isinstance(sized, type(engine))
     return sized
+
+
+async def _request_line(engine: Engine, base_url: str | None, *, timeout_s: float) -> CheckLine:
+    """One small request as the study sends them (its model name, its key) to the server that runs now:
+    a key the server refuses or a model it does not have would otherwise end the night at the warm-up."""
+    if base_url is None:
+        return CheckLine("request", True, "not sent: no server runs until the study starts one (its warm-up asks)")
+    call = engine.probe_request("Hello", tokens=1)
+    try:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=engine.request_headers(), verify=tls_context()
+        ) as client:
+            response = await client.request(call.method, call.path, json=call.json)
+    except httpx.TimeoutException:
+        return CheckLine("request", False, f"no answer to a 1-token request within {timeout_s:g} s; read its log")
+    except httpx.HTTPError as exc:
+        return CheckLine("request", False, f"a 1-token request failed: {type(exc).__name__}: {redact(str(exc))}")
+    said = redact(response.text)[:200].strip()  # a refusal may quote the key it refused
+    code = response.status_code
+    if code in (401, 403):
+        has_key = bool(engine.request_headers())
+        fix = (
+            "set engine.api_key_env (or api_key_file) to the key the server expects"
+            if not has_key
+            else "the key engine.api_key_env (or api_key_file) gives is not the server's; give the right one"
+        )
+        return CheckLine("request", False, f"the server refused the request (HTTP {code}: {said}); {fix}")
+    if code == 404 or (code == 400 and "model" in said.lower()):
+        return CheckLine(
+            "request", False,
+            f"the server has no model by the name the study sends (HTTP {code}: {said}); set engine.model (vLLM: "
+            "engine.served_model_name) to a model it serves: `ollama list`, or GET /v1/models",
+        )  # fmt: skip
+    if code != 200:
+        return CheckLine("request", False, f"a 1-token request got HTTP {code}: {said}")
+    try:
+        engine.parse_probe_answer(response.json())
+    except (ValueError, KeyError, TypeError):
+        return CheckLine("request", False, f"a 1-token request got an answer that is not the engine's: {said}")
+    return CheckLine("request", True, f"answered a 1-token request with the study's model name and key ({call.path})")
 
 
 def _workload_line(prepared: PreparedStudy) -> CheckLine:

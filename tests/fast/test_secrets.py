@@ -45,6 +45,62 @@ def test_a_launch_never_shows_its_secret(monkeypatch: pytest.MonkeyPatch) -> Non
     assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
 
 
+ENGINE_OPTIONS = {
+    "llama-server": {"binary": "/x", "model": "/y", "port": 1},
+    "vllm": {"model": "Qwen/Qwen2.5-0.5B-Instruct"},
+    "ollama": {"model": "llama3.2:3b"},
+}
+# What the server the study starts is given (Ollama has no key of its own: only its proxy sees one).
+SERVER_GETS = {"llama-server": {"LLAMA_API_KEY": CANARY}, "vllm": {"VLLM_API_KEY": CANARY}, "ollama": {}}
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_OPTIONS))
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_every_engine_takes_its_key_from_a_variable_or_a_private_file_and_sends_it_only_as_a_header(
+    kind: str, source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.config import PluginSpec
+    from tuner.engines import create_engine
+
+    monkeypatch.setenv("SERVE_TUNER_TEST_KEY", CANARY)
+    key_file = tmp_path / "key"
+    key_file.write_text(CANARY + "\n")
+    key_file.chmod(0o600)
+    given = {"api_key_env": "SERVE_TUNER_TEST_KEY"} if source == "env" else {"api_key_file": str(key_file)}
+    engine = create_engine(PluginSpec.model_validate({"kind": kind, **ENGINE_OPTIONS[kind], **given}))
+    launch = engine.launch_spec({})
+    assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
+    assert launch.secret_values() == SERVER_GETS[kind]
+    assert CANARY not in repr(launch) and CANARY not in launch.model_dump_json()
+    assert CANARY not in " ".join(launch.command) and CANARY not in str(launch.env)
+
+
+def test_a_key_file_others_can_read_or_that_is_missing_or_empty_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    from tuner.engines.vllm import VllmEngine, VllmOptions
+
+    key_file = tmp_path / "key"
+    with pytest.raises(ConfigError, match="does not exist"):
+        VllmEngine(VllmOptions(model="m", api_key_file=str(key_file)))
+    key_file.write_text(CANARY)
+    key_file.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"can be read by others \(mode 644\); run chmod 600 "):
+        VllmEngine(VllmOptions(model="m", api_key_file=str(key_file)))
+    key_file.write_text("\n\n")
+    key_file.chmod(0o600)
+    with pytest.raises(ConfigError, match="is empty"):
+        VllmEngine(VllmOptions(model="m", api_key_file=str(key_file)))
+    with pytest.raises(ValueError, match="not both"):
+        VllmOptions(model="m", api_key_file=str(key_file), api_key_env="SERVE_TUNER_TEST_KEY")
+
+
+def test_vllm_refuses_a_key_on_its_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.engines.vllm import VllmEngine, VllmOptions
+
+    monkeypatch.setenv("SERVE_TUNER_TEST_KEY", CANARY)
+    with pytest.raises(ConfigError, match="--api-key, which would show the key to every user"):
+        VllmEngine(VllmOptions(model="m", api_key_env="SERVE_TUNER_TEST_KEY", extra_args=["--api-key", CANARY]))
+
+
 LEAKY = DATA / "leaky_server.py"
 
 

@@ -362,3 +362,31 @@ def test_an_operator_drop_in_sorting_after_the_trials_is_named(systemd_host: Sys
         assert whole_host(systemd_host) == before
     line = the_one_failure(status, lines)
     assert "operator drop-ins:" in line and "zzz-site.conf sorts after serve-tuner's zz-tuner.conf" in line
+
+
+@pytest.mark.real_server
+def test_a_key_the_server_refuses_fails_the_check_with_a_real_request_and_the_right_one_passes(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """/health answers without a key, so only a request as the study sends them finds that the operator's
+    llama-server wants one: without it, and with a wrong one, --check fails naming the fix; with it, passes."""
+    key = "sk-operator-7f3e1c9a5b2d4e6f8a0c"
+    drop_in = f'[Service]\nEnvironment="LLAMA_API_KEY={key}"\n'
+    with operator_drop_in(systemd_host, "aa-key.conf", drop_in):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        line = the_one_failure(status, lines)
+        assert "the server refused the request (HTTP 401" in line and "set engine.api_key_env" in line, line
+        wrong = ["--set", 'engine.api_key_env="SERVE_TUNER_TEST_KEY"']
+        os.environ["SERVE_TUNER_TEST_KEY"] = "sk-wrong-0000000000000000"
+        try:
+            status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY, *wrong)
+            assert "is not the server's" in the_one_failure(status, lines)
+            os.environ["SERVE_TUNER_TEST_KEY"] = key
+            status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY, *wrong)
+        finally:
+            del os.environ["SERVE_TUNER_TEST_KEY"]
+        assert status == 0, "\n".join(lines)
+        assert "ok    request: answered a 1-token request with the study's model name and key" in "\n".join(lines)
+        assert key not in "\n".join(lines)
+        assert whole_host(systemd_host) == before

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
 import socket
 import sys
@@ -17,11 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
 from tuner import assets, catalog
-from tuner.config import ParamValue, StrictModel
+from tuner.config import ParamValue
+from tuner.engines.api_key import ApiKeyOptions, load_api_key
 from tuner.engines.base import (
     ENGINES,
     HttpCall,
@@ -52,7 +51,6 @@ from tuner.engines.memory import gguf_kv_shape, kv_bytes_per_token
 from tuner.errors import AssetError, ConfigError
 from tuner.metrics import MetricInfo
 from tuner.models import LaunchSpec, ReplayRequest, ServerCommand, TaskTimeline
-from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
 __all__ = [
     "LLAMA_SERVER_KNOBS",
@@ -82,7 +80,7 @@ _N_SLOTS = re.compile(r"load_model: initializing, n_slots = (\d+)")
 _LISTENING = re.compile(r"(?:^|\s)(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) I srv +\w+: listening on ", re.MULTILINE)
 
 
-class LlamaServerOptions(StrictModel):
+class LlamaServerOptions(ApiKeyOptions):
     binary: str = Field(
         default="auto",
         description="Path of llama-server, auto for the built one, or simulated for serve-tuner's simulated "
@@ -108,26 +106,6 @@ class LlamaServerOptions(StrictModel):
         description="Adapter name (as the workload names it) to GGUF path, or auto for the test adapter "
         "`tuner setup` writes; loaded at launch at scale 0, applied per request.",
     )
-    api_key_env: str | None = Field(
-        default=None,
-        description="Name of an environment variable of the controller that holds the server's API key "
-        "(not the key itself, which stays out of study files). Requests send it as a Bearer token; the server "
-        "gets it as LLAMA_API_KEY through a file only it can read, never a command line or unit file.",
-    )
-
-    @field_validator("api_key_env", mode="before")
-    @classmethod
-    def _a_name_not_a_key(cls, value: object) -> object:
-        # Refused before any other check, whose message would quote the value: a pasted key must not
-        # reach the terminal, a log or the run directory.
-        if isinstance(value, str) and looks_like_secret(value):
-            raise PydanticCustomError(
-                SECRET_REFUSED,
-                "must name the environment variable that holds the server's API key (like LLAMA_API_KEY), "
-                "not the key; the value given is no variable name and may be the key itself, so it is not "
-                "shown: export the key as a variable and put the variable's name here",
-            )
-        return value
 
 
 def _free_port(host: str) -> int:
@@ -153,16 +131,8 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
             else:
                 paths = {"engine.binary": options.binary, "engine.model": options.model, **adapters}
                 check_paths_for(command, options, paths=paths)
-        self._api_key: SecretStr | None = None
-        if options.api_key_env is not None:
-            value = os.environ.get(options.api_key_env)
-            if not value:
-                raise ConfigError(
-                    f"engine.api_key_env names {options.api_key_env}, which is not set here; export it with the "
-                    "server's API key before running"
-                )
-            self._api_key = SecretStr(value)
-            remember_secret(value)  # whatever the server says back with it in is scrubbed before it is shown
+        # The server gets it as LLAMA_API_KEY through a file only it can read (the deployer's secret_env).
+        self._api_key = load_api_key(options)
 
     @property
     def _unit_command(self) -> bool:

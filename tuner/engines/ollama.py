@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from tuner.config import ParamValue, StrictModel
+from tuner.config import ParamValue
+from tuner.engines.api_key import ApiKeyOptions, load_api_key
 from tuner.engines.base import (
     ENGINES,
     HttpCall,
@@ -107,7 +108,7 @@ OLLAMA_KNOBS: dict[str, Knob] = {
 }
 
 
-class OllamaOptions(StrictModel):
+class OllamaOptions(ApiKeyOptions):
     binary: str = Field(
         default="ollama",
         description="The ollama executable, for the process deployer; auto for the one `tuner setup --ollama` built.",
@@ -151,6 +152,12 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         if options.models_dir is not None:
             paths["engine.models_dir"] = options.models_dir
         check_paths_for(command, options, paths=paths, placement=("binary", "host", "port", "models_dir"))
+        # Ollama has no API key of its own: an Ollama behind an authenticating proxy (nginx, Caddy) wants one in
+        # every request's Authorization header, and the server is never given it.
+        self._api_key = load_api_key(options)
+
+    def request_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)

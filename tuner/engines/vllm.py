@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from tuner.config import ParamValue, StrictModel
+from tuner.config import ParamValue
+from tuner.engines.api_key import ApiKeyOptions, load_api_key
 from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for
 from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
@@ -74,7 +75,7 @@ VLLM_KNOBS: dict[str, Knob] = {
 }
 
 
-class VllmOptions(StrictModel):
+class VllmOptions(ApiKeyOptions):
     command: list[str] = Field(
         default_factory=lambda: ["vllm", "serve"],
         min_length=1,
@@ -166,6 +167,17 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
     def __init__(self, options: VllmOptions, *, command: ServerCommand = ServerCommand.LOCAL) -> None:
         super().__init__(options, command=command)
         check_paths_for(command, options, paths={}, placement=("command", "host", "port"))
+        # vLLM reads VLLM_API_KEY as it reads --api-key; a server the study starts gets it through a file
+        # only that server can read (the deployer's secret_env), never on its command line.
+        self._api_key = load_api_key(options)
+        if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in options.extra_args):
+            raise ConfigError(
+                "engine.extra_args passes --api-key, which would show the key to every user of the host (ps); "
+                "remove it: engine.api_key_env or api_key_file gives the server the key as VLLM_API_KEY"
+            )
+
+    def request_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
 
     @property
     def model_name(self) -> str:
@@ -189,6 +201,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
             executable=command[0],
             args=(*args, *self._options.extra_args),
             env=dict(self._options.env),
+            secret_env={"VLLM_API_KEY": self._api_key} if self._api_key else {},
             host=self._options.host,
             port=self._options.port,
             health_path="/health",

@@ -156,6 +156,13 @@ class SystemdDeployer:
         """The start of the log of the unit's running invocation (the operator's server, for `--check`)."""
         return await self._unit.running_log()
 
+    async def running_url(self, launch: LaunchSpec) -> str | None:
+        """Where this controller reaches the operator's server running now (`keep`), for `--check`'s request;
+        None where the unit is not active or runs a command line other than the study's (`replace`)."""
+        if self._options.exec_start != "keep" or (await self._unit.state())["ActiveState"] != "active":
+            return None
+        return await self._server.address(launch)
+
     async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:
         """With `keep`, the tuned knobs' values in the unit's own server (its running process, or its
         ExecStart= and Environment= where it is stopped): the baseline's settings. None with `replace`,
