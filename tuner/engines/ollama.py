@@ -5,9 +5,10 @@ Ollama takes text, not token ids: prompts are made of one common word per token 
 so shared prefixes and history stay shared, and the server's own count of each prompt is kept. Its
 final chunk's `prompt_eval_count` includes tokens served from the cache while `prompt_eval_duration`
 covers only the computed part, so its prompt count is marked as a total and prefill speed is computed
-from the tokens the replay knows were new. Every request carries `keep_alive`, and none carries load
-options (`num_ctx`, `num_batch`, ...), because a request whose load options differ reloads the model
-in the middle of a trial. Ollama has no ignore-EOS option: answers may end before `num_predict`.
+from the tokens the replay knows were new. Every request carries `keep_alive`, and every request of a
+trial the same load options (its `num_batch`, if tuned; `num_ctx` never), because a request whose load
+options differ reloads the model in the middle of a trial. Ollama has no ignore-EOS option: answers may
+end before `num_predict`.
 """
 
 from __future__ import annotations

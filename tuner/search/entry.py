@@ -164,7 +164,7 @@ async def _search_on_host(
         if isinstance(deployer, RecoveringDeployer):
             deployer.remember_in(state_path)
         async with deployer:
-            await loop.adopt_running_values(deployer)
+            await _adopt_running_values(loop, deployer)
             runner = ServerTrialRunner(
                 loop.prepared, deployer=deployer, transport=transport, run_dir=run_dir, observer=observer
             )
@@ -172,6 +172,23 @@ async def _search_on_host(
                 await loop.search(runner, deadline)
             finally:
                 observer.restoring()
+
+
+async def _adopt_running_values(loop: StudyRun, deployer: object) -> None:
+    """With a deployer that keeps the operator's command line, the baseline is what that server runs: its
+    tuned knobs' values are read (after the deployer put back anything an earlier run left) and recorded as
+    the baseline's settings, so a proposal equal to them is the baseline, not a new trial. A resumed study
+    keeps the baseline it measured."""
+    read = getattr(deployer, "running_values", None)
+    if not callable(read) or loop.baseline_trial() is not None:
+        return
+    found = await read(loop.prepared.tuned_knobs())
+    if found is None:
+        return
+    loop.prepared, said = loop.prepared.with_running_values(found)
+    loop.peers.prepared = loop.prepared
+    if said:
+        loop.observer.baseline_read(values=said)
 
 
 async def _run_fleet_study(

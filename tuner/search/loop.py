@@ -83,22 +83,6 @@ class StudyRun:
             )
             self.best.tell_stored()  # a resumed study's best so far
 
-    async def adopt_running_values(self, deployer: object) -> None:
-        """With a deployer that keeps the operator's command line, the baseline is what that server runs:
-        its tuned knobs' values are read (after the deployer put back anything an earlier run left) and
-        recorded as the baseline's settings, so a proposal equal to them is the baseline, not a new trial.
-        A resumed study keeps the baseline it measured."""
-        read = getattr(deployer, "running_values", None)
-        if not callable(read) or self.baseline_trial() is not None:
-            return
-        found = await read(self.prepared.tuned_knobs())
-        if found is None:
-            return
-        self.prepared, said = self.prepared.with_running_values(found)
-        self.peers.prepared = self.prepared
-        if said:
-            self.observer.baseline_read(values=said)
-
     async def search(self, runner: TrialRunner, deadline: float | None) -> None:
         prepared, observer = self.prepared, self.observer
         self.runner = runner
