@@ -297,7 +297,11 @@ class ServerTrialRunner:
         )
         if not records[0].ok:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
-        _, self._log_mark = await self.deployer.read_log(log_mark)
+        warm_up_log, self._log_mark = await self.deployer.read_log(log_mark)
+        # Some settings are dropped only when the model loads (Ollama's flash attention on a CPU).
+        ignored = engine.ignored_settings(startup_log + warm_up_log)
+        if ignored is not None:
+            raise DeployError(ignored)
 
     async def _host_facts(self) -> dict[str, str | None]:
         """The server's build (its version endpoint) and the host's kernel and machine (`uname -srm`), each

@@ -123,7 +123,14 @@ def test_bad_input_is_one_line_naming_the_problem_and_the_fix(tmp_path: Path) ->
     text.write_text("nothing of a server here\n")
     untimed = tmp_path / "untimed.log"
     untimed.write_text("slot launch_slot_: id  0 | task 1 | processing task, is_child = 0\n")
+    ollama = tmp_path / "ollama.log"  # Ollama 0.11.4's own lines, as `ollama serve` writes them
+    ollama.write_text(
+        'time=2026-12-07T20:36:14.592Z level=INFO source=routes.go:1357 msg="Listening on 127.0.0.1:11434 '
+        '(version 0.11.4)"\n[GIN] 2026/12/07 - 20:36:18 | 200 |  1.093510512s |       127.0.0.1 | POST '
+        '"/api/generate"\n'
+    )
     cases = {
+        str(ollama): "an Ollama log, whose runner logs no prompt, batch or queue timing per request",
         str(tmp_path / "missing.log"): "file not found",
         str(tmp_path): "is a directory",
         str(binary): "binary file",

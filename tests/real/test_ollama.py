@@ -56,7 +56,35 @@ def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
         first_token = by_id["user-5"].first_token_s
         assert first_token is not None and first_token > by_id["user-1"].end_s
     assert "Listening on 127.0.0.1" in (baseline / "server.log").read_text()  # Ollama's own log, kept
+    # Which has no timing per request to diagnose: said in one line, with what to do instead.
+    diagnosed = run_tuner("diagnose", str(baseline / "server.log"), "--predict", cwd=tmp_path, timeout=120)
+    assert diagnosed.returncode == 2 and diagnosed.stderr.count("\n") == 1, diagnosed.stderr
+    assert "an Ollama log, whose runner logs no prompt, batch or queue timing" in diagnosed.stderr
     board = json.loads(run_tuner("leaderboard", str(run), "--json", cwd=tmp_path, timeout=120).stdout)
     # The trial ran Ollama with four slots (the study's seed draws it; a draw of the baseline's 1 is skipped).
     assert sorted(row["settings"]["num_parallel"] for row in board["rows"]) == [1, 4], board["rows"]
+    assert _ollama_processes(ollama_binary) == []
+
+
+def test_a_setting_ollama_drops_on_this_cpu_fails_its_trial_naming_it_instead_of_measuring_the_default(
+    ollama_binary: Path, tmp_path: Path
+) -> None:
+    # Ollama takes OLLAMA_FLASH_ATTENTION=1, then at the model's load (the warm-up) logs that the device
+    # cannot and runs without it: the trial would be the baseline measured again under another name.
+    (tmp_path / "space.toml").write_text(
+        'engine = "ollama"\n[params.flash_attention]\nchoices = [false, true]\ndefault = false\n'
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
+    args = [
+        "run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}",
+        "--set", f"search.space={json.dumps(str(tmp_path / 'space.toml'))}",
+    ]  # fmt: skip
+    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    board = json.loads(run_tuner("leaderboard", str(tmp_path / "runs" / "ollama-five"), "--json", timeout=120).stdout)
+    failed = [row for row in board["rows"] if row["state"] == "FAIL"]
+    assert [row["settings"] for row in failed] == [{"flash_attention": True}], board["rows"]
+    reason = failed[0]["reason"]
+    assert "Ollama ignored flash_attention (OLLAMA_FLASH_ATTENTION)" in reason, reason
+    assert "leave flash_attention out of search.params" in reason
     assert _ollama_processes(ollama_binary) == []

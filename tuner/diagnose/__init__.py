@@ -53,6 +53,15 @@ __all__ = [
 ]
 
 _LOG_FIX = "pass the server's own log: llama-server's stderr, `journalctl -u UNIT > today.log`, or vLLM's log"
+# Ollama's own runner (0.3 and later) logs one access line per request ([GIN]: its end to the second and its
+# whole duration) and no prompt, batch or queue timing at any OLLAMA_DEBUG level: nothing to diagnose a stall
+# or a wait from, nor a prediction or a study's starting point (`--predict`, `--study --like`).
+_OLLAMA_WITHOUT_TASKS = (
+    "an Ollama log, whose runner logs no prompt, batch or queue timing per request (only one [GIN] access line "
+    "with its total time, at any OLLAMA_DEBUG level), so diagnose, --predict and --study cannot read stalls or "
+    "waits from it; measure instead: `tuner run studies/ollama-five-users.toml` with engine.model set to your "
+    "model replays five users and tries OLLAMA_NUM_PARALLEL (docs/engines.md)"
+)
 
 
 def parse_duration(text: str) -> float:
@@ -163,6 +172,8 @@ def diagnose_log(
                 f"{shown}: the llama-server lines have no timestamps; keep llama-server's default --log-timestamps, "
                 "or pass journalctl output (`journalctl -o short-precise -u UNIT`), whose lines carry the time"
             )
+        if identity.ollama:
+            raise ConfigError(f"{shown}: {_OLLAMA_WITHOUT_TASKS}")
         raise ConfigError(f"{shown}: no llama-server or vLLM lines in {reading.count:,} lines; {_LOG_FIX}")
     scrape = read_metrics_scrape(_scrape_lines(metrics_scrape)) if metrics_scrape is not None else {}
     if facts.matched_lines == 0:

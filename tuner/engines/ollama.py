@@ -135,6 +135,14 @@ class OllamaOptions(ApiKeyOptions):
     )
 
 
+# What Ollama 0.11.4 logs when it drops a setting it was given (llm/server.go), and which knob that is.
+_IGNORED = (
+    ("flash attention enabled but not supported by gpu", "flash_attention", " (a CPU counts as no such GPU)"),
+    ("flash attention enabled but not supported by model", "flash_attention", ""),
+    ("quantized kv cache requested but flash attention disabled", "kv_cache_type", ""),
+    ("kv cache type not supported by model", "kv_cache_type", ""),
+)
+
 # Ollama reads its address from one variable, HOST[:PORT] (envconfig.Host).
 OLLAMA_LISTEN = ListenRule(address_env="OLLAMA_HOST", default_host="127.0.0.1", default_port=11434)
 
@@ -191,6 +199,17 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
                 "num_batch reaches Ollama only through its native API (/v1 has no such option): set engine.api = "
                 '"native", or leave num_batch out'
             )
+
+    def ignored_settings(self, startup_log: str) -> str | None:
+        """Ollama drops flash attention and a quantized KV cache where the device or model cannot take them,
+        with a warning at the model's load (the warm-up): such a trial would measure the default again."""
+        for warning, knob, why in _IGNORED:
+            if warning in startup_log:
+                return (
+                    f"Ollama ignored {knob} ({self.knobs[knob].env}): its log says {warning!r}{why}, so this trial "
+                    f"would measure its default again; leave {knob} out of search.params"
+                )
+        return None
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
         """Ollama's child gets num_ctx x num_parallel KV tokens beside the weights."""
