@@ -195,6 +195,7 @@ _SHORT_HEADERS = {
     "failures": "fail",
     "lora_wait_p95_s": "LoRA wait s",
     "lora_switch_ms": "LoRA sw ms",
+    "wait_p95_s": "wait p95 s",
 }
 _SETTINGS_HEADER = "settings (changed from baseline)"
 _PREDICTED_HEADER = {False: "stall tok/s predicted", True: "predicted"}
@@ -229,7 +230,8 @@ def _layouts(available: tuple[str, ...]) -> Iterator[_Layout]:
     yield _Layout(metrics=available, short_headers=False, metric_ranges=True, score_range=True)
     yield _Layout(metrics=available, short_headers=True, metric_ranges=True, score_range=True)
     yield _Layout(metrics=available, short_headers=True, metric_ranges=False, score_range=True)
-    by_importance = sorted(available, key=_IMPORTANCE.index)
+    # An objective outside the usual columns ranks first: the score was made of it.
+    by_importance = sorted(available, key=lambda name: _IMPORTANCE.index(name) if name in _IMPORTANCE else -1)
     for keep in range(len(available), -1, -1):
         kept = set(by_importance[:keep])
         metrics = tuple(name for name in available if name in kept)
@@ -341,7 +343,10 @@ def render_leaderboard(
     full header and ranges, however wide."""
     console = console or make_console()
     # A column no trial has a value for (no long prompts: no stall figures) only takes room.
-    available = tuple(n for n in _TABLE_METRICS + _LORA_METRICS if any(n in row.metrics for row in board.rows))
+    # An objective the usual columns lack (the Ollama demo's wait_p95_s) is shown too: it made the score.
+    extra = tuple(n for n in board.objectives if n not in _TABLE_METRICS + _LORA_METRICS)
+    shown = _TABLE_METRICS + _LORA_METRICS + extra
+    available = tuple(n for n in shown if any(n in row.metrics for row in board.rows))
     full = _Layout(metrics=available, short_headers=False, metric_ranges=True, score_range=True)
     if wide:
         layout = full
@@ -388,7 +393,7 @@ def _render_notes(
             info = _metric_info(name)
             unit = f" ({info.unit})" if info and info.unit else ""
             description = f"{name}{unit}: {info.description if info else ''}"
-            legend.add_row(Text(_SHORT_HEADERS[name]), Text(description))
+            legend.add_row(Text(_SHORT_HEADERS.get(name, name)), Text(description))
         console.print(legend)
     left_out = [name for name in available if name not in layout.metrics]
     parts = []

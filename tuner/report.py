@@ -120,6 +120,7 @@ class Leaderboard:
     prediction: PredictionOutcome | None = None  # a study started from a prediction (`search.predicted_from`)
     # Each re-measurement against the baseline: (trial, host or None, its pairs and verdict), by trial.
     confirmations: list[tuple[int, str | None, Confirmation]] = field(default_factory=list)
+    objectives: tuple[str, ...] = ()  # the study's objective metrics: tables show each of them
 
 
 def _metric_ranges(rounds: Sequence[dict[str, float | None]]) -> dict[str, tuple[float, float, float]]:
@@ -217,6 +218,7 @@ def build_leaderboard(study: optuna.Study | StudyView) -> Leaderboard:
             + [(number, host, c) for host, record in view.hosts.items() for number, c in record.confirmations.items()],
             key=lambda entry: (entry[0], entry[1] or ""),
         ),
+        objectives=tuple(view.record.objectives),
     )
 
 

@@ -369,3 +369,24 @@ def test_a_run_whose_final_report_cannot_be_written_still_ends_as_the_run_did(tm
     out = " ".join(result.stdout.split())
     assert out.count("the report could not be written") == 1 and "the run goes on" in out
     assert "this run took" in out and "the report in" not in out
+
+
+def test_an_ollama_change_is_said_in_ollamas_own_terms() -> None:
+    from tuner.engines.base import request_setting_advice
+    from tuner.engines.ollama import OLLAMA_KNOBS
+    from tuner.morning_report.compute import Change
+    from tuner.morning_report.render import _apply_parts
+
+    change = Change(
+        env=[("OLLAMA_NUM_PARALLEL", "8")],
+        flags=[],
+        request={"num_batch": 128},
+        request_advice=request_setting_advice(OLLAMA_KNOBS, {"num_batch": 128}),
+        server=True,
+        deploy_kind="process",
+        unit="UNIT.service",
+        command="ollama serve",
+    )
+    page = "".join(_apply_parts(change))
+    assert "OLLAMA_NUM_PARALLEL=8 ollama serve" in page and "llama-server" not in page
+    assert "num_batch=128: PARAMETER num_batch 128 in the model&#x27;s Modelfile, then `ollama create` it" in page

@@ -126,6 +126,7 @@ class Change:
     server: bool  # any server-scope setting
     deploy_kind: str
     unit: str
+    command: str  # how the engine's server is started, after its environment: `ollama serve`, `llama-server ...`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,4 +427,8 @@ def _change(g: Gathered, row: LeaderboardRow | None) -> Change | None:
         server=bool(server),
         deploy_kind=str(deploy.get("kind", "")),
         unit=str(deploy.get("unit", "UNIT.service")),
+        command=_SERVER_COMMANDS.get(engine_kind, "the server's command ..."),
     )
+
+
+_SERVER_COMMANDS = {"llama-server": "llama-server ...", "ollama": "ollama serve", "vllm": "vllm serve MODEL ..."}

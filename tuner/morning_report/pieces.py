@@ -44,6 +44,7 @@ USER_TERMS = (
     ("stall_tok_s", "a streaming user's speed while someone else's long prompt is prefilled", "tok/s", True),
     ("itl_max_s", "the longest gap between two of a streaming user's tokens", "s", False),
     ("ttft_p95_s", "time to first token, 95th percentile", "s", False),
+    ("wait_p95_s", "time a request waited before its prompt was read (queued), 95th percentile", "s", False),
     ("prefill_tok_s", "prefill speed of long prompts", "tok/s", True),
 )
 TABLE_METRICS = (

@@ -138,12 +138,7 @@ def _apply(c: Computed) -> str:
     change = c.change
     if change is None:
         return section("apply", "The change to apply", f"<p>Nothing: {escape(c.g.board.recommendation.message)}.</p>")
-    parts = []
-    if change.server:
-        parts.append(_server_change(change))
-    if change.request:
-        items = "".join(f"<li>{escape(advice)}</li>" for advice in change.request_advice)
-        parts.append(f"<p>Settings the host's configuration cannot carry, and how to keep them:</p><ul>{items}</ul>")
+    parts = _apply_parts(change)
     # The run does not record where its study file was; the convention's path is a guess, said as one.
     study_file = f"studies/{c.g.board.study_name}.toml"
     if change.deploy_kind == "systemd":
@@ -158,6 +153,18 @@ def _apply(c: Computed) -> str:
             f"{escape(change.deploy_kind)} set these where the server is started.</p>"
         )
     return section("apply", "The change to apply", "".join(parts))
+
+
+def _apply_parts(change: Change) -> list[str]:
+    """The server's part of the change (its environment and flags, as the deployment takes them), then the
+    request-side settings with how to keep each."""
+    parts = []
+    if change.server:
+        parts.append(_server_change(change))
+    if change.request:
+        items = "".join(f"<li>{escape(advice)}</li>" for advice in change.request_advice)
+        parts.append(f"<p>Settings the host's configuration cannot carry, and how to keep them:</p><ul>{items}</ul>")
+    return parts
 
 
 def _server_change(change: Change) -> str:
@@ -178,7 +185,7 @@ def _server_change(change: Change) -> str:
             f"<p>As container arguments (added to the container's run command):</p><pre>{escape(' '.join(words))}</pre>"
         )
     words = [f"{name}={value}" for name, value in env]
-    text = " ".join(words + (["llama-server ..."] if env else []) + flags)
+    text = " ".join(words + ([change.command] if env else []) + flags)
     return f"<p>As the server's environment and flags:</p><pre>{escape(text)}</pre>"
 
 
