@@ -14,6 +14,7 @@ import base64
 import itertools
 import json
 import math
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,12 +164,18 @@ async def _check_host(
                     lines += await check_deployment(launch, tuned=prepared.tuned_knobs())
                 running_url = getattr(deployer, "running_url", None)
                 url = await running_url(launch) if callable(running_url) else None
-                lines.append(await _request_line(engine, url, timeout_s=min(60.0, spec.workload.request_timeout_s)))
+                if not any(line.subject == "server" and not line.ok for line in lines):  # said once, above
+                    timeout_s = min(60.0, spec.workload.request_timeout_s)
+                    lines.append(await _request_line(engine, url, timeout_s=timeout_s))
                 read_running = getattr(deployer, "running_values", None)
                 found = await read_running(prepared.tuned_knobs()) if callable(read_running) else None
-                said = prepared.with_running_values(found)[1] if found is not None else []
-                if said:  # the baseline is the operator's own server: its values are the study's reference
-                    lines.append(CheckLine("baseline", True, "the server runs " + "; ".join(said)))
+                try:
+                    said = prepared.with_running_values(found)[1] if found is not None else []
+                except ConfigError as exc:
+                    lines.append(CheckLine("baseline", False, str(exc)))
+                else:
+                    if said:  # the baseline is the operator's own server: its values are the study's reference
+                        lines.append(CheckLine("baseline", True, "the server runs " + "; ".join(said)))
                 if callable(read_running_log):
                     startup_s = engine.startup_s(await read_running_log())
                 sized = await _with_model_from_host(engine, deployer, transport, Path(scratch))
@@ -235,22 +242,27 @@ async def _with_model_from_host(engine: Engine, deployer: object, transport: Tra
     return sized
 
 
+# A model the server does not have, as each says it: Ollama's `model "x" not found, try pulling it first`,
+# vLLM's `The model `x` does not exist.` (an nginx 404 page or a context-length 400 is no such answer).
+_NO_SUCH_MODEL = re.compile(r"(?i)model\b.{0,200}?\b(not found|does not exist)")
+
+
 async def _request_line(engine: Engine, base_url: str | None, *, timeout_s: float) -> CheckLine:
     """One small request as the study sends them (its model name, its key) to the server that runs now:
     a key the server refuses or a model it does not have would otherwise end the night at the warm-up."""
     if base_url is None:
         return CheckLine("request", True, "not sent: no server runs until the study starts one (its warm-up asks)")
-    call = engine.probe_request("Hello", tokens=1)
+    call = engine.check_request()
     try:
         async with httpx.AsyncClient(
             base_url=base_url, timeout=timeout_s, headers=engine.request_headers(), verify=tls_context()
         ) as client:
             response = await client.request(call.method, call.path, json=call.json)
     except httpx.TimeoutException:
-        return CheckLine("request", False, f"no answer to a 1-token request within {timeout_s:g} s; read its log")
+        return CheckLine("request", False, f"no answer to a request within {timeout_s:g} s; read its log")
     except httpx.HTTPError as exc:
-        return CheckLine("request", False, f"a 1-token request failed: {type(exc).__name__}: {redact(str(exc))}")
-    said = redact(response.text)[:200].strip()  # a refusal may quote the key it refused
+        return CheckLine("request", False, f"a request failed: {type(exc).__name__}: {redact(str(exc))}")
+    said = " ".join(redact(response.text)[:300].split())[:200]  # one line; a refusal may quote the key it refused
     code = response.status_code
     if code in (401, 403):
         has_key = bool(engine.request_headers())
@@ -260,19 +272,28 @@ async def _request_line(engine: Engine, base_url: str | None, *, timeout_s: floa
             else "the key engine.api_key_env (or api_key_file) gives is not the server's; give the right one"
         )
         return CheckLine("request", False, f"the server refused the request (HTTP {code}: {said}); {fix}")
-    if code == 404 or (code == 400 and "model" in said.lower()):
+    if code in (400, 404) and _NO_SUCH_MODEL.search(said):
         return CheckLine(
             "request", False,
             f"the server has no model by the name the study sends (HTTP {code}: {said}); set engine.model (vLLM: "
             "engine.served_model_name) to a model it serves: `ollama list`, or GET /v1/models",
         )  # fmt: skip
+    if code in (301, 302, 303, 307, 308):
+        where = response.headers.get("location", "")
+        return CheckLine(
+            "request", False,
+            f"a request was redirected (HTTP {code} to {redact(where)[:120]}): an authenticating proxy "
+            "sending it to a login page? set engine.api_key_env (or api_key_file) to a key the proxy takes",
+        )  # fmt: skip
+    if code == 503:  # busy (a full queue) or loading: the server is there, the request could not be judged
+        return CheckLine("request", True, f"not judged: the server answered HTTP 503 ({said}); check again later")
     if code != 200:
-        return CheckLine("request", False, f"a 1-token request got HTTP {code}: {said}")
+        return CheckLine("request", False, f"a request got HTTP {code}: {said}")
     try:
-        engine.parse_probe_answer(response.json())
-    except (ValueError, KeyError, TypeError):
-        return CheckLine("request", False, f"a 1-token request got an answer that is not the engine's: {said}")
-    return CheckLine("request", True, f"answered a 1-token request with the study's model name and key ({call.path})")
+        response.json()
+    except ValueError:
+        return CheckLine("request", False, f"a request got an answer that is no JSON, not the server's: {said}")
+    return CheckLine("request", True, f"answered {call.method} {call.path} with the study's model name and key")
 
 
 def _workload_line(prepared: PreparedStudy) -> CheckLine:

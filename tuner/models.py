@@ -164,6 +164,7 @@ class TunedKnob:
     name: str
     env: str | None
     flags: tuple[str, ...]
+    value_type: str = "str"  # "bool": a bare flag sets it (its `--no-` forms clear it) and takes no value
 
 
 @dataclass(frozen=True)

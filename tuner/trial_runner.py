@@ -23,7 +23,7 @@ import httpx
 
 from tuner.config import ParamValue, SearchSpace, StudySpec
 from tuner.engines.base import Engine
-from tuner.errors import DeployError, MeasurementError, TransportError
+from tuner.errors import ConfigError, DeployError, MeasurementError, TransportError
 from tuner.gate import ask_probes
 from tuner.gpu import GpuMemorySampler
 from tuner.http import tls_context
@@ -79,7 +79,7 @@ class PreparedStudy:
         engine = self.engine
         names = [*self.space.params, *(n for n in engine.base_settings if n not in self.space.params)]
         knobs = [engine.knobs[name] for name in names]
-        return [TunedKnob(knob.name, knob.env, knob.flags) for knob in knobs if knob.scope == "server"]
+        return [TunedKnob(knob.name, knob.env, knob.flags, knob.value_type) for knob in knobs if knob.scope == "server"]
 
     def with_running_values(self, found: Sequence[RunningValue]) -> tuple[PreparedStudy, list[str]]:
         """The study with the baseline's searched knobs as the operator's server runs them (what a deployer
@@ -89,16 +89,30 @@ class PreparedStudy:
         for value in found:
             if value.knob not in self.space.params or value.knob in self.engine.base_settings:
                 continue
+            knob = self.engine.knobs[value.knob]
             try:
-                baseline[value.knob] = self.engine.knobs[value.knob].parse(value.text)
+                parsed = knob.parse(value.text)
             except ValueError as exc:
-                said.append(
-                    f"{value.knob}: cannot read {value.source} ({exc}); the baseline is recorded as the default"
-                )
+                said.append(f"{value.knob}: cannot read {value.source} ({exc}); the baseline records the default")
                 continue
-            said.append(f"{value.knob}={baseline[value.knob]} ({value.source})")
+            try:
+                knob.check(parsed)
+            except ConfigError as exc:
+                raise ConfigError(f"the server runs {exc} ({value.source}); fix the server's value") from None
+            if not self.space.params[value.knob].allows(parsed):
+                raise ConfigError(
+                    f"the server runs {value.knob}={parsed} ({value.source}), which the search space does not hold: "
+                    f"add {parsed!r} to {value.knob}'s values in {self.spec.search.space}, so that the baseline is a "
+                    "point of the search"
+                )
+            baseline[value.knob] = parsed
+            said.append(f"{value.knob}={parsed} ({value.source})")
         for name in self.space.params:
-            if name not in self.engine.base_settings and not any(v.knob == name for v in found):
+            if name in self.engine.base_settings or any(v.knob == name for v in found):
+                continue
+            if self.engine.knobs[name].scope == "request":  # nothing on the host carries it: not read
+                said.append(f"{name}={baseline[name]} (not read: a request option, the baseline's requests carry none)")
+            else:
                 said.append(f"{name}={baseline[name]} (set nowhere: the server's default)")
         return replace(self, baseline_settings=baseline), said
 
@@ -277,7 +291,7 @@ class ServerTrialRunner:
         deployment = await self.deployer.apply(engine.launch_spec(settings), log_path=log_path)
         self.observer.server_ready(number=number, seconds=deployment.started_in_s)
         startup_log, log_mark = await self.deployer.read_log(0)
-        ignored = engine.ignored_settings(startup_log)
+        ignored = engine.ignored_settings(startup_log, settings)
         if ignored is not None:
             raise DeployError(ignored)
         self._base_url = deployment.base_url
@@ -299,7 +313,7 @@ class ServerTrialRunner:
             raise MeasurementError(f"the warm-up request failed: {records[0].error}")
         warm_up_log, self._log_mark = await self.deployer.read_log(log_mark)
         # Some settings are dropped only when the model loads (Ollama's flash attention on a CPU).
-        ignored = engine.ignored_settings(startup_log + warm_up_log)
+        ignored = engine.ignored_settings(startup_log + warm_up_log, settings)
         if ignored is not None:
             raise DeployError(ignored)
 

@@ -670,7 +670,7 @@ class StandIn:
     def post(self, path: str, raw: bytes) -> tuple[int, str, bytes] | None:
         engine = self.launch["engine"]
         routes = {
-            "ollama": ("/api/generate", "/api/chat", "/v1/completions", "/v1/chat/completions"),
+            "ollama": ("/api/generate", "/api/chat", "/api/show", "/v1/completions", "/v1/chat/completions"),
             "vllm": ("/v1/completions", "/v1/chat/completions"),
             "llama-server": ("/completion", "/completions"),
         }
@@ -684,6 +684,10 @@ class StandIn:
                 raise BadRequest(f"POST {path}: the body is not JSON: {exc}") from None
             with self._lock:
                 self.received.append({"path": path, "body": body})
+            if path == "/api/show":  # Ollama docs/api.md: a model's details, 404 where it has none by that name
+                check_fields(body, {"model": "str", "verbose": "bool"}, required=("model",), where=f"POST {path}")
+                _ollama_model(body["model"], self.launch)
+                return 200, "application/json", json.dumps({"details": {"format": "gguf"}}).encode()
             checks = {"ollama": check_ollama, "vllm": check_vllm, "llama-server": check_llama_server}
             ask = checks[engine](path, body, self.launch)
         except BadRequest as refused:

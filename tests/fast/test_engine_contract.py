@@ -243,6 +243,20 @@ def test_ollama_num_batch_rides_on_every_request_of_the_trial_and_never_on_the_l
         engine_of("ollama", api="openai").launch_spec({"num_batch": 128})
 
 
+def test_only_a_setting_the_trial_made_that_ollama_dropped_is_blamed() -> None:
+    engine = engine_of("ollama")
+    warn = 'time=2026-12-07T21:00:00.000Z level=WARN source=server.go:{n} msg="{text}"{extra}'
+    no_gpu = warn.format(n=206, text="flash attention enabled but not supported by gpu", extra="")
+    assert "Ollama ignored flash_attention" in (engine.ignored_settings(no_gpu, {"flash_attention": True}) or "")
+    # The operator's own OLLAMA_FLASH_ATTENTION=1 (a kept unit's baseline sets nothing): not the trial's doing.
+    assert engine.ignored_settings(no_gpu, {}) is None
+    # On a GPU with flash attention and no cache type asked for, Ollama logs the warning with type="".
+    no_type = warn.format(n=226, text="kv cache type not supported by model", extra=' type=""')
+    assert engine.ignored_settings(no_type, {"flash_attention": True}) is None
+    q8 = warn.format(n=229, text="quantized kv cache requested but flash attention disabled", extra=" type=q8_0")
+    assert "Ollama ignored kv_cache_type" in (engine.ignored_settings(q8, {"kv_cache_type": "q8_0"}) or "")
+
+
 def test_ollama_errors_in_the_stream_end_the_request_with_the_servers_message() -> None:
     event = engine_of("ollama").parse_stream_line('{"error": "an error was encountered while running the model"}')
     assert event is not None and event.done and event.error == "an error was encountered while running the model"

@@ -264,3 +264,34 @@ def test_a_knob_the_study_fixes_in_engine_settings_is_the_studys_in_the_baseline
     found = running_values(["ollama", "serve"], {"OLLAMA_NUM_PARALLEL": "4"}, prepared.tuned_knobs(), env_source=str)
     read, said = prepared.with_running_values(found)
     assert read.baseline_settings == {"num_parallel": 2} and said == []
+
+
+def test_boolean_flags_take_no_value_and_every_negation_clears_them() -> None:
+    prepared = _prepared({"kind": "llama-server"}, "llama-server.toml", ["kv_unified", "n_batch"])
+    tuned = prepared.tuned_knobs()
+    # A bare flag before another: not its value; `-b` after it still read.
+    found = running_values(["/opt/llama-server", "--kv-unified", "-b", "256"], {}, tuned, env_source=str)
+    assert prepared.with_running_values(found)[0].baseline_settings == {"kv_unified": True, "n_batch": 256}
+    vllm = _prepared({"kind": "vllm", "model": "m"}, "vllm.toml", ["enable_prefix_caching"])
+    argv = ["vllm", "serve", "--enable-prefix-caching", "Qwen/Qwen2", "--no-enable-prefix-caching"]
+    found = running_values(argv, {}, vllm.tuned_knobs(), env_source=str)
+    assert [(v.text, v.source) for v in found] == [("false", "the command line's --no-enable-prefix-caching")]
+
+
+def test_a_value_the_search_space_does_not_hold_or_the_server_would_not_read_is_named() -> None:
+    prepared = _prepared({"kind": "ollama", "model": "m"}, "ollama.toml", ["num_parallel"])
+    tuned = prepared.tuned_knobs()
+    outside = running_values(["ollama", "serve"], {"OLLAMA_NUM_PARALLEL": "3"}, tuned, env_source=str)
+    with pytest.raises(ConfigError, match=r"num_parallel=3 .*add 3 to num_parallel's values in"):
+        prepared.with_running_values(outside)
+    quoted = running_values(["ollama", "serve"], {"OLLAMA_NUM_PARALLEL": "'4'"}, tuned, env_source=str)
+    assert prepared.with_running_values(quoted)[0].baseline_settings == {"num_parallel": 4}  # as Ollama reads it
+    for text in ("1_0", "\uff14", "four"):  # the last but one: a fullwidth 4
+        garbled = running_values(["ollama", "serve"], {"OLLAMA_NUM_PARALLEL": text}, tuned, env_source=str)
+        read, said = prepared.with_running_values(garbled)
+        assert read.baseline_settings == {"num_parallel": 1} and "cannot read" in said[0], (text, said)
+
+
+def test_a_searched_knob_the_engines_options_cannot_carry_is_refused_before_the_host() -> None:
+    with pytest.raises(ConfigError, match=r"params\.num_batch: num_batch reaches Ollama only through its native API"):
+        _prepared({"kind": "ollama", "model": "m", "api": "openai"}, "ollama.toml", ["num_batch"])

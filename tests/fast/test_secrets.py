@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tuner.errors import ConfigError
+from tuner.redact import SECRET_REFUSED
 from tuner.study_record import RECORD_KEY
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -176,3 +178,49 @@ def test_a_key_pasted_where_its_variables_name_belongs_is_refused_without_echoin
     )
     assert pasted not in printed.out + printed.err and pasted[-12:] not in printed.out + printed.err
     assert not list(tmp_path.rglob("*")) or pasted.encode() not in everything_under(tmp_path)
+
+
+def test_a_key_file_that_is_no_file_or_holds_no_sendable_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    from tuner.engines.vllm import VllmEngine, VllmOptions
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ConfigError, match="is a FIFO"):  # read, it would wait forever
+        VllmEngine(VllmOptions(model="m", api_key_file=str(fifo)))
+    with pytest.raises(ConfigError, match="not a file"):
+        VllmEngine(VllmOptions(model="m", api_key_file="/dev/null"))
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"\xef\xbb\xbf" + CANARY.encode() + b"\r\n")  # a Windows editor's BOM and CRLF
+    key_file.chmod(0o600)
+    engine = VllmEngine(VllmOptions(model="m", api_key_file=str(key_file)))
+    assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
+    key_file.write_text("sk-caf\u00e9-canary-key\n")
+    with pytest.raises(ConfigError, match="non-ASCII") as refused:
+        VllmEngine(VllmOptions(model="m", api_key_file=str(key_file)))
+    assert "caf" not in str(refused.value)
+    pasted = "5f4dcc3b5aa765d61d8327deb882cf99"  # a key where its file's path belongs: refused, never shown
+    with pytest.raises(ValidationError, match="not the key") as refused_path:
+        VllmOptions(model="m", api_key_file=pasted)
+    assert refused_path.value.errors()[0]["type"] == SECRET_REFUSED  # the kind the CLI never echoes
+
+
+def test_a_relative_key_file_is_the_study_files_neighbour(tmp_path: Path) -> None:
+    from tuner.config import StudySpec
+    from tuner.search import prepare_study
+
+    (tmp_path / "study").mkdir()
+    key_file = tmp_path / "study" / "ollama.key"
+    key_file.write_text(CANARY)
+    key_file.chmod(0o600)
+    spec = StudySpec.model_validate(
+        {
+            "name": "keyed",
+            "engine": {"kind": "ollama", "model": "m", "api_key_file": "ollama.key"},
+            "workload": {"path": str(DATA / "five-users.jsonl")},
+            "search": {"space": str(Path(__file__).resolve().parents[2] / "search_spaces" / "ollama.toml"),
+                       "params": ["num_parallel"]},
+            "objectives": [{"metric": "ttft_p95_s", "direction": "minimize"}],
+        }
+    )  # fmt: skip
+    engine = prepare_study(spec, tmp_path / "study").engine  # the working directory is elsewhere
+    assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}

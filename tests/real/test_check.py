@@ -356,12 +356,27 @@ def test_a_plain_login_without_sudo_is_named_with_the_fix(
 @pytest.mark.real_server
 def test_an_operator_drop_in_sorting_after_the_trials_is_named(systemd_host: SystemdHost, tmp_path: Path) -> None:
     """systemd reads drop-ins in name order: one after serve-tuner's that sets a tuned variable wins."""
-    with operator_drop_in(systemd_host, "zzz-site.conf", "[Service]\nEnvironment=LLAMA_ARG_BATCH=1024\n"):
+    with operator_drop_in(systemd_host, "zzz-site.conf", "[Service]\nEnvironment=LLAMA_ARG_BATCH=64\n"):
         before = whole_host(systemd_host)
         status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
         assert whole_host(systemd_host) == before
     line = the_one_failure(status, lines)
     assert "operator drop-ins:" in line and "zzz-site.conf sorts after serve-tuner's zz-tuner.conf" in line
+
+
+@pytest.mark.real_server
+def test_a_baseline_value_the_search_space_lacks_is_named_with_the_fix(
+    systemd_host: SystemdHost, tmp_path: Path
+) -> None:
+    """The baseline is what the unit runs: a value outside the search space (LLAMA_ARG_BATCH=1024 where the
+    space holds 64 and 2048) could not be a point of the search, and the check says how to make it one."""
+    with operator_drop_in(systemd_host, "aa-batch.conf", "[Service]\nEnvironment=LLAMA_ARG_BATCH=1024\n"):
+        before = whole_host(systemd_host)
+        status, lines = check(study_file(systemd_host, tmp_path), tmp_path, *QUICK_STUDY)
+        assert whole_host(systemd_host) == before
+    line = the_one_failure(status, lines)
+    assert "baseline: the server runs n_batch=1024 (LLAMA_ARG_BATCH in llama-server.service's Environment=" in line
+    assert "add 1024 to n_batch's values in" in line
 
 
 @pytest.mark.real_server
@@ -387,6 +402,6 @@ def test_a_key_the_server_refuses_fails_the_check_with_a_real_request_and_the_ri
         finally:
             del os.environ["SERVE_TUNER_TEST_KEY"]
         assert status == 0, "\n".join(lines)
-        assert "ok    request: answered a 1-token request with the study's model name and key" in "\n".join(lines)
+        assert "ok    request: answered POST /completion with the study's model name and key" in "\n".join(lines)
         assert key not in "\n".join(lines)
         assert whole_host(systemd_host) == before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from tests.support import DATA, free_port, run_tuner
@@ -88,3 +89,28 @@ def test_a_setting_ollama_drops_on_this_cpu_fails_its_trial_naming_it_instead_of
     assert "Ollama ignored flash_attention (OLLAMA_FLASH_ATTENTION)" in reason, reason
     assert "leave flash_attention out of search.params" in reason
     assert _ollama_processes(ollama_binary) == []
+
+
+def test_num_batch_reaches_ollamas_runner_from_the_requests_and_never_reloads_the_model_mid_trial(
+    ollama_binary: Path, tmp_path: Path
+) -> None:
+    # Ollama has no variable for num_batch: each request carries it. Its runner's command line, which
+    # Ollama logs when it loads the model, shows what it took; one load per server start means no request
+    # of the trial (warm-up, rounds) came with another value, which would have reloaded the model.
+    (tmp_path / "space.toml").write_text('engine = "ollama"\n[params.num_batch]\nchoices = [512, 128]\ndefault = 512\n')
+    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
+    args = [
+        "run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}",
+        "--set", f"search.space={json.dumps(str(tmp_path / 'space.toml'))}",
+    ]  # fmt: skip
+    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "runs" / "ollama-five"
+    board = json.loads(run_tuner("leaderboard", str(run), "--json", timeout=120).stdout)
+    tuned = next(row for row in board["rows"] if not row["baseline"])
+    assert tuned["settings"] == {"num_batch": 128} and tuned["state"] == "COMPLETE", board["rows"]
+    for number, batch in ((0, 512), (tuned["number"], 128)):
+        log = (run / "trials" / f"{number:04d}" / "server.log").read_text()
+        loads = re.findall(r'msg="starting llama server" cmd="[^"]* --batch-size (\d+) ', log)
+        starts = log.count("Listening on 127.0.0.1")
+        assert loads == [str(batch)] * starts and starts >= 2, (number, loads, starts)

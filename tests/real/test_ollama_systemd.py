@@ -156,7 +156,7 @@ def test_ollama_installed_as_its_install_script_does_is_tuned_applied_and_restor
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     baseline_line = next(line for line in done.stdout.splitlines() if "baseline" in line and "runs" in line)
     assert "num_parallel=4 (OLLAMA_NUM_PARALLEL in ollama.service's Environment=" in baseline_line, done.stdout
-    assert "answered a 1-token request with the study's model name and key" in done.stdout, done.stdout
+    assert "answered POST /api/show with the study's model name and key" in done.stdout, done.stdout
     assert _files(host) == files and _process(host) == process
     # A model the server does not have fails the check, named, instead of the night at its warm-up.
     wrong = run_tuner("run", str(study), "--check", *runs, "--set", 'engine.model="no-such-model"', env=env)

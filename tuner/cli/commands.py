@@ -236,7 +236,11 @@ COMMANDS: tuple[Command, ...] = (
         run="tuner.cli.tools:diagnose",
         check=checks.check_diagnose,
         args=(
-            arg("log", type=Path, help="llama-server log, journalctl output, Ollama or vLLM log; - for stdin"),
+            arg(
+                "log",
+                type=Path,
+                help="llama-server log, journalctl output or vLLM log (not Ollama's: no timings); - for stdin",
+            ),
             arg("--json", action="store_true", help="print the findings as one JSON document"),
             arg(
                 "--since",

@@ -43,20 +43,27 @@ def running_values(
     argv: Sequence[str], environ: Mapping[str, str], tuned: Sequence[TunedKnob], *, env_source: Callable[[str], str]
 ) -> list[RunningValue]:
     """The tuned knobs' values in an operator's server, from its command line and environment: a flag
-    decides over the variable (as the servers read them), the last of repeated flags wins. `env_source`
-    says where a variable came from. A knob found in neither is left out: the server runs its default."""
+    decides over the variable (as the servers read them), the last of repeated flags wins. A boolean knob's
+    flag takes no value (`--no-x`, `-no...` clear it); any other takes the next word or `=value`.
+    `env_source` says where a variable came from. A knob found in neither is left out: the server runs
+    its default."""
     found = []
     for knob in tuned:
+        boolean = knob.value_type == "bool"
+        negations = {f"--no-{flag[2:]}" for flag in knob.flags if boolean and flag.startswith("--")}
         value: RunningValue | None = None
         for i, word in enumerate(argv[1:], start=1):
-            for flag in knob.flags:
-                if word == flag:
-                    following = argv[i + 1] if i + 1 < len(argv) else "-"
-                    bare = following[:1] == "-" and not following[1:2].isdigit()  # a flag next, not -1
-                    text = "false" if flag.startswith("--no-") else "true" if bare else following
-                    value = RunningValue(knob.name, text, f"the command line's {flag}")
-                elif word.startswith(flag + "="):
-                    value = RunningValue(knob.name, word.split("=", 1)[1], f"the command line's {flag}")
+            flag, equals, given = word.partition("=")
+            if flag not in knob.flags and flag not in negations:
+                continue
+            where = f"the command line's {flag}"
+            if equals:
+                value = RunningValue(knob.name, given, where)
+            elif boolean:
+                negated = flag in negations or flag.startswith(("--no-", "-no"))
+                value = RunningValue(knob.name, "false" if negated else "true", where)
+            elif i + 1 < len(argv):
+                value = RunningValue(knob.name, argv[i + 1], where)
         if value is None and knob.env and knob.env in environ:
             value = RunningValue(knob.name, environ[knob.env], env_source(knob.env))
         if value is not None:

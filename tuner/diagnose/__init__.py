@@ -59,8 +59,8 @@ _LOG_FIX = "pass the server's own log: llama-server's stderr, `journalctl -u UNI
 _OLLAMA_WITHOUT_TASKS = (
     "an Ollama log, whose runner logs no prompt, batch or queue timing per request (only one [GIN] access line "
     "with its total time, at any OLLAMA_DEBUG level), so diagnose, --predict and --study cannot read stalls or "
-    "waits from it; measure instead: `tuner run studies/ollama-five-users.toml` with engine.model set to your "
-    "model replays five users and tries OLLAMA_NUM_PARALLEL (docs/engines.md)"
+    "waits from it; measure instead with a study of your server: copy studies/ollama-five-users.toml, set "
+    "engine.model to your model and [host] and [deploy] to your server (docs/production-host.md)"
 )
 
 

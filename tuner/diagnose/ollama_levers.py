@@ -21,7 +21,7 @@ def _ollamas(fix: Fix) -> Fix:
         action = (
             f"lower num_batch to about {batch[1]}: Ollama reads it from the model, not from a variable "
             f"(`PARAMETER num_batch {batch[1]}` in its Modelfile, then `ollama create`; its n_ubatch stays "
-            "llama.cpp's 512 at most), and serve-tuner does not tune it on Ollama yet"
+            "llama.cpp's 512 at most); a study tunes it as a request option every request of a trial carries"
         )
     elif "LLAMA_ARG_N_PARALLEL" in action:
         action = (

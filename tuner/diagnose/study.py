@@ -92,8 +92,9 @@ STUDY_KNOBS = ENGINE_STUDY_KNOBS["llama-server"]
 
 # Ollama's runner is llama-server, but Ollama takes only some of its settings from its own environment: the
 # slots (OLLAMA_NUM_PARALLEL) and each slot's context (OLLAMA_CONTEXT_LENGTH). So a fix is mapped by the knob
-# it names: more slots, or more context for cut prompts. n_batch is a per-model option that a replay cannot
-# send without reloading the model mid-trial, and Ollama has no RAM prompt cache or unified-KV setting.
+# it names: more slots, or more context for cut prompts. n_batch is a per-model option (a study tunes it as
+# `num_batch`, carried by every request of a trial: search_spaces/ollama.toml), which a study written from a
+# log does not search yet; Ollama has no RAM prompt cache or unified-KV setting.
 _OLLAMA_KNOBS_FOR_FIX: dict[str, tuple[str, ...]] = {
     "n_parallel": ("num_parallel",),
     "kv_unified": ("context_length",),

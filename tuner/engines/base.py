@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,12 @@ __all__ = [
 ]
 
 
+# Booleans as Go's strconv.ParseBool (Ollama) and llama.cpp's flags read them.
+_TRUE_WORDS = frozenset(("1", "t", "true", "on", "yes", "enabled"))
+_FALSE_WORDS = frozenset(("0", "f", "false", "off", "no", "disabled"))
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Knob:
     """One server setting: how it is passed and which values are valid."""
@@ -59,17 +66,19 @@ class Knob:
         return ((self.flag,) if self.flag else ()) + self.other_flags
 
     def parse(self, text: str) -> ParamValue:
-        """A value as a server is given it (a variable's or a flag's text) in this knob's type; ValueError
-        for one the server would not read as such."""
-        text = text.strip()
+        """A value as a server is given it (a variable's or a flag's text, quotes and spaces around it
+        dropped, as Ollama's envconfig does) in this knob's type; ValueError for one it would not read."""
+        text = text.strip().strip("\"'").strip()
         if self.value_type == "bool":
             lowered = text.lower()
-            if lowered in ("1", "true", "on", "yes", "enabled"):
+            if lowered in _TRUE_WORDS:
                 return True
-            if lowered in ("0", "false", "off", "no", "disabled", ""):
+            if lowered in _FALSE_WORDS:
                 return False
             raise ValueError(f"{text!r} is not a boolean")
         if self.value_type == "int":
+            if not _INTEGER.fullmatch(text):  # int() would also take 1_0 and other scripts' digits
+                raise ValueError(f"{text!r} is not a whole number")
             return int(text)
         if self.value_type == "float":
             return float(text)
@@ -164,7 +173,7 @@ class KnobbedEngine(Generic[OptionsT]):
                 raise ConfigError(f"unknown {self.kind} knob {name!r}; valid: {', '.join(sorted(self.knobs))}")
             knob.check(value)
 
-    def ignored_settings(self, startup_log: str) -> str | None:
+    def ignored_settings(self, startup_log: str, settings: Mapping[str, ParamValue] | None = None) -> str | None:
         """Why the server ignores a setting it was given, read from its startup log; None by default."""
         return None
 
@@ -317,7 +326,7 @@ class Engine(Protocol):
         study starts: on a remote host they need not exist on this machine."""
         ...
 
-    def ignored_settings(self, startup_log: str) -> str | None:
+    def ignored_settings(self, startup_log: str, settings: Mapping[str, ParamValue] | None = None) -> str | None:
         """Why the server ignores one of the settings it was given (a flag in a systemd unit's own
         ExecStart wins over the environment variable, say), read from its startup log; None if none."""
         ...
@@ -355,6 +364,11 @@ class Engine(Protocol):
 
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         """Reads one line of the streamed response; None for lines that carry nothing."""
+        ...
+
+    def check_request(self) -> HttpCall:
+        """The one small request `--check` sends to a running server, with the study's model name (and the
+        key, in the headers): a 1-token probe by default."""
         ...
 
     def probe_request(

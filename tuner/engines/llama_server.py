@@ -279,7 +279,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         most_common = used.most_common(1)[0][0]
         return [r.model_copy(update={"lora": most_common}) for r in requests]
 
-    def ignored_settings(self, startup_log: str) -> str | None:
+    def ignored_settings(self, startup_log: str, settings: Mapping[str, ParamValue] | None = None) -> str | None:
         by_env = {knob.env: knob for knob in self.knobs.values() if knob.env}
         for match in _OVERWRITTEN_BY_FLAG.finditer(startup_log):
             knob = by_env.get(match["env"])
@@ -339,6 +339,9 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
 
     def build_request(self, request: ReplayRequest) -> HttpCall:
         return HttpCall(method="POST", path="/completion", json=completion_body(request, self._adapters))
+
+    def check_request(self) -> HttpCall:
+        return self.probe_request("Hello", tokens=1)  # what the study sends, in small
 
     def probe_request(
         self,

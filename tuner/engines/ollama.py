@@ -200,15 +200,25 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
                 '"native", or leave num_batch out'
             )
 
-    def ignored_settings(self, startup_log: str) -> str | None:
+    def ignored_settings(self, startup_log: str, settings: Mapping[str, ParamValue] | None = None) -> str | None:
         """Ollama drops flash attention and a quantized KV cache where the device or model cannot take them,
-        with a warning at the model's load (the warm-up): such a trial would measure the default again."""
-        for warning, knob, why in _IGNORED:
-            if warning in startup_log:
-                return (
-                    f"Ollama ignored {knob} ({self.knobs[knob].env}): its log says {warning!r}{why}, so this trial "
-                    f"would measure its default again; leave {knob} out of search.params"
-                )
+        with a warning at the model's load (the warm-up): a trial that set one would measure the default
+        again. Only a knob this trial set is blamed (an operator's own variable is theirs)."""
+        merged = self.effective_settings(settings or {})
+        flash, cache = merged.get("flash_attention") is True, merged.get("kv_cache_type")
+        quantized = cache is not None and cache != "f16"
+        for line in startup_log.splitlines():
+            for warning, knob, why in _IGNORED:
+                if warning not in line:
+                    continue
+                # Ollama logs the cache-type warning with `type=""` when none was asked for (flash attention on,
+                # OLLAMA_KV_CACHE_TYPE unset): nothing was dropped then.
+                blamed = flash if knob == "flash_attention" else quantized and f"type={cache}" in line
+                if blamed:
+                    return (
+                        f"Ollama ignored {knob} ({self.knobs[knob].env}): its log says {warning!r}{why}, so this "
+                        f"trial would measure its default again; leave {knob} out of search.params"
+                    )
         return None
 
     def memory_need(self, settings: Mapping[str, ParamValue]) -> float | None:
@@ -296,6 +306,11 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
             "options": {**dict(load_options), "num_predict": tokens, "temperature": 0.0},
         }
         return HttpCall(method="POST", path="/api/generate", json=body)
+
+    def check_request(self) -> HttpCall:
+        """`/api/show` of the study's model: a 404 where the server lacks it and a proxy's 401 without the key,
+        as a generation would, but nothing loaded on an operator's server and its keep_alive left alone."""
+        return HttpCall(method="POST", path="/api/show", json={"model": self._options.model})
 
     def parse_probe_answer(self, body: Mapping[str, Any]) -> tuple[int, ...]:
         return probe_answer_units(str(body.get("response", "")))

@@ -170,7 +170,8 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         # vLLM reads VLLM_API_KEY as it reads --api-key; a server the study starts gets it through a file
         # only that server can read (the deployer's secret_env), never on its command line.
         self._api_key = load_api_key(options)
-        if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in options.extra_args):
+        # vLLM's parser takes --api_key for --api-key.
+        if any(arg.replace("_", "-").partition("=")[0] == "--api-key" for arg in options.extra_args):
             raise ConfigError(
                 "engine.extra_args passes --api-key, which would show the key to every user of the host (ps); "
                 "remove it: engine.api_key_env or api_key_file gives the server the key as VLLM_API_KEY"
@@ -201,7 +202,10 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
             executable=command[0],
             args=(*args, *self._options.extra_args),
             env=dict(self._options.env),
-            secret_env={"VLLM_API_KEY": self._api_key} if self._api_key else {},
+            # With the unit's own command its own key stays (requests still carry ours: a wrong one is a 401).
+            secret_env={"VLLM_API_KEY": self._api_key}
+            if self._api_key and self._command is not ServerCommand.UNIT
+            else {},
             host=self._options.host,
             port=self._options.port,
             health_path="/health",
@@ -270,6 +274,9 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
 
     def parse_stream_line(self, line: str) -> StreamEvent | None:
         return parse_openai_sse_line(line, prompt_count_includes_cached=False)
+
+    def check_request(self) -> HttpCall:
+        return self.probe_request("Hello", tokens=1)  # what the study sends, in small
 
     def probe_request(
         self,

@@ -21,6 +21,7 @@ from tuner.redact import redact
 from tuner.runs import RunDirectory
 from tuner.search.fleet_peers import FleetHost, FleetPeers
 from tuner.search.loop import StudyRun
+from tuner.search.peers import requeue_baseline
 from tuner.search.prepare import check_host_files, check_simulated_server, prepare_study
 from tuner.search.samplers import open_optuna_study
 from tuner.storage import has_measured_trials, open_storage, stored_spec
@@ -187,6 +188,7 @@ async def _adopt_running_values(loop: StudyRun, deployer: object) -> None:
         return
     loop.prepared, said = loop.prepared.with_running_values(found)
     loop.peers.prepared = loop.prepared
+    requeue_baseline(loop.study, loop.prepared.space.encode(loop.prepared.baseline_settings))
     if said:
         loop.observer.baseline_read(values=said)
 

@@ -25,7 +25,7 @@ from tuner.study_record import (
 )
 from tuner.trial_runner import PreparedStudy
 
-__all__ = ["Peers", "Pending", "SoloPeers"]
+__all__ = ["Peers", "Pending", "SoloPeers", "requeue_baseline"]
 
 
 @dataclass(kw_only=True)
@@ -77,6 +77,15 @@ class Peers(Protocol):
 
     async def wait(self, deadline: float | None, *, exhausted: bool) -> bool:
         """Whether the loop searches again, once the peers' trials are done."""
+
+
+def requeue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
+    """The queued baseline's parameters set to `params` (the values read from the operator's server), so
+    that the samplers, which read a trial's parameters, see the baseline where it was measured. Optuna keeps
+    an enqueued trial's parameters as its `fixed_params`, which a waiting trial may still change."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if is_baseline(trial):
+            study._storage.set_trial_system_attr(trial._trial_id, "fixed_params", params)
 
 
 class SoloPeers:

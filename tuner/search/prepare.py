@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.config import ParamValue, SearchSpace, StudySpec, load_search_space, validate_options
+from tuner.config import ParamValue, PluginSpec, SearchSpace, StudySpec, load_search_space, validate_options
 from tuner.deployers.base import DEPLOYERS, server_command
+from tuner.engines.api_key import is_pasted_key
 from tuner.engines.base import Engine, create_engine
 from tuner.engines.llama_server import SIMULATED
 from tuner.errors import ConfigError
@@ -46,6 +47,12 @@ def _check_space_against_knobs(space: SearchSpace, engine: Engine, space_path: P
                 raise ConfigError(
                     f"{space_path}: params.{name}.{key}: {exc}; fix the range in the search space"
                 ) from None
+        try:  # what the engine's own options allow of the knob (Ollama's num_batch only on its native API)
+            engine.check_settings({name: next(v for _, v in bounds if v is not None)})
+        except StopIteration:
+            pass
+        except ConfigError as exc:
+            raise ConfigError(f"{space_path}: params.{name}: {exc}") from None
 
 
 def _check_settings_consistency(full_space: SearchSpace, base_settings: Mapping[str, ParamValue]) -> None:
@@ -64,10 +71,21 @@ def _check_settings_consistency(full_space: SearchSpace, base_settings: Mapping[
             )
 
 
+def _key_file_beside_the_study(engine: PluginSpec, base_dir: Path) -> PluginSpec:
+    """A relative `engine.api_key_file` is the study file's neighbour, as every other path of a study is."""
+    key_file = engine.options().get("api_key_file")
+    if not isinstance(key_file, str) or not key_file or key_file.startswith(("/", "~")) or is_pasted_key(key_file):
+        return engine  # (a pasted key is left as it is, for the engine's options to refuse unseen)
+    return PluginSpec.model_validate({**engine.model_dump(), "api_key_file": str(base_dir / key_file)})
+
+
 def prepare_study(spec: StudySpec, base_dir: Path) -> PreparedStudy:
     check_sampler(spec.search.sampler)
     _check_plugin_options(spec)
-    engine = create_engine(spec.engine, command=server_command(spec.deploy, local_host=spec.host.kind == "local"))
+    engine = create_engine(
+        _key_file_beside_the_study(spec.engine, base_dir),
+        command=server_command(spec.deploy, local_host=spec.host.kind == "local"),
+    )
     full_space = load_search_space(base_dir / spec.search.space)
     space = full_space.restricted_to(spec.search.params)
     if space.engine != engine.kind:
