@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from tuner.config import ParamValue
 from tuner.engines.api_key import ApiKeyOptions, load_api_key
@@ -177,6 +177,12 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
                 "remove it: engine.api_key_env or api_key_file gives the server the key as VLLM_API_KEY"
             )
 
+    def _secret_env(self) -> dict[str, SecretStr]:
+        # With the unit's own command its own key stays (requests still carry ours: a wrong one is a 401).
+        if self._api_key is None or self._command is ServerCommand.UNIT:
+            return {}
+        return {"VLLM_API_KEY": self._api_key}
+
     def request_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
 
@@ -202,10 +208,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
             executable=command[0],
             args=(*args, *self._options.extra_args),
             env=dict(self._options.env),
-            # With the unit's own command its own key stays (requests still carry ours: a wrong one is a 401).
-            secret_env={"VLLM_API_KEY": self._api_key}
-            if self._api_key and self._command is not ServerCommand.UNIT
-            else {},
+            secret_env=self._secret_env(),
             host=self._options.host,
             port=self._options.port,
             health_path="/health",

@@ -188,7 +188,8 @@ async def _adopt_running_values(loop: StudyRun, deployer: object) -> None:
         return
     loop.prepared, said = loop.prepared.with_running_values(found)
     loop.peers.prepared = loop.prepared
-    requeue_baseline(loop.study, loop.prepared.space.encode(loop.prepared.baseline_settings))
+    if loop.peers.host is None:  # a fleet host queues its own baseline once it is reached, from these values
+        requeue_baseline(loop.study, loop.prepared.space.encode(loop.prepared.baseline_settings))
     if said:
         loop.observer.baseline_read(values=said)
 

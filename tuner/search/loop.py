@@ -128,9 +128,7 @@ class StudyRun:
         skipped = 0
         while len(batch) < size:
             trial = self.study.ask(self.distributions)
-            settings = self.prepared.space.decode(trial.params)
-            if is_baseline(trial):  # what the server runs, read from it where it is the operator's own
-                settings = dict(self.prepared.baseline_settings)
+            settings = self.prepared.space.decode(trial.params)  # the baseline's: what its server runs (entry.py)
             update_trial_record(trial, settings=settings, host=self.host)  # a re-queued trial's record is new
             if (over := self.peers.took(trial)) is not None:
                 self.observer.trial_skipped(settings=settings, reason=over)
