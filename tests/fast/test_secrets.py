@@ -47,7 +47,7 @@ def test_a_launch_never_shows_its_secret(monkeypatch: pytest.MonkeyPatch) -> Non
     assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
 
 
-ENGINE_OPTIONS = {
+ENGINE_OPTIONS: dict[str, dict[str, object]] = {
     "llama-server": {"binary": "/x", "model": "/y", "port": 1},
     "vllm": {"model": "Qwen/Qwen2.5-0.5B-Instruct"},
     "ollama": {"model": "llama3.2:3b"},
@@ -69,7 +69,8 @@ def test_every_engine_takes_its_key_from_a_variable_or_a_private_file_and_sends_
     key_file.write_text(CANARY + "\n")
     key_file.chmod(0o600)
     given = {"api_key_env": "SERVE_TUNER_TEST_KEY"} if source == "env" else {"api_key_file": str(key_file)}
-    engine = create_engine(PluginSpec.model_validate({"kind": kind, **ENGINE_OPTIONS[kind], **given}))
+    table: dict[str, object] = {"kind": kind, **ENGINE_OPTIONS[kind], **given}
+    engine = create_engine(PluginSpec.model_validate(table))
     launch = engine.launch_spec({})
     assert engine.request_headers() == {"Authorization": f"Bearer {CANARY}"}
     assert launch.secret_values() == SERVER_GETS[kind]

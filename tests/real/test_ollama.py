@@ -9,6 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from tests.support import DATA, free_port, run_tuner
 from tuner import assets
@@ -67,22 +68,28 @@ def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
     assert _ollama_processes(ollama_binary) == []
 
 
+def _study_of_one_knob(tmp_path: Path, knob: str, choices: str, default: str) -> dict[str, Any]:
+    """The five-users study on the real Ollama with a space of one knob (the baseline and one trial); its
+    leaderboard as `leaderboard --json` gives it."""
+    space = tmp_path / "space.toml"
+    space.write_text(f'engine = "ollama"\n[params.{knob}]\nchoices = {choices}\ndefault = {default}\n')
+    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
+    args = [
+        "run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}",
+        "--set", f"search.space={json.dumps(str(space))}",
+    ]  # fmt: skip
+    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    board = run_tuner("leaderboard", str(tmp_path / "runs" / "ollama-five"), "--json", timeout=120)
+    return dict(json.loads(board.stdout))
+
+
 def test_a_setting_ollama_drops_on_this_cpu_fails_its_trial_naming_it_instead_of_measuring_the_default(
     ollama_binary: Path, tmp_path: Path
 ) -> None:
     # Ollama takes OLLAMA_FLASH_ATTENTION=1, then at the model's load (the warm-up) logs that the device
     # cannot and runs without it: the trial would be the baseline measured again under another name.
-    (tmp_path / "space.toml").write_text(
-        'engine = "ollama"\n[params.flash_attention]\nchoices = [false, true]\ndefault = false\n'
-    )
-    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
-    args = [
-        "run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}",
-        "--set", f"search.space={json.dumps(str(tmp_path / 'space.toml'))}",
-    ]  # fmt: skip
-    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    board = json.loads(run_tuner("leaderboard", str(tmp_path / "runs" / "ollama-five"), "--json", timeout=120).stdout)
+    board = _study_of_one_knob(tmp_path, "flash_attention", "[false, true]", "false")
     failed = [row for row in board["rows"] if row["state"] == "FAIL"]
     assert [row["settings"] for row in failed] == [{"flash_attention": True}], board["rows"]
     reason = failed[0]["reason"]
@@ -97,16 +104,8 @@ def test_num_batch_reaches_ollamas_runner_from_the_requests_and_never_reloads_th
     # Ollama has no variable for num_batch: each request carries it. Its runner's command line, which
     # Ollama logs when it loads the model, shows what it took; one load per server start means no request
     # of the trial (warm-up, rounds) came with another value, which would have reloaded the model.
-    (tmp_path / "space.toml").write_text('engine = "ollama"\n[params.num_batch]\nchoices = [512, 128]\ndefault = 512\n')
-    env = {**os.environ, "HOME": str(tmp_path), "SERVE_TUNER_CACHE": str(assets.cache_root())}
-    args = [
-        "run", str(STUDY), "--runs-dir", str(tmp_path / "runs"), "--set", f"engine.port={free_port()}",
-        "--set", f"search.space={json.dumps(str(tmp_path / 'space.toml'))}",
-    ]  # fmt: skip
-    done = run_tuner(*args, env=env, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    board = _study_of_one_knob(tmp_path, "num_batch", "[512, 128]", "512")
     run = tmp_path / "runs" / "ollama-five"
-    board = json.loads(run_tuner("leaderboard", str(run), "--json", timeout=120).stdout)
     tuned = next(row for row in board["rows"] if not row["baseline"])
     assert tuned["settings"] == {"num_batch": 128} and tuned["state"] == "COMPLETE", board["rows"]
     for number, batch in ((0, 512), (tuned["number"], 128)):
