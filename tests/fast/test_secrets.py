@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.support.bounded import fifo_nobody_may_open
 from tuner.errors import ConfigError
 from tuner.redact import SECRET_REFUSED
 from tuner.study_record import RECORD_KEY
@@ -185,8 +186,7 @@ def test_a_key_file_that_is_no_file_or_holds_no_sendable_key_is_refused_in_one_l
     from tuner.engines.vllm import VllmEngine, VllmOptions
 
     fifo = tmp_path / "fifo"
-    os.mkfifo(fifo, 0o600)
-    with pytest.raises(ConfigError, match="is a FIFO"):  # read, it would wait forever
+    with fifo_nobody_may_open(fifo), pytest.raises(ConfigError, match="is a FIFO"):  # read, it would wait forever
         VllmEngine(VllmOptions(model="m", api_key_file=str(fifo)))
     with pytest.raises(ConfigError, match="not a file"):
         VllmEngine(VllmOptions(model="m", api_key_file="/dev/null"))

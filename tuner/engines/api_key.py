@@ -19,7 +19,7 @@ from tuner.errors import ConfigError
 from tuner.files import special_file
 from tuner.redact import SECRET_REFUSED, looks_like_secret, remember_secret
 
-__all__ = ["ApiKeyOptions", "check_key", "is_pasted_key", "load_api_key"]
+__all__ = ["ApiKeyOptions", "bearer_headers", "check_key", "is_pasted_key", "load_api_key"]
 
 _KEY_FILE_LIMIT = 4096  # bytes; a key is far shorter, and a file this large was given by mistake
 _KEY_CHARACTERS = re.compile(r"[!-~]+", re.ASCII)
@@ -68,6 +68,11 @@ class ApiKeyOptions(StrictModel):
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("give the API key by api_key_env or api_key_file, not both")
         return self
+
+
+def bearer_headers(key: SecretStr | None) -> dict[str, str]:
+    """The Authorization header every request carries, or none without a key."""
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
 
 def is_pasted_key(path: str) -> bool:

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from tuner import assets, catalog
 from tuner.config import ParamValue
-from tuner.engines.api_key import ApiKeyOptions, load_api_key
+from tuner.engines.api_key import ApiKeyOptions, bearer_headers, load_api_key
 from tuner.engines.base import (
     ENGINES,
     HttpCall,
@@ -143,7 +143,7 @@ class LlamaServerEngine(KnobbedEngine[LlamaServerOptions]):
         return list(self._options.lora_adapters)  # an adapter's id in a request is its place here
 
     def request_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
+        return bearer_headers(self._api_key)
 
     def host_files(self) -> dict[str, str]:
         configured: dict[str, str] = {}

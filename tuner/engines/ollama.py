@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from tuner.config import ParamValue
-from tuner.engines.api_key import ApiKeyOptions, load_api_key
+from tuner.engines.api_key import ApiKeyOptions, bearer_headers, load_api_key
 from tuner.engines.base import (
     ENGINES,
     HttpCall,
@@ -166,7 +166,7 @@ class OllamaEngine(KnobbedEngine[OllamaOptions]):
         self._api_key = load_api_key(options)
 
     def request_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
+        return bearer_headers(self._api_key)
 
     def launch_spec(self, settings: Mapping[str, ParamValue]) -> LaunchSpec:
         self.check_settings(settings)

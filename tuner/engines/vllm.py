@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import Field, SecretStr
 
 from tuner.config import ParamValue
-from tuner.engines.api_key import ApiKeyOptions, load_api_key
+from tuner.engines.api_key import ApiKeyOptions, bearer_headers, load_api_key
 from tuner.engines.base import ENGINES, HttpCall, Knob, KnobbedEngine, StreamEvent, check_paths_for
 from tuner.engines.memory import hf_config_kv_shape, kv_bytes_per_token
 from tuner.engines.openai_stream import parse_openai_sse_line, probe_answer_units
@@ -184,7 +184,7 @@ class VllmEngine(KnobbedEngine[VllmOptions]):
         return {"VLLM_API_KEY": self._api_key}
 
     def request_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"} if self._api_key else {}
+        return bearer_headers(self._api_key)
 
     @property
     def model_name(self) -> str:
