@@ -19,8 +19,12 @@ missing=""
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 # The fleet tests start a real PostgreSQL (initdb in a temporary directory) for Optuna's shared storage.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
+# The container deployer's tests run llama-server and Ollama in podman containers, as root, on runc (Debian's
+# default crun refuses some cgroup layouts; tests/support/containers.py selects runc).
+command -v podman >/dev/null 2>&1 || missing="$missing podman"
+[ -x /usr/sbin/runc ] || missing="$missing runc"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing$missing for the ssh, systemd and browser tests ..."
+  echo "installing$missing for the ssh, systemd, browser, fleet and container tests ..."
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
     || echo "warning: could not install$missing; the tests that need them fail under CI=true and skip elsewhere, saying why" >&2

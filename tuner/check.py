@@ -157,7 +157,7 @@ async def _check_host(
                 lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
                 deployer = create_deployer(spec.deploy, transport=transport)
                 lines += await _privilege_lines(spec, deployer, transport)
-                lines += await _file_lines(engine, transport)
+                lines += await _file_lines(engine, deployer, transport)
                 check_deployment = getattr(deployer, "check", None)
                 read_running_log = getattr(deployer, "running_log", None)
                 if callable(check_deployment):
@@ -474,6 +474,8 @@ async def _privilege_lines(spec: StudySpec, deployer: object, transport: Transpo
         user = (await transport.run(["id", "-u"], timeout_s=30, check=False)).stdout.strip()
         if user == "0":
             return [CheckLine("privileges", True, "the login is root")]
+        if getattr(deployer, "runs_as_login", False):  # a docker group member, rootless podman
+            return [CheckLine("privileges", True, "its commands run as the login (host.sudo is false)")]
         fix = f"set host.sudo = true and allow it {', '.join(commands)} without a password (docs/production-host.md)"
         return [CheckLine("privileges", False, f"the login is not root and host.sudo is false; {fix}")]
     refused = []
@@ -487,7 +489,9 @@ async def _privilege_lines(spec: StudySpec, deployer: object, transport: Transpo
     return [CheckLine("privileges", True, f"`sudo -n` allows {', '.join(commands)}")]
 
 
-async def _file_lines(engine: Engine, transport: Transport) -> list[CheckLine]:
+async def _file_lines(engine: Engine, deployer: object, transport: Transport) -> list[CheckLine]:
+    if getattr(deployer, "paths_in_image", False):  # the image's and its mounts', not the host's
+        return [CheckLine("files", True, "the engine's paths are the container's: a trial's start reads them")]
     lines = []
     for key, path in engine.host_files().items():
         if await host_has_file(transport, path):

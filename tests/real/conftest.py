@@ -20,6 +20,7 @@ from tuner import assets
 
 if TYPE_CHECKING:
     from tests.support.browser import Browser
+    from tests.support.containers import PodmanHost
     from tests.support.systemd_host import SystemdHost
 
 
@@ -41,6 +42,40 @@ def ollama_binary() -> Path:
         why = os.environ.get("SERVE_TUNER_SETUP_ERROR") or "run `tuner setup --ollama` (scripts/test.sh does it)"
         need_real_part("ollama", why)
     return binary
+
+
+_PODMAN_HOSTS: list[PodmanHost] = []  # the one podman_host of this test process, once it is up
+
+
+@pytest.fixture(scope="session")
+def podman_host(llama_server_binary: Path) -> Iterator[PodmanHost]:
+    """Debian's podman on runc, as root, with the llama-server image made offline from `tuner setup`'s
+    binary (tests/support/containers.py). Every podman and every tuner that calls podman takes its `env`
+    (CONTAINERS_CONF). Missing where podman or runc is not installed, the run is not root, or a trivial
+    container does not start (then it says podman's last words); no container outlives its test."""
+    from tests.support.containers import PodmanUnavailable
+    from tests.support.containers import podman_host as start_podman_host
+
+    starting = start_podman_host()
+    try:
+        host = starting.__enter__()
+    except PodmanUnavailable as exc:
+        need_real_part("podman", str(exc))
+    _PODMAN_HOSTS.append(host)
+    try:
+        yield host
+    finally:
+        _PODMAN_HOSTS.remove(host)
+        starting.__exit__(None, None, None)
+
+
+@pytest.fixture(autouse=True)
+def _no_container_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that uses the podman host, every container named under its prefix is removed."""
+    yield
+    if "podman_host" in request.fixturenames:
+        for host in _PODMAN_HOSTS:
+            host.remove_all()
 
 
 @dataclass(frozen=True, kw_only=True)

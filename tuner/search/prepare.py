@@ -186,8 +186,8 @@ async def host_has_file(transport: Transport, path: str) -> bool:
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:
     """The files the engine's options name exist on the host, looked at before anything is changed."""
     files = engine.host_files()
-    if not files:
-        return
+    if not files or getattr(DEPLOYERS.get(spec.deploy.kind), "paths_in_image", False):
+        return  # a container's paths are its image's and its mounts': its trial's start reads them
     async with create_transport(spec.host) as transport:
         for key, path in files.items():
             if not await host_has_file(transport, path):

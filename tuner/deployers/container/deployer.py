@@ -1,0 +1,436 @@
+"""`ContainerDeployer`: trials as a copy of the operator's container (carry.py) beside the stopped original,
+which keeps its name and is never changed; the watcher on the host (dead_man.py) and the next run put it
+back if this controller cannot."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuner.config import StrictModel
+from tuner.deployers.base import DEPLOYERS, Deployment, running_values, wait_until_healthy
+from tuner.deployers.container.carry import (
+    ORIGINAL_RAN_LABEL,
+    entrypoint_of,
+    shown,
+    trial_run_argv,
+    uncarried_fields,
+)
+from tuner.deployers.container.dead_man import DeadManWatcher, host_state_dir
+from tuner.deployers.container.env_file import trial_env_file, without_env_values
+from tuner.deployers.container.ownership import foreground_runner, ownership_refusals
+from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
+from tuner.models import CheckLine, LaunchSpec, RunningValue, ServerCommand, TunedKnob
+from tuner.redact import redact
+from tuner.transports.base import CommandResult, Transport
+
+__all__ = ["ContainerDeployer", "ContainerOptions"]
+
+TRIAL_SUFFIX = "-tuner-trial"
+_OLD_BASELINE_SUFFIX = "-tuner-baseline"  # where versions before 0.6 moved the original aside
+# Fields of the original compared with the snapshot after the restore: all but its state and timestamps.
+_COMPARED = ("Id", "Name", "Image", "Config", "HostConfig", "Mounts")
+_ALL_ADDRESSES = ("0.0.0.0", "::", "[::]")
+
+
+class ContainerOptions(StrictModel):
+    cli: Literal["docker", "podman"] = Field(default="docker", description="The container engine's command.")
+    container: str = Field(min_length=1, description="Name of the container that runs the server now.")
+    start_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a healthy server.")
+    stop_timeout_s: int = Field(default=30, ge=1, description="Seconds `stop` waits before killing.")
+    dead_man_s: float = Field(
+        default=3600.0,
+        ge=5,
+        description="The host puts the original container back by itself this long after the controller was "
+        "last heard from (a watcher started on the host before the original stops): make it longer than a "
+        "trial's longest round.",
+    )
+
+
+def _status(inspect: Mapping[str, Any]) -> str:
+    return str((inspect.get("State") or {}).get("Status") or "unknown")
+
+
+def _published(inspect: Mapping[str, Any], port: int) -> tuple[str, int] | None:
+    """Where the host publishes the container's `port`: (address, host port), the first binding."""
+    bindings = ((inspect.get("HostConfig") or {}).get("PortBindings") or {}).get(f"{port}/tcp") or []
+    for binding in bindings:
+        if str(binding.get("HostPort") or "").isdigit():
+            address = str(binding.get("HostIp") or "")
+            return ("127.0.0.1" if address in ("", *_ALL_ADDRESSES) else address), int(binding["HostPort"])
+    return None
+
+
+def _address_refusal(container: str, inspect: Mapping[str, Any], launch: LaunchSpec) -> str | None:
+    """On the host's network the server is reached where it listens; on any other (a bridge, docker's
+    default) it must listen on all of the container's addresses, and is reached at the port the original
+    publishes for engine.port."""
+    network = str((inspect.get("HostConfig") or {}).get("NetworkMode") or "")
+    if network == "host":
+        return None
+    if _published(inspect, launch.port) is None:
+        return (
+            f"container {container} is on network {network or 'default'!r} and publishes no host port for "
+            f"{launch.port}/tcp, so the tuner cannot reach its server; set engine.port to the container port "
+            f"it publishes (`-p HOSTPORT:CONTAINERPORT`), or run it with --network host"
+        )
+    try:
+        loopback = ipaddress.ip_address(launch.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = launch.host == "localhost"
+    if loopback:
+        return (
+            f"container {container} is on network {network or 'default'!r}, where a server listening on "
+            f'{launch.host} answers only inside the container; set engine.host = "0.0.0.0" (the tuner reaches '
+            "it through the published port)"
+        )
+    return None
+
+
+@DEPLOYERS.register("container")
+class ContainerDeployer:
+    options_model = ContainerOptions
+    # Its commands run as the login (a docker group member, rootless podman, root), or all through `sudo -n`
+    # where host.sudo says so: `--check` asks no sudo of a plain login (tuner/check.py).
+    runs_as_login = True
+    paths_in_image = True  # engine.binary and engine.model are the container's: `--check` looks for none on the host
+
+    @staticmethod
+    def server_command(options: ContainerOptions, *, local_host: bool) -> ServerCommand:
+        """The image's paths, not this machine's, whichever host runs it."""
+        return ServerCommand.REMOTE
+
+    def __init__(self, options: ContainerOptions, *, transport: Transport) -> None:
+        self._options = options
+        self._transport = transport
+        self._original: dict[str, Any] | None = None  # its inspect when the study first stopped it
+        self._original_ran = False
+        self._image_entrypoint: list[str] = []
+        self._watcher: DeadManWatcher | None = None
+        self._last_beat = 0.0
+        self._log_path: str | None = None
+        self._log_kept = 0
+        self._launch: LaunchSpec | None = None
+
+    @property
+    def _name(self) -> str:
+        return self._options.container
+
+    @property
+    def _trial(self) -> str:
+        return self._name + TRIAL_SUFFIX
+
+    @property
+    def privileged_commands(self) -> tuple[str, ...]:
+        """What goes through `sudo -n` where host.sudo is true: the CLI, and the watcher's and env file's steps."""
+        return (self._options.cli, "sh", "rm", "touch")
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ContainerDeployer:
+        await self._put_back_leftovers()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.restore()
+
+    async def _put_back_leftovers(self) -> None:
+        """A controller killed mid-study left its trial running and the original stopped: put it back first."""
+        left = await self._inspect_or_none(self._trial)
+        if left is not None:
+            labels = (left.get("Config") or {}).get("Labels") or {}
+            await self._cli("rm", "-f", self._trial)
+            original = await self._inspect_or_none(self._name)
+            if labels.get(ORIGINAL_RAN_LABEL) == "yes" and original is not None and _status(original) != "running":
+                await self._cli("start", self._name)
+        if await self._inspect_or_none(self._name + _OLD_BASELINE_SUFFIX) is not None:
+            await self._cli("rename", self._name + _OLD_BASELINE_SUFFIX, self._name)
+            await self._cli("start", self._name)
+        watcher = await self._make_watcher()
+        await watcher.disarm()
+
+    async def _make_watcher(self) -> DeadManWatcher:
+        if self._watcher is None:
+            self._watcher = DeadManWatcher(
+                self._transport,
+                state_dir=await host_state_dir(self._transport),
+                cli=self._options.cli,
+                container=self._name,
+                seconds=self._options.dead_man_s,
+            )
+        return self._watcher
+
+    # ---- the CLI --------------------------------------------------------------------------------
+
+    async def _run_cli(self, *args: str, timeout_s: float, check: bool) -> CommandResult:
+        # As the login, or through `sudo -n` where host.sudo is true: every command the same way, so that
+        # all of them see the same containers (rootful and rootless podman keep separate ones), and the env
+        # file, written the same way with mode 0600, is readable by the `run` that reads it.
+        return await self._transport.run([self._options.cli, *args], timeout_s=timeout_s, check=check, privileged=True)
+
+    async def _cli(self, *args: str, timeout_s: float = 120) -> str:
+        try:
+            result = await self._run_cli(*args, timeout_s=timeout_s, check=True)
+        except CommandFailed as exc:
+            said = redact(exc.stderr_tail.strip())[-300:]
+            raise DeployError(f"`{self._options.cli} {args[0]}` failed: {said}") from None
+        return result.stdout
+
+    async def _inspect_or_none(self, name: str) -> dict[str, Any] | None:
+        result = await self._run_cli("inspect", "--type", "container", name, timeout_s=60, check=False)
+        if result.exit_status != 0:
+            if "permission denied" in result.stderr.lower():
+                raise DeployError(
+                    f"`{self._options.cli} inspect` was refused ({result.stderr.strip()[-160:]}); add the login to "
+                    "the docker group, or set host.sudo = true (docs/production-host.md)"
+                )
+            return None
+        data = json.loads(result.stdout)
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            raise DeployError(f"{self._options.cli} inspect {name} gave no container description")
+        return data[0]
+
+    async def _image_entrypoint_of(self, original: Mapping[str, Any]) -> list[str]:
+        """The image's own entrypoint (a trial names none where the original named none)."""
+        image = str(original.get("Image") or "")
+        found = await self._run_cli(
+            "image", "inspect", "--format", "{{json .Config.Entrypoint}}", image, timeout_s=60, check=False
+        )
+        try:
+            words = json.loads(found.stdout) if found.exit_status == 0 else None
+        except json.JSONDecodeError:
+            words = None
+        if isinstance(words, str):
+            return words.split()
+        return [str(word) for word in words] if isinstance(words, list) else []
+
+    async def _original_now(self) -> dict[str, Any]:
+        found = await self._inspect_or_none(self._name)
+        if found is None:
+            raise ConfigError(
+                f"no container named {self._name!r} ({self._who()}); set deploy.container to the container that "
+                f"runs the server (`{self._options.cli} ps -a`)"
+            )
+        return found
+
+    def _who(self) -> str:
+        if self._options.cli == "podman":
+            return "podman keeps each user's containers apart: the study looks at the login's, or root's with host.sudo"
+        return "as the login, or through sudo with host.sudo"
+
+    async def _refusals(self, original: Mapping[str, Any], launch: LaunchSpec) -> list[tuple[str, str]]:
+        """(subject, why) for everything that stops a trial from being a faithful, safe copy of `original`."""
+        cli, name = self._options.cli, self._name
+        refused = [
+            ("copy", f"container {name}'s {field} cannot be carried into a trial container; {self._uncarried_fix()}")
+            for field in uncarried_fields(original, cli)
+        ]
+        processes = await self._transport.run(["ps", "-eo", "args"], timeout_s=30, check=False)
+        runner = foreground_runner(processes.stdout, name)
+        refused += [("owner", why) for why in ownership_refusals(cli, name, original, runner)]
+        address = _address_refusal(name, original, launch)
+        if address is not None:
+            refused.append(("address", address))
+        return refused
+
+    def _uncarried_fix(self) -> str:
+        return (
+            f"recreate {self._name} without it, or tune a copy of it that has none "
+            "(docs/production-host.md lists what a trial carries)"
+        )
+
+    # ---- --check ----------------------------------------------------------------------------------
+
+    async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
+        """What `tuner run --check` reads, changing nothing: the container, what a trial would carry of it,
+        who else starts it, where the tuner reaches it, and a trial an earlier run left."""
+        subject = f"container {self._name}"
+        try:
+            original = await self._original_now()
+        except (ConfigError, DeployError) as exc:
+            return [CheckLine(subject, False, str(exc))]
+        lines = [CheckLine(subject, True, f"{_status(original)}, image {(original.get('Config') or {}).get('Image')}")]
+        refused = await self._refusals(original, launch)
+        lines += [CheckLine(what, False, why) for what, why in refused]
+        if not refused:
+            reached = self._reached_at(original, launch)
+            lines.append(
+                CheckLine("copy", True, f"a trial carries everything but the command line; reached at {reached}")
+            )
+        if await self._inspect_or_none(self._trial) is not None:
+            lines.append(CheckLine("leftovers", True, f"an earlier run left {self._trial}: the run restores first"))
+        return lines
+
+    def _reached_at(self, original: Mapping[str, Any], launch: LaunchSpec) -> str:
+        published = _published(original, launch.port)
+        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or published is None:
+            return f"{launch.host}:{launch.port} (the host's network)"
+        return f"{published[0]}:{published[1]} (published for {launch.port}/tcp)"
+
+    async def running_url(self, launch: LaunchSpec) -> str | None:
+        """Where the original answers now, if it runs: for `--check`'s request."""
+        original = await self._inspect_or_none(self._name)
+        if original is None or _status(original) != "running" or _address_refusal(self._name, original, launch):
+            return None
+        return await self._reach(original, launch)
+
+    async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:
+        """The tuned knobs' values in the original's command line and environment: the study's baseline."""
+        original = await self._inspect_or_none(self._name)
+        if original is None:
+            return None
+        config = original.get("Config") or {}
+        argv = [*entrypoint_of(config), *[str(word) for word in config.get("Cmd") or []]]
+        environ = dict(str(entry).split("=", 1) for entry in config.get("Env") or [] if "=" in str(entry))
+        return running_values(
+            argv, environ, tuned, env_source=lambda env: f"container {self._name}'s environment variable {env}"
+        )
+
+    async def _reach(self, original: Mapping[str, Any], launch: LaunchSpec) -> str:
+        published = _published(original, launch.port)
+        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or published is None:
+            return await self._transport.reach(launch.host, launch.port)
+        return await self._transport.reach(*published)
+
+    # ---- a trial ------------------------------------------------------------------------------
+
+    async def apply(self, launch: LaunchSpec, *, log_path: str) -> Deployment:
+        original = await self._original_now() if self._original is None else self._original
+        refused = await self._refusals(original, launch)
+        if refused:
+            raise ConfigError(refused[0][1])
+        # Refused here, before the operator's container is stopped, if a value cannot be carried.
+        env_text = trial_env_file(self._options.cli, self._name, original, launch)
+        if self._original is None:
+            self._original, self._original_ran = original, _status(original) == "running"
+            self._image_entrypoint = await self._image_entrypoint_of(original)
+            baseline = Path(log_path + ".original.json")  # on this machine, beside the trial's log
+            baseline.parent.mkdir(parents=True, exist_ok=True)
+            baseline.write_text(json.dumps(without_env_values(original), indent=1))
+        watcher = await self._make_watcher()
+        # Armed before anything stops, and again if it already put the original back (a silence too long).
+        await watcher.arm(trial=self._trial, original_ran=self._original_ran)
+        self._last_beat = time.monotonic()
+        now = await self._inspect_or_none(self._name)
+        if now is not None and _status(now) == "running":
+            await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
+        await self._run_cli("rm", "-f", self._trial, timeout_s=120, check=False)
+        env_path = f"{watcher.beat.removesuffix('.beat')}.env"
+        await self._transport.write_file(env_path, env_text.encode(), mode=0o600)
+        argv = trial_run_argv(
+            self._options.cli,
+            self._trial,
+            original,
+            launch,
+            env_file=env_path,
+            original_ran=self._original_ran,
+            image_entrypoint=self._image_entrypoint,
+        )
+        try:
+            await self._cli(*argv[1:])
+        finally:
+            # The CLI has read the file by the time `run` returns; a failed `run` must not leave it either.
+            await self._transport.remove_file(env_path)
+        self._log_path, self._log_kept, self._launch = log_path, 0, launch
+        base_url = await self._reach(original, launch)
+        try:
+            took = await wait_until_healthy(
+                launch, base_url=base_url, timeout_s=self._options.start_timeout_s, exited=self.check_alive
+            )
+        except ServerNotReady as exc:
+            tail = (await self.read_log(0))[0].strip().splitlines()[-1:] or ["(no output)"]
+            raise ServerNotReady(f"{exc}; container log ends: {redact(tail[0])[:200]}") from None
+        await self.read_log(0)  # the start's lines in the run directory, as the systemd deployer keeps them
+        return Deployment(launch=launch, pid=None, started_in_s=took, log_path=log_path, base_url=base_url)
+
+    def trial_command(self, launch: LaunchSpec) -> str:
+        """The trial's `run` as an operator would type it (the env file's path a placeholder)."""
+        assert self._original is not None
+        argv = trial_run_argv(
+            self._options.cli,
+            self._trial,
+            self._original,
+            launch,
+            env_file="ENVFILE",
+            original_ran=True,
+            image_entrypoint=self._image_entrypoint,
+        )
+        return shown(argv)
+
+    async def check_alive(self) -> str | None:
+        if self._watcher is not None and time.monotonic() - self._last_beat > min(60.0, self._options.dead_man_s / 4):
+            await self._watcher.beat_now()
+            self._last_beat = time.monotonic()
+        result = await self._run_cli(
+            "inspect", "--type", "container", "-f", "{{.State.Status}} {{.State.ExitCode}}", self._trial,
+            timeout_s=60,
+            check=False,
+        )  # fmt: skip
+        if result.exit_status != 0:
+            return "the trial container is gone"
+        status, _, code = result.stdout.strip().partition(" ")
+        if status != "running":
+            return f"the trial container is {status} (exit code {code})"
+        original = await self._inspect_or_none(self._name)
+        if original is not None and _status(original) == "running":
+            return (
+                f"the original container {self._name} is running again beside the trial (its restart policy after "
+                "an engine restart, or someone started it): the trial was not measured alone"
+            )
+        return None
+
+    async def read_log(self, since: int) -> tuple[str, int]:
+        """The trial container's log; kept whole (redacted) in the run directory as it grows."""
+        result = await self._run_cli("logs", self._trial, timeout_s=120, check=False)
+        if result.exit_status != 0:
+            return "", since
+        text = result.stdout + result.stderr
+        if self._log_path is not None and len(text) > self._log_kept:
+            Path(self._log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(self._log_path).write_text(redact(text))  # the server's own lines may quote the key
+            self._log_kept = len(text)
+        return text[since:], len(text)
+
+    # ---- restore ------------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """The trial container removed, the original started again if it ran, the watcher disarmed; then the
+        original compared with what the study found (all but its state)."""
+        await self._run_cli("rm", "-f", self._trial, timeout_s=120, check=False)
+        if self._original is None:
+            return
+        if self._original_ran:
+            now = await self._inspect_or_none(self._name)
+            if now is not None and _status(now) != "running":
+                await self._cli("start", self._name)
+            if self._launch is not None and now is not None:
+                await self._wait_original(now, self._launch)
+        if self._watcher is not None:
+            await self._watcher.disarm()
+        before, self._original = self._original, None
+        after = await self._inspect_or_none(self._name)
+        changed = [key for key in _COMPARED if after is None or after.get(key) != before.get(key)]
+        if changed:
+            raise DeployError(
+                f"container {self._name} is not as the study found it ({', '.join(changed)} differ"
+                f"{'; it is gone' if after is None else ''}): someone changed it during the study; check it by hand"
+            )
+
+    async def _wait_original(self, original: Mapping[str, Any], launch: LaunchSpec) -> None:
+        async def stopped() -> str | None:
+            now = await self._inspect_or_none(self._name)
+            return None if now is not None and _status(now) == "running" else f"{self._name} is not running"
+
+        if _address_refusal(self._name, original, launch) is None:
+            await wait_until_healthy(
+                launch,
+                base_url=await self._reach(original, launch),
+                timeout_s=self._options.start_timeout_s,
+                exited=stopped,
+            )
