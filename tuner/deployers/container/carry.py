@@ -17,13 +17,12 @@ the same either way.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.models import LaunchSpec
 
-__all__ = ["TRIAL_LABEL", "entrypoint_of", "trial_run_argv", "uncarried_fields"]
+__all__ = ["TRIAL_LABEL", "entrypoint_of", "image_entrypoint", "trial_run_argv", "uncarried_fields"]
 
 # Set on every trial container: the original's name, and whether it ran (what a restore starts again).
 TRIAL_LABEL = "serve-tuner.trial-of"
@@ -84,6 +83,18 @@ def entrypoint_of(config: Mapping[str, Any]) -> list[str]:
     if isinstance(entrypoint, str):
         return entrypoint.split()
     return [str(word) for word in entrypoint or []]
+
+
+def image_entrypoint(said: str) -> list[str]:
+    """The image's own entrypoint from `image inspect --format '{{json .Config.Entrypoint}}'` (a trial names
+    none where the original named none): a list, podman's one string, or null."""
+    try:
+        words = json.loads(said)
+    except json.JSONDecodeError:
+        return []
+    if isinstance(words, str):
+        return words.split()
+    return [str(word) for word in words] if isinstance(words, list) else []
 
 
 def _ulimit_name(name: str) -> str:
@@ -161,6 +172,26 @@ def _gpu_flags(host: Mapping[str, Any]) -> list[str]:
             argv += ["--gpus", "all"]
         elif request.get("Count"):
             argv += ["--gpus", str(request["Count"])]
+    return argv
+
+
+def _create_command_only(config: Mapping[str, Any]) -> list[str]:
+    """What podman 4 keeps only in the command that created the container, not in its inspect fields: CDI
+    devices (`--device nvidia.com/gpu=all`) and `--sysctl`."""
+    words = [str(word) for word in config.get("CreateCommand") or []]
+    argv: list[str] = []
+    for i, word in enumerate(words[:-1]):
+        value = words[i + 1]
+        if word == "--device" and "=" in value and not value.startswith("/"):
+            argv += ["--device", value]
+        elif word == "--sysctl":
+            argv += ["--sysctl", value]
+    for word in words:
+        flag, _, value = word.partition("=")
+        if flag == "--device" and "=" in value and not value.startswith("/"):
+            argv += ["--device", value]
+        elif flag == "--sysctl" and value:
+            argv += ["--sysctl", value]
     return argv
 
 
@@ -269,13 +300,9 @@ def trial_run_argv(
             argv += ["--runtime", str(host["Runtime"])]
     argv += _resource_flags(host)
     argv += _log_flags(host)
+    argv += _create_command_only(config)
     # Every environment value, inherited, tuned or secret, is in this file; none is on the command line.
     argv += ["--env-file", env_file]
     argv, rest = _with_entrypoint(argv, cli, entrypoint_of(config), image_entrypoint, launch)
     image = str(config.get("Image") or inspect.get("ImageName") or inspect.get("Image"))
     return [*argv, image, *rest]
-
-
-def shown(argv: Sequence[str]) -> str:
-    """A command line as an operator would paste it."""
-    return shlex.join(argv)

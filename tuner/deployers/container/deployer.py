@@ -4,7 +4,6 @@ back if this controller cannot."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -15,16 +14,15 @@ from pydantic import Field
 
 from tuner.config import StrictModel
 from tuner.deployers.base import DEPLOYERS, Deployment, running_values, wait_until_healthy
+from tuner.deployers.container.address import address_refusal, published, reached_at, refusals, status
 from tuner.deployers.container.carry import (
     ORIGINAL_RAN_LABEL,
     entrypoint_of,
-    shown,
+    image_entrypoint,
     trial_run_argv,
-    uncarried_fields,
 )
 from tuner.deployers.container.dead_man import DeadManWatcher, host_state_dir
 from tuner.deployers.container.env_file import trial_env_file, without_env_values
-from tuner.deployers.container.ownership import foreground_runner, ownership_refusals
 from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
 from tuner.models import CheckLine, LaunchSpec, RunningValue, ServerCommand, TunedKnob
 from tuner.redact import redact
@@ -36,7 +34,6 @@ TRIAL_SUFFIX = "-tuner-trial"
 _OLD_BASELINE_SUFFIX = "-tuner-baseline"  # where versions before 0.6 moved the original aside
 # Fields of the original compared with the snapshot after the restore: all but its state and timestamps.
 _COMPARED = ("Id", "Name", "Image", "Config", "HostConfig", "Mounts")
-_ALL_ADDRESSES = ("0.0.0.0", "::", "[::]")
 
 
 class ContainerOptions(StrictModel):
@@ -51,46 +48,6 @@ class ContainerOptions(StrictModel):
         "last heard from (a watcher started on the host before the original stops): make it longer than a "
         "trial's longest round.",
     )
-
-
-def _status(inspect: Mapping[str, Any]) -> str:
-    return str((inspect.get("State") or {}).get("Status") or "unknown")
-
-
-def _published(inspect: Mapping[str, Any], port: int) -> tuple[str, int] | None:
-    """Where the host publishes the container's `port`: (address, host port), the first binding."""
-    bindings = ((inspect.get("HostConfig") or {}).get("PortBindings") or {}).get(f"{port}/tcp") or []
-    for binding in bindings:
-        if str(binding.get("HostPort") or "").isdigit():
-            address = str(binding.get("HostIp") or "")
-            return ("127.0.0.1" if address in ("", *_ALL_ADDRESSES) else address), int(binding["HostPort"])
-    return None
-
-
-def _address_refusal(container: str, inspect: Mapping[str, Any], launch: LaunchSpec) -> str | None:
-    """On the host's network the server is reached where it listens; on any other (a bridge, docker's
-    default) it must listen on all of the container's addresses, and is reached at the port the original
-    publishes for engine.port."""
-    network = str((inspect.get("HostConfig") or {}).get("NetworkMode") or "")
-    if network == "host":
-        return None
-    if _published(inspect, launch.port) is None:
-        return (
-            f"container {container} is on network {network or 'default'!r} and publishes no host port for "
-            f"{launch.port}/tcp, so the tuner cannot reach its server; set engine.port to the container port "
-            f"it publishes (`-p HOSTPORT:CONTAINERPORT`), or run it with --network host"
-        )
-    try:
-        loopback = ipaddress.ip_address(launch.host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = launch.host == "localhost"
-    if loopback:
-        return (
-            f"container {container} is on network {network or 'default'!r}, where a server listening on "
-            f'{launch.host} answers only inside the container; set engine.host = "0.0.0.0" (the tuner reaches '
-            "it through the published port)"
-        )
-    return None
 
 
 @DEPLOYERS.register("container")
@@ -147,7 +104,7 @@ class ContainerDeployer:
             labels = (left.get("Config") or {}).get("Labels") or {}
             await self._cli("rm", "-f", self._trial)
             original = await self._inspect_or_none(self._name)
-            if labels.get(ORIGINAL_RAN_LABEL) == "yes" and original is not None and _status(original) != "running":
+            if labels.get(ORIGINAL_RAN_LABEL) == "yes" and original is not None and status(original) != "running":
                 await self._cli("start", self._name)
         if await self._inspect_or_none(self._name + _OLD_BASELINE_SUFFIX) is not None:
             await self._cli("rename", self._name + _OLD_BASELINE_SUFFIX, self._name)
@@ -196,20 +153,6 @@ class ContainerDeployer:
             raise DeployError(f"{self._options.cli} inspect {name} gave no container description")
         return data[0]
 
-    async def _image_entrypoint_of(self, original: Mapping[str, Any]) -> list[str]:
-        """The image's own entrypoint (a trial names none where the original named none)."""
-        image = str(original.get("Image") or "")
-        found = await self._run_cli(
-            "image", "inspect", "--format", "{{json .Config.Entrypoint}}", image, timeout_s=60, check=False
-        )
-        try:
-            words = json.loads(found.stdout) if found.exit_status == 0 else None
-        except json.JSONDecodeError:
-            words = None
-        if isinstance(words, str):
-            return words.split()
-        return [str(word) for word in words] if isinstance(words, list) else []
-
     async def _original_now(self) -> dict[str, Any]:
         found = await self._inspect_or_none(self._name)
         if found is None:
@@ -226,24 +169,8 @@ class ContainerDeployer:
 
     async def _refusals(self, original: Mapping[str, Any], launch: LaunchSpec) -> list[tuple[str, str]]:
         """(subject, why) for everything that stops a trial from being a faithful, safe copy of `original`."""
-        cli, name = self._options.cli, self._name
-        refused = [
-            ("copy", f"container {name}'s {field} cannot be carried into a trial container; {self._uncarried_fix()}")
-            for field in uncarried_fields(original, cli)
-        ]
         processes = await self._transport.run(["ps", "-eo", "args"], timeout_s=30, check=False)
-        runner = foreground_runner(processes.stdout, name)
-        refused += [("owner", why) for why in ownership_refusals(cli, name, original, runner)]
-        address = _address_refusal(name, original, launch)
-        if address is not None:
-            refused.append(("address", address))
-        return refused
-
-    def _uncarried_fix(self) -> str:
-        return (
-            f"recreate {self._name} without it, or tune a copy of it that has none "
-            "(docs/production-host.md lists what a trial carries)"
-        )
+        return refusals(self._options.cli, self._name, original, launch, processes=processes.stdout)
 
     # ---- --check ----------------------------------------------------------------------------------
 
@@ -255,11 +182,11 @@ class ContainerDeployer:
             original = await self._original_now()
         except (ConfigError, DeployError) as exc:
             return [CheckLine(subject, False, str(exc))]
-        lines = [CheckLine(subject, True, f"{_status(original)}, image {(original.get('Config') or {}).get('Image')}")]
+        lines = [CheckLine(subject, True, f"{status(original)}, image {(original.get('Config') or {}).get('Image')}")]
         refused = await self._refusals(original, launch)
         lines += [CheckLine(what, False, why) for what, why in refused]
         if not refused:
-            reached = self._reached_at(original, launch)
+            reached = reached_at(original, launch)
             lines.append(
                 CheckLine("copy", True, f"a trial carries everything but the command line; reached at {reached}")
             )
@@ -267,16 +194,10 @@ class ContainerDeployer:
             lines.append(CheckLine("leftovers", True, f"an earlier run left {self._trial}: the run restores first"))
         return lines
 
-    def _reached_at(self, original: Mapping[str, Any], launch: LaunchSpec) -> str:
-        published = _published(original, launch.port)
-        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or published is None:
-            return f"{launch.host}:{launch.port} (the host's network)"
-        return f"{published[0]}:{published[1]} (published for {launch.port}/tcp)"
-
     async def running_url(self, launch: LaunchSpec) -> str | None:
         """Where the original answers now, if it runs: for `--check`'s request."""
         original = await self._inspect_or_none(self._name)
-        if original is None or _status(original) != "running" or _address_refusal(self._name, original, launch):
+        if original is None or status(original) != "running" or address_refusal(self._name, original, launch):
             return None
         return await self._reach(original, launch)
 
@@ -293,10 +214,10 @@ class ContainerDeployer:
         )
 
     async def _reach(self, original: Mapping[str, Any], launch: LaunchSpec) -> str:
-        published = _published(original, launch.port)
-        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or published is None:
+        bound = published(original, launch.port)
+        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or bound is None:
             return await self._transport.reach(launch.host, launch.port)
-        return await self._transport.reach(*published)
+        return await self._transport.reach(*bound)
 
     # ---- a trial ------------------------------------------------------------------------------
 
@@ -308,8 +229,13 @@ class ContainerDeployer:
         # Refused here, before the operator's container is stopped, if a value cannot be carried.
         env_text = trial_env_file(self._options.cli, self._name, original, launch)
         if self._original is None:
-            self._original, self._original_ran = original, _status(original) == "running"
-            self._image_entrypoint = await self._image_entrypoint_of(original)
+            self._original, self._original_ran = original, status(original) == "running"
+            found = await self._run_cli(
+                "image", "inspect", "--format", "{{json .Config.Entrypoint}}", str(original.get("Image") or ""),
+                timeout_s=60,
+                check=False,
+            )  # fmt: skip
+            self._image_entrypoint = image_entrypoint(found.stdout if found.exit_status == 0 else "null")
             baseline = Path(log_path + ".original.json")  # on this machine, beside the trial's log
             baseline.parent.mkdir(parents=True, exist_ok=True)
             baseline.write_text(json.dumps(without_env_values(original), indent=1))
@@ -318,7 +244,7 @@ class ContainerDeployer:
         await watcher.arm(trial=self._trial, original_ran=self._original_ran)
         self._last_beat = time.monotonic()
         now = await self._inspect_or_none(self._name)
-        if now is not None and _status(now) == "running":
+        if now is not None and status(now) == "running":
             await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
         await self._run_cli("rm", "-f", self._trial, timeout_s=120, check=False)
         env_path = f"{watcher.beat.removesuffix('.beat')}.env"
@@ -349,20 +275,6 @@ class ContainerDeployer:
         await self.read_log(0)  # the start's lines in the run directory, as the systemd deployer keeps them
         return Deployment(launch=launch, pid=None, started_in_s=took, log_path=log_path, base_url=base_url)
 
-    def trial_command(self, launch: LaunchSpec) -> str:
-        """The trial's `run` as an operator would type it (the env file's path a placeholder)."""
-        assert self._original is not None
-        argv = trial_run_argv(
-            self._options.cli,
-            self._trial,
-            self._original,
-            launch,
-            env_file="ENVFILE",
-            original_ran=True,
-            image_entrypoint=self._image_entrypoint,
-        )
-        return shown(argv)
-
     async def check_alive(self) -> str | None:
         if self._watcher is not None and time.monotonic() - self._last_beat > min(60.0, self._options.dead_man_s / 4):
             await self._watcher.beat_now()
@@ -374,11 +286,11 @@ class ContainerDeployer:
         )  # fmt: skip
         if result.exit_status != 0:
             return "the trial container is gone"
-        status, _, code = result.stdout.strip().partition(" ")
-        if status != "running":
-            return f"the trial container is {status} (exit code {code})"
+        trial_status, _, code = result.stdout.strip().partition(" ")
+        if trial_status != "running":
+            return f"the trial container is {trial_status} (exit code {code})"
         original = await self._inspect_or_none(self._name)
-        if original is not None and _status(original) == "running":
+        if original is not None and status(original) == "running":
             return (
                 f"the original container {self._name} is running again beside the trial (its restart policy after "
                 "an engine restart, or someone started it): the trial was not measured alone"
@@ -407,7 +319,7 @@ class ContainerDeployer:
             return
         if self._original_ran:
             now = await self._inspect_or_none(self._name)
-            if now is not None and _status(now) != "running":
+            if now is not None and status(now) != "running":
                 await self._cli("start", self._name)
             if self._launch is not None and now is not None:
                 await self._wait_original(now, self._launch)
@@ -425,9 +337,9 @@ class ContainerDeployer:
     async def _wait_original(self, original: Mapping[str, Any], launch: LaunchSpec) -> None:
         async def stopped() -> str | None:
             now = await self._inspect_or_none(self._name)
-            return None if now is not None and _status(now) == "running" else f"{self._name} is not running"
+            return None if now is not None and status(now) == "running" else f"{self._name} is not running"
 
-        if _address_refusal(self._name, original, launch) is None:
+        if address_refusal(self._name, original, launch) is None:
             await wait_until_healthy(
                 launch,
                 base_url=await self._reach(original, launch),
