@@ -2,13 +2,16 @@
 
 It keeps containers in a JSON state file (FAKE_DOCKER_STATE), records every invocation (its real
 argv, as `ps` would show it), answers `inspect` in docker's documented shape (a JSON array;
-`-f '{{.State.Status}} {{.State.ExitCode}}'`), and for a running container runs
+`-f '{{.State.Status}} {{.State.ExitCode}}'`; `image inspect --format '{{json .Config.Entrypoint}}'` with
+the image's entrypoint, `["vllm","serve"]`), and for a running container runs
 tests/data/health_server.py on the published host port with the container's environment, so that
 health checks are real and the environment a container got can be read from /proc.
 
 `run --env-file PATH` reads PATH as docker does (one `KEY=VALUE` a line, `#` comments, a missing file
 is an error) and records, under "env_files", the file's path, mode and content at that moment: the
-tests check what the deployer left there while `run` ran, and that it is gone afterwards.
+tests check what the deployer left there while `run` ran, and that it is gone afterwards. `run` takes any
+flag the deployer may pass: `--flag VALUE` (or `--flag=VALUE`) pairs generically, the boolean flags by name;
+its `--label KEY=VALUE`s are the container's `Config.Labels`.
 
 Failures on demand: `run ... --fail-to-start` makes the container exit at once, as a bad flag would;
 `"run_fails": "MESSAGE"` in the state makes `run` itself fail as a daemon error does (exit 125). A
@@ -28,6 +31,9 @@ from typing import Any
 
 STATE = Path(os.environ["FAKE_DOCKER_STATE"])
 STAND_IN = Path(__file__).resolve().parent / "health_server.py"
+IMAGE_ENTRYPOINT = ["vllm", "serve"]  # every image's here, as vLLM's image has it
+# `run`'s flags that take no value; every other `--flag` takes the next word.
+BOOLEAN_FLAGS = {"-d", "--detach", "--privileged", "--read-only", "--init", "--publish-all", "--oom-kill-disable"}
 
 
 def load() -> dict[str, Any]:
@@ -111,8 +117,8 @@ def stop(state: dict[str, Any], name: str) -> None:
 
 
 def create(state: dict[str, Any], args: list[str]) -> int:
-    """`run -d --name NAME -p ADDR:HOST:CONTAINER [-e K=V] [--env-file PATH] ... IMAGE ARGS`: a
-    container, started; docker's exit status."""
+    """`run -d --name NAME -p ADDR:HOST:CONTAINER [--label K=V] [-e K=V] [--env-file PATH] ... IMAGE ARGS`:
+    a container, started; docker's exit status."""
     name = args[args.index("--name") + 1]
     ports = [args[i + 1] for i, a in enumerate(args) if a == "-p"]
     published, _, container_port = ports[0].rpartition(":")
@@ -138,31 +144,25 @@ def create(state: dict[str, Any], args: list[str]) -> int:
     if state.get("run_fails"):
         print(f"docker: Error response from daemon: {state['run_fails']}.", file=sys.stderr)
         return 125
-    with_values = {
-        "--name",
-        "-p",
-        "-v",
-        "-e",
-        "--env-file",
-        "--network",
-        "--ipc",
-        "--shm-size",
-        "--gpus",
-        "--runtime",
-        "--entrypoint",
-    }
+    labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
     rest, i = [], 0
     while i < len(args):
-        if args[i] in with_values:
-            i += 2
-        elif args[i] == "-d":
+        if args[i] in BOOLEAN_FLAGS or (args[i].startswith("-") and "=" in args[i]):
             i += 1
+        elif args[i].startswith("-"):
+            i += 2
         else:
             rest = args[i:]
             break
     state["containers"][name] = {
         "Name": "/" + name,
-        "Config": {"Image": rest[0], "Cmd": rest[1:], "Env": env, "Entrypoint": ["vllm", "serve"]},
+        "Config": {
+            "Image": rest[0],
+            "Cmd": rest[1:],
+            "Env": env,
+            "Entrypoint": IMAGE_ENTRYPOINT,
+            "Labels": labels,
+        },
         "HostConfig": {"PortBindings": {container_port: [{"HostIp": address, "HostPort": port}]}},
     }
     start(state, name, fail="--fail-to-start" in rest)
@@ -176,7 +176,9 @@ def main(argv: list[str]) -> int:
     containers = state["containers"]
     command, args = argv[0], argv[1:]
     code = 0
-    if command == "inspect":
+    if command == "image" and args[:1] == ["inspect"]:
+        print(json.dumps(IMAGE_ENTRYPOINT))
+    elif command == "inspect":
         name = args[-1]
         if name not in containers:
             print(f"Error: No such container: {name}", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fast.test_container_deployer import docker, vllm_launch  # noqa: F401 (docker: the fake docker fixture)
+from tests.fast.test_container_deployer import Host, docker, vllm_launch  # noqa: F401 (docker: the fake docker fixture)
 from tuner.config import StrictModel
 from tuner.engines.llama_server import LlamaServerEngine, LlamaServerOptions
 from tuner.models import LaunchSpec, ReplayRequest, RequestRecord, RequestStatus
@@ -286,7 +286,7 @@ def test_server_text_with_brackets_is_printed_as_text_not_taken_for_console_mark
 
 
 def test_a_containers_log_line_quoted_by_a_failed_start_is_scrubbed(
-    docker: tuple[Path, int],  # noqa: F811 (the fixture imported above)
+    docker: Host,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
 ) -> None:
     """fake_docker's failing container logs `error: unrecognized arguments: --fail-to-start`; with that
@@ -295,13 +295,13 @@ def test_a_containers_log_line_quoted_by_a_failed_start_is_scrubbed(
     from tuner.errors import ServerNotReady
     from tuner.transports import LocalTransport
 
-    _, port = docker
+    _, port, name = docker
     launch = vllm_launch(port)
     broken = launch.model_copy(update={"args": (*launch.args, "--fail-to-start")})
     remember_secret("--fail-to-start")
 
     async def scenario() -> None:
-        options = ContainerOptions(container="llm", start_timeout_s=10)
+        options = ContainerOptions(container=name, start_timeout_s=10)
         async with LocalTransport() as transport, ContainerDeployer(options, transport=transport) as deployer:
             await deployer.apply(broken, log_path=str(tmp_path / "t.log"))
 

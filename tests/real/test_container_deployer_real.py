@@ -180,7 +180,7 @@ def test_a_killed_controller_leaves_the_host_on_the_original_by_itself(podman_ho
     ) as controller:  # fmt: skip
         wait_for("a trial container runs", lambda: trial in podman_host.containers(), timeout_s=300)
         os.killpg(controller.pid, signal.SIGKILL)  # no restore of its own
-        controller.wait()
+        controller.wait(timeout=60)
     # The watcher on the host notices the silence and puts the original back, the trial gone.
     wait_for("the original serves again", lambda: answers(f"http://127.0.0.1:{port}/health"), timeout_s=60)
     wait_for("the trial container is gone", lambda: podman_host.containers() == [original], timeout_s=30)

@@ -70,6 +70,13 @@ class DeadManWatcher:
             ["sh", "-c", 'setsid sh "$0" </dev/null >/dev/null 2>&1 &', self.script], timeout_s=30, privileged=True
         )
 
+    async def armed(self) -> bool:
+        """Whether its heartbeat is still there (the watcher has not fired)."""
+        found = await self._transport.run(
+            ["sh", "-c", 'test -e "$0"', self.beat], timeout_s=30, check=False, privileged=True
+        )
+        return found.exit_status == 0
+
     async def beat_now(self) -> None:
         await self._transport.run(["touch", "--", self.beat], timeout_s=30, privileged=True)
 

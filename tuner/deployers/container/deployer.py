@@ -36,6 +36,13 @@ _OLD_BASELINE_SUFFIX = "-tuner-baseline"  # where versions before 0.6 moved the 
 _COMPARED = ("Id", "Name", "Image", "Config", "HostConfig", "Mounts")
 
 
+# Whose containers the study looks at, said where it finds none of the name.
+_LOOKED_AS = {
+    "podman": "podman keeps each user's containers apart: the study looks at the login's, or root's with host.sudo",
+    "docker": "looked for as the login, or through sudo with host.sudo",
+}
+
+
 class ContainerOptions(StrictModel):
     cli: Literal["docker", "podman"] = Field(default="docker", description="The container engine's command.")
     container: str = Field(min_length=1, description="Name of the container that runs the server now.")
@@ -70,6 +77,7 @@ class ContainerDeployer:
         self._original_ran = False
         self._image_entrypoint: list[str] = []
         self._watcher: DeadManWatcher | None = None
+        self._armed = False
         self._last_beat = 0.0
         self._log_path: str | None = None
         self._log_kept = 0
@@ -136,7 +144,8 @@ class ContainerDeployer:
             result = await self._run_cli(*args, timeout_s=timeout_s, check=True)
         except CommandFailed as exc:
             said = redact(exc.stderr_tail.strip())[-300:]
-            raise DeployError(f"`{self._options.cli} {args[0]}` failed: {said}") from None
+            command = args[2] if args[0] == "--runtime" else args[0]  # podman's global flag comes first
+            raise DeployError(f"`{self._options.cli} {command}` failed: {said}") from None
         return result.stdout
 
     async def _inspect_or_none(self, name: str) -> dict[str, Any] | None:
@@ -157,15 +166,10 @@ class ContainerDeployer:
         found = await self._inspect_or_none(self._name)
         if found is None:
             raise ConfigError(
-                f"no container named {self._name!r} ({self._who()}); set deploy.container to the container that "
-                f"runs the server (`{self._options.cli} ps -a`)"
+                f"no container named {self._name!r} ({_LOOKED_AS[self._options.cli]}); set deploy.container to the "
+                f"container that runs the server (`{self._options.cli} ps -a`)"
             )
         return found
-
-    def _who(self) -> str:
-        if self._options.cli == "podman":
-            return "podman keeps each user's containers apart: the study looks at the login's, or root's with host.sudo"
-        return "as the login, or through sudo with host.sudo"
 
     async def _refusals(self, original: Mapping[str, Any], launch: LaunchSpec) -> list[tuple[str, str]]:
         """(subject, why) for everything that stops a trial from being a faithful, safe copy of `original`."""
@@ -240,8 +244,11 @@ class ContainerDeployer:
             baseline.parent.mkdir(parents=True, exist_ok=True)
             baseline.write_text(json.dumps(without_env_values(original), indent=1))
         watcher = await self._make_watcher()
-        # Armed before anything stops, and again if it already put the original back (a silence too long).
-        await watcher.arm(trial=self._trial, original_ran=self._original_ran)
+        # Armed before anything stops: once per study, and again only if it already put the original back
+        # (a silence too long), so that one watcher runs, not one per trial.
+        if not self._armed or not await watcher.armed():
+            await watcher.arm(trial=self._trial, original_ran=self._original_ran)
+            self._armed = True
         self._last_beat = time.monotonic()
         now = await self._inspect_or_none(self._name)
         if now is not None and status(now) == "running":
@@ -325,6 +332,7 @@ class ContainerDeployer:
                 await self._wait_original(now, self._launch)
         if self._watcher is not None:
             await self._watcher.disarm()
+            self._armed = False
         before, self._original = self._original, None
         after = await self._inspect_or_none(self._name)
         changed = [key for key in _COMPARED if after is None or after.get(key) != before.get(key)]
