@@ -4,9 +4,7 @@ with `need_real_part`, marked `real_part` or `real_server`), and no test in test
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +12,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support import DATA, free_port
+from tests.support import DATA
 from tests.support.real_parts import need_real_part
+from tests.support.sshd import SshHost, running_sshd
 from tuner import assets
 
 if TYPE_CHECKING:
@@ -133,74 +132,10 @@ def _writes_under(process: Path, base: Path) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class SshHost:
-    """A real sshd on loopback with a throwaway host key, pinned in a test known_hosts file."""
-
-    port: int
-    known_hosts: Path
-    client_key: Path
-    host_key: Path
-    workdir: Path
-
-    def options(self, **extra: object) -> dict[str, object]:
-        return {
-            "host": "127.0.0.1",
-            "port": self.port,
-            "user": "root",
-            "known_hosts": str(self.known_hosts),
-            "client_keys": [str(self.client_key)],
-            **extra,
-        }
-
-
 @pytest.fixture(scope="session")
 def sshd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
-    import asyncssh
-
-    sshd = Path("/usr/sbin/sshd")
-    if not sshd.exists():
-        need_real_part(
-            "sshd", "/usr/sbin/sshd is not installed (scripts/test.sh installs it where apt-get and root allow)"
-        )
-    if os.geteuid() != 0:
-        need_real_part("root", "the test sshd logs in as root and needs to run as root")
-    workdir = tmp_path_factory.mktemp("sshd")
-    host_key, client_key = workdir / "host_key", workdir / "client_key"
-    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(host_key))
-    client = asyncssh.generate_private_key("ssh-ed25519")
-    client.write_private_key(str(client_key))
-    (workdir / "authorized_keys").write_bytes(client.export_public_key())
-    for key in (host_key, client_key, workdir / "authorized_keys"):
-        key.chmod(0o600)
-    port = free_port()
-    config = workdir / "sshd_config"
-    config.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {workdir}/authorized_keys\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-        f"StrictModes no\nUsePAM no\nPidFile {workdir}/sshd.pid\nLogLevel VERBOSE\n"
-    )
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    public = asyncssh.read_private_key(str(host_key)).export_public_key("openssh").decode().strip()
-    known_hosts = workdir / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {public}\n")
-    log = (workdir / "sshd.log").open("w")
-    process = subprocess.Popen([str(sshd), "-D", "-e", "-f", str(config)], stderr=log)
-    deadline = time.monotonic() + 10
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if process.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            pytest.fail(f"the test sshd did not start: {(workdir / 'sshd.log').read_text()[-500:]}")
-        time.sleep(0.05)
-    try:
-        yield SshHost(port=port, known_hosts=known_hosts, client_key=client_key, host_key=host_key, workdir=workdir)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
+    with running_sshd(tmp_path_factory.mktemp("sshd")) as host:
+        yield host
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 
 from tests.support import DATA, free_port, one_error_line, run_tuner
 from tests.support.containers import PodmanHost
+from tests.support.sshd import SshHost, running_sshd
 from tuner import assets
 
 WAIT_S = 90.0
@@ -68,8 +69,31 @@ def comparable(inspect: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in inspect.items() if key not in STATE_ONLY}
 
 
+@pytest.fixture(scope="module")
+def podman_over_ssh(podman_host: PodmanHost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
+    """A real sshd on loopback whose sessions see the test's containers.conf, as a host's own podman would."""
+    config = f"SetEnv CONTAINERS_CONF={podman_host.conf}\n"
+    with running_sshd(tmp_path_factory.mktemp("sshd-podman"), extra_config=config) as host:
+        yield host
+
+
+def ssh_section(sshd: SshHost) -> str:
+    options = sshd.options()
+    return (
+        f'[host]\nkind = "ssh"\nhost = "127.0.0.1"\nport = {options["port"]}\nuser = "root"\n'
+        f'known_hosts = "{options["known_hosts"]}"\nclient_keys = ["{sshd.client_key}"]\n'
+    )
+
+
 def write_study(
-    tmp_path: Path, container: str, port: int, *, host: str = "127.0.0.1", dead_man_s: int = 3600, trials: int = 2
+    tmp_path: Path,
+    container: str,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    dead_man_s: int = 3600,
+    trials: int = 2,
+    over: SshHost | None = None,
 ) -> Path:
     model = assets.find_model()
     assert model is not None
@@ -78,7 +102,7 @@ def write_study(
 rounds = 2
 [budget]
 trials = {trials}
-[deploy]
+{ssh_section(over) if over is not None else ""}[deploy]
 kind = "container"
 cli = "podman"
 container = "{container}"
@@ -167,12 +191,17 @@ def test_a_study_runs_trials_as_faithful_copies_and_leaves_the_original_as_it_fo
             assert "hf_canary_container" not in kept.read_text(errors="replace"), kept
 
 
-def test_a_killed_controller_leaves_the_host_on_the_original_by_itself(podman_host: PodmanHost, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reached", ["here", "over ssh"])
+def test_a_killed_controller_leaves_the_host_on_the_original_by_itself(
+    podman_host: PodmanHost, tmp_path: Path, reached: str, request: pytest.FixtureRequest
+) -> None:
+    """Over ssh the controller's death also closes its session: the watcher, in a session of its own, stays."""
+    over = request.getfixturevalue("podman_over_ssh") if reached == "over ssh" else None
     port = free_port()
     original = start_original(podman_host, port=port)
     wait_for("the original answers", lambda: answers(f"http://127.0.0.1:{port}/health"))
     before = podman_host.inspect(original)
-    study = write_study(tmp_path, original, port, dead_man_s=5)
+    study = write_study(tmp_path, original, port, dead_man_s=5, over=over)
     trial = original + "-tuner-trial"
     with subprocess.Popen(
         [sys.executable, "-m", "tuner", "run", str(study), "--runs-dir", str(tmp_path / "runs")],
@@ -230,19 +259,20 @@ def test_an_original_that_stopping_would_lose_or_restart_is_refused_before_anyth
 
 
 def test_a_bridge_network_is_reached_through_its_published_port_and_a_loopback_host_is_refused(
-    podman_host: PodmanHost, tmp_path: Path
+    podman_host: PodmanHost, podman_over_ssh: SshHost, tmp_path: Path
 ) -> None:
+    """Over ssh, as a production host is reached: the published port on the host's loopback is forwarded."""
     published = free_port()
     original = start_original(podman_host, port=8080, network=("-p", f"127.0.0.1:{published}:8080"))
     wait_for("the original answers", lambda: answers(f"http://127.0.0.1:{published}/health"))
     before = podman_host.inspect(original)
 
-    loopback = write_study(tmp_path, original, 8080)
+    loopback = write_study(tmp_path, original, 8080, over=podman_over_ssh)
     check = run_tuner("run", str(loopback), "--check", "--runs-dir", str(tmp_path / "runs"), env=podman_host.env)
     assert check.returncode != 0
     assert 'answers only inside the container; set engine.host = "0.0.0.0"' in check.stdout, check.stdout
 
-    study = write_study(tmp_path, original, 8080, host="0.0.0.0", trials=1)
+    study = write_study(tmp_path, original, 8080, host="0.0.0.0", trials=1, over=podman_over_ssh)
     check = run_tuner("run", str(study), "--check", "--runs-dir", str(tmp_path / "runs"), env=podman_host.env)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"reached at 127.0.0.1:{published} (published for 8080/tcp)" in check.stdout

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.real.conftest import SshHost
 from tests.support import free_port, run_tuner
+from tests.support.sshd import SshHost
 from tuner.config import PluginSpec
 from tuner.errors import TransportError
 from tuner.transports import create_transport
