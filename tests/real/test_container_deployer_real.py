@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.support import DATA, free_port, one_error_line, run_tuner
-from tests.support.containers import PodmanHost
+from tests.support.containers import PodmanHost, make_ollama_image
 from tests.support.sshd import SshHost, running_sshd
 from tuner import assets
 
@@ -280,3 +280,62 @@ def test_a_bridge_network_is_reached_through_its_published_port_and_a_loopback_h
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     after = podman_host.inspect(original)
     assert after["State"]["Status"] == "running" and comparable(after) == comparable(before)
+
+
+def test_ollama_run_as_its_docs_say_is_tuned_through_its_published_port(
+    podman_host: PodmanHost, ollama_binary: Path, tmp_path: Path
+) -> None:
+    """`docker run -d -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama`, as Ollama documents
+    it, but with its own user and the models read-only: --check asks it for the model through the published
+    port, the study reads its OLLAMA_NUM_PARALLEL as the baseline, and the original comes back as it was."""
+    image = make_ollama_image(env=podman_host.env)
+    name, published = podman_host.name("ollama"), free_port()
+    podman_host.podman(
+        "run", "-d", "--name", name, "-p", f"127.0.0.1:{published}:11434", "--init", "--user", "1000:1000",
+        "-v", f"{assets.ollama_models_dir()}:/models:ro", "-e", "OLLAMA_MODELS=/models",
+        "-e", "OLLAMA_HOST=0.0.0.0:11434", "-e", "OLLAMA_NUM_PARALLEL=4",
+        "--entrypoint", "/usr/local/bin/ollama", image, "serve",
+    )  # fmt: skip
+    wait_for("Ollama answers", lambda: answers(f"http://127.0.0.1:{published}/api/version"))
+    before = podman_host.inspect(name)
+    study = tmp_path / "study.toml"
+    study.write_text(f"""name = "ollama-container"
+rounds = 2
+[budget]
+trials = 1
+[deploy]
+kind = "container"
+cli = "podman"
+container = "{name}"
+stop_timeout_s = 5
+start_timeout_s = 120
+[engine]
+kind = "ollama"
+binary = "/usr/local/bin/ollama"
+model = "{assets.OLLAMA_MODEL}"
+host = "0.0.0.0"
+port = 11434
+[engine.settings]
+context_length = 2048
+[workload]
+path = "{DATA / "five-users.jsonl"}"
+request_timeout_s = 120
+[search]
+space = "{DATA / "ollama-parallel-space.toml"}"
+[[objectives]]
+metric = "ttft_p95_s"
+direction = "minimize"
+""")
+    check = run_tuner("run", str(study), "--check", "--runs-dir", str(tmp_path / "runs"), env=podman_host.env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"reached at 127.0.0.1:{published} (published for 11434/tcp)" in check.stdout
+    assert "the server runs num_parallel=4" in check.stdout, check.stdout
+    ran = run_tuner("run", str(study), "--runs-dir", str(tmp_path / "runs"), env=podman_host.env, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    board = json.loads(run_tuner("leaderboard", str(tmp_path / "runs" / "ollama-container"), "--json").stdout)
+    baseline = next(row for row in board["rows"] if row["baseline"])
+    assert baseline["settings"] == {"num_parallel": 4} and baseline["state"] == "COMPLETE"  # what the original runs
+    assert {row["settings"]["num_parallel"] for row in board["rows"]} == {1, 4}  # and a trial that measured 1
+    after = podman_host.inspect(name)
+    assert after["State"]["Status"] == "running" and comparable(after) == comparable(before)
+    assert podman_host.containers() == [name]
