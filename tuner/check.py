@@ -24,7 +24,7 @@ import httpx
 
 from tuner.capacity.command import SweepLength, after_study_length, budget_left_for_trials
 from tuner.config import ParamValue, SearchSpace, StudySpec
-from tuner.deployers.base import check_launch, create_deployer
+from tuner.deployers.base import check_launch, create_deployer, uses_image_paths
 from tuner.diagnose.study import is_local_diagnose_study
 from tuner.engines.base import Engine
 from tuner.errors import AssetError, ConfigError, TunerError
@@ -157,7 +157,7 @@ async def _check_host(
                 lines.append(CheckLine("host", True, f"reached over {spec.host.kind}"))
                 deployer = create_deployer(spec.deploy, transport=transport)
                 lines += await _privilege_lines(spec, deployer, transport)
-                lines += await _file_lines(engine, deployer, transport)
+                lines += await _file_lines(engine, spec, transport)
                 check_deployment = getattr(deployer, "check", None)
                 read_running_log = getattr(deployer, "running_log", None)
                 if callable(check_deployment):
@@ -489,8 +489,8 @@ async def _privilege_lines(spec: StudySpec, deployer: object, transport: Transpo
     return [CheckLine("privileges", True, f"`sudo -n` allows {', '.join(commands)}")]
 
 
-async def _file_lines(engine: Engine, deployer: object, transport: Transport) -> list[CheckLine]:
-    if getattr(deployer, "paths_in_image", False):  # the image's and its mounts', not the host's
+async def _file_lines(engine: Engine, spec: StudySpec, transport: Transport) -> list[CheckLine]:
+    if uses_image_paths(spec.deploy):  # the image's and its mounts', not the host's
         return [CheckLine("files", True, "the engine's paths are the container's: a trial's start reads them")]
     lines = []
     for key, path in engine.host_files().items():

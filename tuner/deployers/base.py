@@ -32,6 +32,7 @@ __all__ = [
     "health_answer",
     "running_values",
     "server_command",
+    "uses_image_paths",
     "wait_until_healthy",
 ]
 
@@ -151,6 +152,14 @@ def server_command(deploy: PluginSpec, *, local_host: bool) -> ServerCommand:
         assert isinstance(decided, ServerCommand)
         return decided
     return ServerCommand.LOCAL if local_host else ServerCommand.REMOTE
+
+
+def uses_image_paths(deploy: PluginSpec) -> bool:
+    """Whether the engine's paths (binary, model) are a container image's and its mounts', not the host's:
+    a deploy kind says so with a static `uses_image_paths(options)`."""
+    factory = DEPLOYERS.get(deploy.kind)
+    decide = getattr(factory, "uses_image_paths", None)
+    return callable(decide) and bool(decide(validate_options(factory.options_model, deploy.options(), where="deploy")))
 
 
 def check_launch(deploy: PluginSpec, launch: LaunchSpec) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tuner.config import ParamValue, PluginSpec, SearchSpace, StudySpec, load_search_space, validate_options
-from tuner.deployers.base import DEPLOYERS, server_command
+from tuner.deployers.base import DEPLOYERS, server_command, uses_image_paths
 from tuner.engines.api_key import is_pasted_key
 from tuner.engines.base import Engine, create_engine
 from tuner.engines.llama_server import SIMULATED
@@ -186,7 +186,7 @@ async def host_has_file(transport: Transport, path: str) -> bool:
 async def check_host_files(spec: StudySpec, engine: Engine) -> None:
     """The files the engine's options name exist on the host, looked at before anything is changed."""
     files = engine.host_files()
-    if not files or getattr(DEPLOYERS.get(spec.deploy.kind), "paths_in_image", False):
+    if not files or uses_image_paths(spec.deploy):
         return  # a container's paths are its image's and its mounts': its trial's start reads them
     async with create_transport(spec.host) as transport:
         for key, path in files.items():

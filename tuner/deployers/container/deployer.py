@@ -63,7 +63,11 @@ class ContainerDeployer:
     # Its commands run as the login (a docker group member, rootless podman, root), or all through `sudo -n`
     # where host.sudo says so: `--check` asks no sudo of a plain login (tuner/check.py).
     runs_as_login = True
-    paths_in_image = True  # engine.binary and engine.model are the container's: `--check` looks for none on the host
+
+    @staticmethod
+    def uses_image_paths(options: ContainerOptions) -> bool:
+        """engine.binary and engine.model are the container's: none is looked for on the host."""
+        return True
 
     @staticmethod
     def server_command(options: ContainerOptions, *, local_host: bool) -> ServerCommand:

@@ -59,10 +59,10 @@ def ownership_refusals(cli: str, container: str, inspect: Mapping[str, Any], run
     unit = labels.get(SYSTEMD_LABEL)
     held = f"systemd unit {unit}" if unit else (f"`{runner}`" if runner else None)
     if held:
+        via = f'unit = "{unit}"' if unit else 'unit = "THE-UNIT.service"'
         refusals.append(
             f"container {container} is run by {held}: stopping it for a trial would have it started again beside "
-            f"the trial; for the night, stop that and start the same container without it (`{cli} run -d --name "
-            f"{container} ...` with the unit's arguments, without --rm or --replace), tune that, then put the "
-            "result in the unit"
+            f'the trial; tune it through its unit instead: [deploy] kind = "systemd", {via}, exec_start = '
+            '"container" (a foreground `run`; docs/production-host.md)'
         )
     return refusals

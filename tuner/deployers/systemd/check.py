@@ -5,14 +5,14 @@ the trial's drop-in (a flag in its ExecStart=, an EnvironmentFile= line, a later
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from tuner.deployers.base import health_answer
+from tuner.deployers.systemd.container_unit import parse_container_run
 from tuner.deployers.systemd.lock import HostLock, read_holder
 from tuner.deployers.systemd.operator_server import UnitServer
 from tuner.deployers.systemd.paths import HostPaths
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
-from tuner.deployers.systemd.unit_file import check_kept_command, parse_show_environment
+from tuner.deployers.systemd.unit_file import ExecStartMode, check_kept_command, parse_show_environment
 from tuner.errors import ConfigError, DeployError
 from tuner.models import CheckLine, LaunchSpec, TunedKnob
 
@@ -31,7 +31,7 @@ async def check_unit(
     launch: LaunchSpec,
     *,
     tuned: Sequence[TunedKnob],
-    exec_start: Literal["keep", "replace"],
+    exec_start: ExecStartMode,
 ) -> list[CheckLine]:
     state = await unit.state()
     name = f"unit {unit.name}"
@@ -50,6 +50,8 @@ async def check_unit(
     lines.append(CheckLine(name, True, f"{state['ActiveState']}{runs}"))
     if exec_start == "keep":
         lines += await _check_kept(unit, launch, state, tuned)
+    if exec_start == "container":
+        lines.append(await _check_container_run(unit, state))
     try:
         tuned_env = [knob.env for knob in tuned if knob.env]
         await unit.refuse_later_overrides(launch, state, exec_start=exec_start, tuned=tuned_env)
@@ -57,6 +59,17 @@ async def check_unit(
         lines.append(CheckLine("operator drop-ins", False, str(exc)))
     lines.append(await _check_answers(unit, server, launch, state))
     return lines
+
+
+async def _check_container_run(unit: SystemdUnit, state: UnitState) -> CheckLine:
+    """`container`: the unit's ExecStart must run the container in the foreground, a trial's `run` from it."""
+    try:
+        run = parse_container_run((await unit.command_line(state))[0], unit=unit.name)
+    except ConfigError as exc:
+        return CheckLine("container", False, str(exc))
+    return CheckLine(
+        "container", True, f"runs {run.image} in the foreground: a trial replaces its command after the image"
+    )
 
 
 async def _check_lock(unit: SystemdUnit, lock: HostLock, paths: HostPaths) -> CheckLine:

@@ -9,23 +9,24 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
 from tuner.config import StrictModel
-from tuner.deployers.base import DEPLOYERS, Deployment, running_values, wait_until_healthy
+from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
 from tuner.deployers.systemd.check import check_unit
+from tuner.deployers.systemd.container_unit import ContainerRun, parse_container_run, trial_exec_start
+from tuner.deployers.systemd.container_unit import reached_at as container_reached_at
 from tuner.deployers.systemd.dead_man import DeadManTimer
 from tuner.deployers.systemd.lock import HostLock
-from tuner.deployers.systemd.operator_server import UnitServer
+from tuner.deployers.systemd.operator_server import UnitServer, unit_running_values
 from tuner.deployers.systemd.paths import HostPaths
 from tuner.deployers.systemd.snapshot import difference_from_snapshot, read_snapshot, take_snapshot
 from tuner.deployers.systemd.start import StartWatcher, verify_started, wait_restored
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
 from tuner.deployers.systemd.unit_file import (
+    ExecStartMode,
     check_kept_command,
-    parse_show_environment,
     render_drop_in,
     render_secrets_file,
 )
@@ -42,12 +43,14 @@ _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\-]+\.service\Z")
 
 class SystemdOptions(StrictModel):
     unit: str = Field(description="The service that runs the server, e.g. `llama-server.service`.")
-    exec_start: Literal["keep", "replace"] = Field(
+    exec_start: ExecStartMode = Field(
         default="keep",
         description="`keep`: the unit's own ExecStart runs, with the trial's settings as Environment= "
         "lines. `replace`: the drop-in also resets ExecStart= to the engine's full command line (needed "
         "for flags without an environment variable, such as LoRA adapters, or a unit whose ExecStart "
-        "sets a tuned flag, which would win over the environment).",
+        "sets a tuned flag, which would win over the environment). `container`: the unit's ExecStart runs the "
+        "server's container in the foreground (`podman run ...`, `docker run ...`); the drop-in resets it to the "
+        "same `run` with the trial's command line after the image and its variables passed by name.",
     )
     start_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a trial to be healthy.")
     restore_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for the baseline to be back.")
@@ -76,10 +79,17 @@ class SystemdDeployer:
         """`keep`: the unit's own command line, model and address; `replace`: the study's, with host paths."""
         if options.exec_start == "keep":
             return ServerCommand.UNIT
+        if options.exec_start == "container":
+            return ServerCommand.REMOTE  # the image's paths
         return ServerCommand.LOCAL if local_host else ServerCommand.REMOTE
 
     # What it runs as root (through `sudo -n` for a plain login), the transport's file steps included.
     privileged_commands = ("systemctl", "systemd-run", "journalctl", "mkdir", "rm", "sh", "cat")
+
+    @staticmethod
+    def uses_image_paths(options: SystemdOptions) -> bool:
+        """`container`: engine.binary and engine.model are the container's; none is looked for on the host."""
+        return options.exec_start == "container"
 
     @staticmethod
     def check_launch(options: SystemdOptions, launch: LaunchSpec) -> None:
@@ -98,6 +108,7 @@ class SystemdDeployer:
         self._written: str | None = None  # our drop-in's text, while one is in place
         self._deployed: UnitState | None = None
         self._launch: LaunchSpec | None = None
+        self._container: ContainerRun | None = None  # `container`: the operator's own `run`, read on entry
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -121,6 +132,8 @@ class SystemdDeployer:
                 await self._lock.take()
                 state = await self._unit.state()
             self._baseline = await take_snapshot(self._unit, state)
+            if self._options.exec_start == "container":
+                self._container = parse_container_run((await self._unit.command_line(state))[0], unit=self._unit.name)
         except BaseException:
             await self._lock.release()
             raise
@@ -159,8 +172,12 @@ class SystemdDeployer:
     async def running_url(self, launch: LaunchSpec) -> str | None:
         """Where this controller reaches the operator's server running now (`keep`), for `--check`'s request;
         None where the unit is not active or runs a command line other than the study's (`replace`)."""
-        if self._options.exec_start != "keep" or (await self._unit.state())["ActiveState"] != "active":
+        state = await self._unit.state()
+        if self._options.exec_start == "replace" or state["ActiveState"] != "active":
             return None
+        if self._options.exec_start == "container":
+            run = parse_container_run((await self._unit.command_line(state))[0], unit=self._unit.name)
+            return await self._transport.reach(*container_reached_at(run, launch))
         return await self._server.address(launch)
 
     async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:
@@ -169,17 +186,7 @@ class SystemdDeployer:
         whose baseline runs the study's own command line."""
         if self._options.exec_start != "keep":
             return None
-        state = await self._unit.state()
-        argv, environ = await self._unit.command_line(state)
-        shown = parse_show_environment(state["Environment"])
-        unit = self._unit.name
-
-        def source(env: str) -> str:
-            if env in shown:
-                return f"{env} in {unit}'s Environment= (the unit or a drop-in)"
-            return f"{env} in {unit}'s EnvironmentFile= or its process's environment"
-
-        return running_values(argv, environ, tuned, env_source=source)
+        return await unit_running_values(self._unit, tuned)
 
     async def check(self, launch: LaunchSpec, *, tuned: Sequence[TunedKnob]) -> list[CheckLine]:
         """What `tuner run --check` reads of the unit, changing nothing and taking no lock (`check.py`)."""
@@ -193,11 +200,13 @@ class SystemdDeployer:
         if self._baseline is None:
             raise DeployError("the systemd deployer was used outside `async with`")
         exec_start = self._options.exec_start
+        exec_argv = trial_exec_start(self._container, launch) if self._container is not None else None
         text = render_drop_in(
             launch,
             exec_start=exec_start,
             note="serve-tuner trial; removed when the study ends",
             secrets_file=self._paths.secrets,
+            exec_argv=exec_argv,
         )
         secrets = render_secrets_file(launch)
         before = await self._unit.state()
@@ -206,7 +215,10 @@ class SystemdDeployer:
             check_kept_command(launch, before["ExecStart"])
             if launch.listen is not None:
                 await self.operator_server(launch, before)
-        base_url = await self._server.address(launch)
+        if self._container is not None:
+            base_url = await self._transport.reach(*container_reached_at(self._container, launch))
+        else:
+            base_url = await self._server.address(launch)
         if (
             text == self._written
             and self._deployed is not None
@@ -246,7 +258,7 @@ class SystemdDeployer:
         except ServerNotReady as exc:
             raise ServerNotReady(f"{exc}{await self._unit.journal_tail()}") from None
         after = await self._unit.state()
-        await verify_started(self._unit, launch, before, after, exec_start=exec_start)
+        await verify_started(self._unit, launch, before, after, exec_start=exec_start, command=exec_argv)
         self._deployed = after
         log = await self._unit.journal(after["InvocationID"])
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +276,10 @@ class SystemdDeployer:
         if self._written is None or self._launch is None or self._deployed is None:
             raise DeployError("nothing to apply: no verified trial is running")
         path, secrets_path = self._paths.persistent_drop_in, self._paths.persistent_secrets
-        text = render_drop_in(self._launch, exec_start=self._options.exec_start, note=note, secrets_file=secrets_path)
+        exec_argv = trial_exec_start(self._container, self._launch) if self._container is not None else None
+        text = render_drop_in(
+            self._launch, exec_start=self._options.exec_start, note=note, secrets_file=secrets_path, exec_argv=exec_argv
+        )
         if self._launch.secret_env:
             await self._transport.write_file(secrets_path, render_secrets_file(self._launch).encode(), mode=0o600)
         await self._transport.write_file(path, text.encode(), mode=0o644)

@@ -3,17 +3,19 @@ address), read once from its running process or its ExecStart= and Environment=;
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
 
+from tuner.deployers.base import running_values
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
+from tuner.deployers.systemd.unit_file import ExecStartMode, parse_show_environment
 from tuner.errors import DeployError
-from tuner.models import LaunchSpec, OperatorServer
+from tuner.models import LaunchSpec, OperatorServer, RunningValue, TunedKnob
 
 __all__ = ["UnitServer"]
 
 
 class UnitServer:
-    def __init__(self, unit: SystemdUnit, *, exec_start: Literal["keep", "replace"]) -> None:
+    def __init__(self, unit: SystemdUnit, *, exec_start: ExecStartMode) -> None:
         self._unit = unit
         self._exec_start = exec_start
         self.operator: OperatorServer | None = None  # with `keep`: the unit's own server, once read
@@ -44,3 +46,18 @@ class UnitServer:
             server = await self.operator_server(launch)
             return await self._unit.transport.reach(server.reach_host, server.port)
         return await self._unit.transport.reach(launch.host, launch.port)
+
+
+async def unit_running_values(unit: SystemdUnit, tuned: Sequence[TunedKnob]) -> list[RunningValue]:
+    """The tuned knobs' values in the unit's own server (its running process, or its ExecStart= and
+    Environment= where it is stopped), each with where it was read."""
+    state = await unit.state()
+    argv, environ = await unit.command_line(state)
+    shown = parse_show_environment(state["Environment"])
+
+    def source(env: str) -> str:
+        if env in shown:
+            return f"{env} in {unit.name}'s Environment= (the unit or a drop-in)"
+        return f"{env} in {unit.name}'s EnvironmentFile= or its process's environment"
+
+    return running_values(argv, environ, tuned, env_source=source)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
-from typing import Literal
+from collections.abc import Sequence
 
 from tuner.deployers.base import wait_until_healthy
 from tuner.deployers.systemd.operator_server import UnitServer
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
-from tuner.deployers.systemd.unit_file import parse_environ
+from tuner.deployers.systemd.unit_file import ExecStartMode, parse_environ
 from tuner.errors import DeployError, ServerNotReady
 from tuner.models import LaunchSpec
 
@@ -49,7 +49,8 @@ async def verify_started(
     before: UnitState,
     after: UnitState,
     *,
-    exec_start: Literal["keep", "replace"],
+    exec_start: ExecStartMode,
+    command: Sequence[str] | None = None,
 ) -> None:
     """What runs is what was meant: scored trials must not measure a stale or half-applied config (P6)."""
     if after["NeedDaemonReload"] != "no":
@@ -71,10 +72,10 @@ async def verify_started(
     for name, secret in launch.secret_values().items():
         if running.get(name) != secret:  # compared, never shown
             raise DeployError(f"{unit.name} does not run with the {name} it was given: another setting overrides it")
-    if exec_start == "replace":
+    if exec_start != "keep":  # `container`: the unit's own `run`, carrying the trial (`command`)
         cmdline = await unit.read(f"/proc/{after.main_pid}/cmdline")
         argv = (cmdline or b"").decode(errors="replace").split("\0")[:-1]
-        if argv != list(launch.command):
+        if argv != list(command if command is not None else launch.command):
             raise DeployError(f"{unit.name} runs {shlex.join(argv)[:200]}, not the trial's command line")
 
 

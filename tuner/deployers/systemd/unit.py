@@ -10,10 +10,15 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from tuner.deployers.systemd.paths import DROP_IN_NAME
-from tuner.deployers.systemd.unit_file import assigned_keys, parse_environ, parse_show_environment, shown_argv
+from tuner.deployers.systemd.unit_file import (
+    ExecStartMode,
+    assigned_keys,
+    parse_environ,
+    parse_show_environment,
+    shown_argv,
+)
 from tuner.errors import CommandFailed, DeployError, ServerNotReady, TransportError
 from tuner.models import LaunchSpec
 from tuner.redact import redact
@@ -151,7 +156,7 @@ class SystemdUnit:
         launch: LaunchSpec,
         state: UnitState,
         *,
-        exec_start: Literal["keep", "replace"],
+        exec_start: ExecStartMode,
         tuned: Sequence[str] = (),
     ) -> None:
         """An operator drop-in that sorts after ours and sets one of our keys (or of `tuned`, the variables
@@ -163,7 +168,7 @@ class SystemdUnit:
                 continue
             text = (await self.read(path) or b"").decode(errors="replace")
             names, sets_exec = assigned_keys(text)
-            clash = sorted(ours & names) + (["ExecStart"] if sets_exec and exec_start == "replace" else [])
+            clash = sorted(ours & names) + (["ExecStart"] if sets_exec and exec_start != "keep" else [])
             if clash:
                 raise DeployError(
                     f"{path} sorts after serve-tuner's {DROP_IN_NAME} and sets {', '.join(clash)}, which would "

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.models import LaunchSpec
 
+# How a trial's settings reach the unit: its own ExecStart with Environment= lines (`keep`), the engine's
+# whole command line (`replace`), or the unit's own container `run` carrying the trial's (`container`).
+ExecStartMode = Literal["keep", "replace", "container"]
+
 __all__ = [
+    "ExecStartMode",
     "assigned_keys",
     "check_kept_command",
     "parse_environ",
@@ -66,11 +72,17 @@ def render_secrets_file(launch: LaunchSpec) -> str:
 
 
 def render_drop_in(
-    launch: LaunchSpec, *, exec_start: Literal["keep", "replace"], note: str, secrets_file: str | None = None
+    launch: LaunchSpec,
+    *,
+    exec_start: ExecStartMode,
+    note: str,
+    secrets_file: str | None = None,
+    exec_argv: Sequence[str] | None = None,
 ) -> str:
     """The text of our drop-in for `launch`; raises `ConfigError` for a value systemd cannot carry.
     With `keep`, the launch's arguments are the unit's own business (`check_kept_command` checks that
-    its ExecStart already passes them)."""
+    its ExecStart already passes them); with `container`, `exec_argv` is the unit's own `run` carrying the
+    trial (container_unit.py)."""
     lines = [f"# {note}", "[Service]"]
     for name, value in launch.env.items():
         _check_env_name(name)
@@ -78,6 +90,9 @@ def render_drop_in(
     if launch.secret_env:
         assert secrets_file is not None
         lines.append(f"EnvironmentFile={secrets_file}")
+    if exec_start == "container" and exec_argv is not None:
+        words = [quote_unit_word(word, in_exec=True, what="a command-line argument") for word in exec_argv]
+        lines += ["ExecStart=", "ExecStart=" + " ".join(words)]
     if exec_start == "replace":
         if not launch.executable.startswith("/"):
             raise ConfigError(
