@@ -19,7 +19,7 @@ from tuner.deployers.systemd.container_unit import ContainerRun, parse_container
 from tuner.deployers.systemd.container_unit import reached_at as container_reached_at
 from tuner.deployers.systemd.dead_man import DeadManTimer
 from tuner.deployers.systemd.lock import HostLock
-from tuner.deployers.systemd.operator_server import UnitServer, unit_running_values
+from tuner.deployers.systemd.operator_server import UnitServer, container_run_url, unit_running_values
 from tuner.deployers.systemd.paths import HostPaths
 from tuner.deployers.systemd.snapshot import difference_from_snapshot, read_snapshot, take_snapshot
 from tuner.deployers.systemd.start import StartWatcher, verify_started, wait_restored
@@ -87,8 +87,7 @@ class SystemdDeployer:
     privileged_commands = ("systemctl", "systemd-run", "journalctl", "mkdir", "rm", "sh", "cat")
 
     @staticmethod
-    def uses_image_paths(options: SystemdOptions) -> bool:
-        """`container`: engine.binary and engine.model are the container's; none is looked for on the host."""
+    def uses_image_paths(options: SystemdOptions) -> bool:  # `container`: the image's paths, not the host's
         return options.exec_start == "container"
 
     @staticmethod
@@ -170,14 +169,13 @@ class SystemdDeployer:
         return await self._unit.running_log()
 
     async def running_url(self, launch: LaunchSpec) -> str | None:
-        """Where this controller reaches the operator's server running now (`keep`), for `--check`'s request;
-        None where the unit is not active or runs a command line other than the study's (`replace`)."""
+        """Where the operator's server answers now (`keep`; `container`: at the study's address), for `--check`'s
+        request; None where the unit is not active, or runs a command line other than the study's (`replace`)."""
         state = await self._unit.state()
         if self._options.exec_start == "replace" or state["ActiveState"] != "active":
             return None
         if self._options.exec_start == "container":
-            run = parse_container_run((await self._unit.command_line(state))[0], unit=self._unit.name)
-            return await self._transport.reach(*container_reached_at(run, launch))
+            return await container_run_url(self._unit, state, launch)
         return await self._server.address(launch)
 
     async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuner.deployers.base import running_values
+from tuner.deployers.systemd.container_unit import parse_container_run, reached_at
 from tuner.deployers.systemd.unit import SystemdUnit, UnitState
 from tuner.deployers.systemd.unit_file import ExecStartMode, parse_show_environment
-from tuner.errors import DeployError
+from tuner.errors import ConfigError, DeployError
 from tuner.models import LaunchSpec, OperatorServer, RunningValue, TunedKnob
 
 __all__ = ["UnitServer"]
@@ -61,3 +62,13 @@ async def unit_running_values(unit: SystemdUnit, tuned: Sequence[TunedKnob]) -> 
         return f"{env} in {unit.name}'s EnvironmentFile= or its process's environment"
 
     return running_values(argv, environ, tuned, env_source=source)
+
+
+async def container_run_url(unit: SystemdUnit, state: UnitState, launch: LaunchSpec) -> str | None:
+    """`container`: where the unit's running container answers at the study's address (its `--network host`,
+    or the port its `run` publishes); None where its ExecStart is no foreground `run` (its own check says so)."""
+    try:
+        run = parse_container_run((await unit.command_line(state))[0], unit=unit.name)
+    except ConfigError:
+        return None
+    return await unit.transport.reach(*reached_at(run, launch))
