@@ -16,7 +16,7 @@ from tests.fast.test_transport_contract import (  # noqa: F401 (the contract's t
     test_run_returns_output_and_refuses_a_non_zero_exit,
     test_write_file_replaces_content_whole_and_leaves_no_temporary_file,
 )
-from tests.real.conftest import SshHost
+from tests.support.sshd import SshHost
 
 
 @pytest.fixture(params=["ssh"])
