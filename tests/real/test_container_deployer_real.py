@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.support import DATA, free_port, one_error_line, run_tuner
-from tests.support.containers import PodmanHost, make_ollama_image
+from tests.support.containers import BATCH_STUDY_REST, PodmanHost, make_ollama_image
 from tests.support.sshd import SshHost, running_sshd
 from tuner import assets
 
@@ -119,18 +119,7 @@ port = {port}
 ctx_size = 4096
 n_parallel = 2
 threads = 1
-[workload]
-path = "{DATA / "stall-small.jsonl"}"
-request_timeout_s = 120
-[search]
-space = "{DATA / "batch-space.toml"}"
-sampler = "random"
-[metrics]
-long_prompt_tokens = 600
-[[objectives]]
-metric = "prefill_tok_s"
-direction = "maximize"
-""")
+{BATCH_STUDY_REST}""")
     return study
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import DATA, free_port, run_tuner
-from tests.support.containers import PodmanHost
+from tests.support import free_port, run_tuner
+from tests.support.containers import BATCH_STUDY_REST, PodmanHost
 from tests.support.systemd_host import SystemdHost, controller_env
 
 UNIT = "llm-container.service"
@@ -128,18 +128,7 @@ port = {port}
 ctx_size = 4096
 n_parallel = 2
 threads = 1
-[workload]
-path = {json.dumps(str(DATA / "stall-small.jsonl"))}
-request_timeout_s = 120
-[search]
-space = {json.dumps(str(DATA / "batch-space.toml"))}
-sampler = "random"
-[metrics]
-long_prompt_tokens = 600
-[[objectives]]
-metric = "prefill_tok_s"
-direction = "maximize"
-""")
+{BATCH_STUDY_REST}""")
     return study
 
 

@@ -46,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import DATA
 from tuner import assets
 
 __all__ = [
+    "BATCH_STUDY_REST",
     "CONTAINERS_CONF",
     "CONTAINER_PREFIX",
     "IMAGE_REPOSITORY",
@@ -240,6 +242,22 @@ def _import(reference: str, rootfs: bytes, *, env: Mapping[str, str] | None) -> 
     )
     if done.returncode != 0:
         raise PodmanUnavailable(f"`podman import` of {reference} failed: {_tail(done.stderr.decode(errors='replace'))}")
+
+
+# The rest of a short llama-server study file after its [engine] section: the small stall workload, n_batch and
+# n_ubatch at two values each (tests/data/batch-space.toml), scored on prefill throughput.
+BATCH_STUDY_REST = f"""[workload]
+path = {json.dumps(str(DATA / "stall-small.jsonl"))}
+request_timeout_s = 120
+[search]
+space = {json.dumps(str(DATA / "batch-space.toml"))}
+sampler = "random"
+[metrics]
+long_prompt_tokens = 600
+[[objectives]]
+metric = "prefill_tok_s"
+direction = "maximize"
+"""
 
 
 # ---- containers -----------------------------------------------------------------------------------
