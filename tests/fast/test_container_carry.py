@@ -31,14 +31,17 @@ def test_a_trial_carries_gpus_of_any_form_and_refuses_what_it_cannot_carry() -> 
     vllm = LaunchSpec(executable="vllm", args=("serve", "m"), port=8000)
     argv = trial_run_argv("docker", "vllm-tuner-trial", docker, vllm, env_file="F", original_ran=True)
     pairs = list(itertools.pairwise(argv))
-    for pair in (("--gpus", "2"), ("--gpus", "device=0,3"), ("--gpus", "all"), ("--device", "/dev/kfd")):
+    for pair in (("--gpus", "2"), ("--gpus", '"device=0,3"'), ("--gpus", "all"), ("--device", "/dev/kfd")):
         assert pair in pairs, pair
     assert ("--ulimit", "memlock=-1:-1") in pairs
     assert uncarried_fields(docker, "docker") == []
     podman = {
         "Name": "/vllm",
         "OCIRuntime": "crun",
-        "Config": {"Image": "img", "CreateCommand": ["podman", "run", "--device", "nvidia.com/gpu=all", "img"]},
+        "Config": {
+            "Image": "img",
+            "CreateCommand": ["podman", "run", "--device", "nvidia.com/gpu=all", "--device=/dev/dri", "img"],
+        },
         "HostConfig": {"NetworkMode": "host", "Devices": [{"PathOnHost": "/dev/dri", "PathInContainer": "/dev/dri"}]},
     }
     argv = trial_run_argv("podman", "vllm-tuner-trial", podman, vllm, env_file="F", original_ran=True)

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -217,7 +218,7 @@ def test_a_trial_runs_as_a_copy_of_the_users_container_and_the_original_comes_ba
         assert seen["mode"] == 0o600, oct(seen["mode"])
         assert "HF_TOKEN=hf_canary\n" in seen["content"] and "PATH=/usr/local/bin:/usr/bin\n" in seen["content"]
     assert not Path(env_file).exists()
-    image_at = run.index("vllm/vllm-openai:v0.33.0")
+    image_at = run.index("sha256:0123")  # the original's image by its ID, whatever its tag names now
     assert run[image_at + 1 :][:3] == ["Qwen/Qwen2.5-0.5B-Instruct", "--host", "0.0.0.0"]
     assert "--entrypoint" not in run and "--max-num-seqs" in run
     assert_restored_by_the_book(docker)
@@ -275,6 +276,35 @@ def test_a_controller_killed_mid_study_is_cleaned_up_by_the_next_run(docker: Hos
             assert containers(state)[name]["State"]["Status"] == "running"
 
     asyncio.run(next_run())
+    assert_the_original_is_back(docker)
+
+
+def test_a_study_another_live_controller_runs_on_the_container_is_refused_not_undone(
+    docker: Host, tmp_path: Path
+) -> None:
+    """Two runs on one container (another runs directory, another machine): the second refuses, naming the
+    first, and leaves its trial and watcher alone; a killed controller's (its pid gone here) is put back."""
+    state, port, name = docker
+
+    async def first() -> None:
+        deployer = ContainerDeployer(ContainerOptions(container=name), transport=LocalTransport())
+        await deployer.__aenter__()
+        await deployer.apply(vllm_launch(port), log_path=str(tmp_path / "t.log"))
+
+    asyncio.run(first())
+    beat = Path(f"/run/serve-tuner/container-{name}.beat")
+    token = beat.read_text().split()[0]
+    beat.write_text(f"{token} another-controller 4242")  # a live study driven from another machine
+
+    async def second() -> None:
+        async with ContainerDeployer(ContainerOptions(container=name), transport=LocalTransport()):
+            pass
+
+    with pytest.raises(DeployError, match=rf"another serve-tuner study is tuning container {name} now"):
+        asyncio.run(second())
+    assert set(containers(state)) == {name, docker.trial} and beat.exists()
+    beat.write_text(f"{token} {socket.gethostname()} 999999999")  # its controller ran here and is gone
+    asyncio.run(second())
     assert_the_original_is_back(docker)
 
 
@@ -441,7 +471,7 @@ def test_a_trial_that_could_not_stand_in_for_the_original_is_refused_before_anyt
         runner = subprocess.Popen(
             ["docker", "-c", "import time; time.sleep(60)", "run", "--name", name], executable=sys.executable
         )
-        subject, expected = "owner", rf"container {name} is run by `docker -c .* run --name {name}`: stopping it"
+        subject, expected = "owner", rf"container {name} is run by `docker run --name {name} \.\.\.` in the foreground"
     elif why == "unpublished":  # engine.port names a container port the original does not publish
         launch = vllm_launch(8000)
         subject = "address"

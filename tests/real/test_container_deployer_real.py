@@ -161,8 +161,9 @@ def test_a_study_runs_trials_as_faithful_copies_and_leaves_the_original_as_it_fo
                   "NetworkMode", "ShmSize", "PidsLimit", "Init"):  # fmt: skip
         assert seen["HostConfig"].get(field) == before["HostConfig"].get(field), field
     assert seen["Mounts"] == before["Mounts"] and seen["OCIRuntime"] == before["OCIRuntime"]
-    for field in ("User", "WorkingDir", "Image"):
+    for field in ("User", "WorkingDir"):
         assert seen["Config"][field] == before["Config"][field], field
+    assert seen["Image"] == before["Image"]  # the original's image itself, by its ID, whatever its tag names now
     assert seen["Config"]["Labels"]["team"] == "llm"
     assert "HF_TOKEN=hf_canary_container" in seen["Config"]["Env"]  # the original's environment, carried
     assert "hf_canary_container" not in " ".join(seen["Config"]["CreateCommand"])  # never on a command line

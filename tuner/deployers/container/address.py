@@ -1,18 +1,20 @@
-"""Where the tuner reaches a container's server, and everything that stops a trial from being a faithful,
+"""What the tuner reads of the operator's container (its state, the tuned knobs' values), where it reaches a
+container's server, and everything that stops a trial from being a faithful,
 safe copy of the original (what it cannot carry, who else starts or deletes it, an address it cannot reach):
 what `--check` shows and what the run refuses before anything stops."""
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.deployers.container.carry import uncarried_fields
+from tuner.deployers.base import running_values
+from tuner.deployers.container.carry import entrypoint_of, uncarried_fields
 from tuner.deployers.container.ownership import foreground_runner, ownership_refusals
-from tuner.models import LaunchSpec
+from tuner.models import LaunchSpec, RunningValue, TunedKnob
 
-__all__ = ["address_refusal", "published", "reached_at", "refusals", "status"]
+__all__ = ["address_refusal", "knob_values", "published", "reach_address", "reached_at", "refusals", "status"]
 
 _ALL_ADDRESSES = ("0.0.0.0", "::", "[::]")
 
@@ -84,3 +86,19 @@ def refusals(
     if address is not None:
         refused.append(("address", address))
     return refused
+
+
+def reach_address(original: Mapping[str, Any], launch: LaunchSpec) -> tuple[str, int]:
+    """Where the host reaches the server: as it listens on the host's network, else the published port."""
+    bound = published(original, launch.port)
+    if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or bound is None:
+        return launch.host, launch.port
+    return bound
+
+
+def knob_values(name: str, original: Mapping[str, Any], tuned: Sequence[TunedKnob]) -> list[RunningValue]:
+    """The tuned knobs' values in the original's command line and environment: the study's baseline."""
+    config = original.get("Config") or {}
+    argv = [*entrypoint_of(config), *[str(word) for word in config.get("Cmd") or []]]
+    environ = dict(str(entry).split("=", 1) for entry in config.get("Env") or [] if "=" in str(entry))
+    return running_values(argv, environ, tuned, env_source=lambda env: f"container {name}'s environment variable {env}")

@@ -56,6 +56,18 @@ _DEFAULT_MODES = {
 }
 
 
+# What podman 4 shows in no inspect field but its CreateCommand (a block-I/O weight reads 0 there), and no
+# trial flag carries: refused by name, like any other field that cannot be carried.
+_PODMAN_CREATE_ONLY_REFUSED = (
+    "--blkio-weight", "--blkio-weight-device", "--device-read-bps", "--device-write-bps", "--device-read-iops",
+    "--device-write-iops", "--storage-opt",
+)  # fmt: skip
+
+
+def _create_command(config: Mapping[str, Any]) -> list[str]:
+    return [str(word) for word in config.get("CreateCommand") or []]
+
+
 def _empty(value: object) -> bool:
     return value in (None, "", 0, False, [], {}, -1) or value == [0, 0]
 
@@ -68,6 +80,12 @@ def uncarried_fields(inspect: Mapping[str, Any], cli: str) -> list[str]:
         for key, value in sorted(host.items())
         if key not in _CARRIED and key not in _NOT_CAPABILITY and not _empty(value)
     ]
+    if cli == "podman":
+        refused += [
+            f"{flag} (podman keeps it only in its CreateCommand)"
+            for flag in _PODMAN_CREATE_ONLY_REFUSED
+            if any(word == flag or word.startswith(flag + "=") for word in _create_command(inspect.get("Config") or {}))
+        ]
     for request in host.get("DeviceRequests") or []:
         capabilities = {c for group in request.get("Capabilities") or [] for c in group}
         if cli != "docker":
@@ -166,8 +184,8 @@ def _resource_flags(host: Mapping[str, Any]) -> list[str]:
 def _gpu_flags(host: Mapping[str, Any]) -> list[str]:
     argv: list[str] = []
     for request in host.get("DeviceRequests") or []:
-        if request.get("DeviceIDs"):
-            argv += ["--gpus", "device=" + ",".join(request["DeviceIDs"])]
+        if request.get("DeviceIDs"):  # quoted: docker reads the value as CSV, and `device=0,1` as a count of 1
+            argv += ["--gpus", '"device=' + ",".join(request["DeviceIDs"]) + '"']
         elif request.get("Count") == -1:
             argv += ["--gpus", "all"]
         elif request.get("Count"):
@@ -176,22 +194,17 @@ def _gpu_flags(host: Mapping[str, Any]) -> list[str]:
 
 
 def _create_command_only(config: Mapping[str, Any]) -> list[str]:
-    """What podman 4 keeps only in the command that created the container, not in its inspect fields: CDI
-    devices (`--device nvidia.com/gpu=all`) and `--sysctl`."""
-    words = [str(word) for word in config.get("CreateCommand") or []]
+    """What podman 4 keeps whole only in the command that created the container: every `--device` as the
+    operator gave it (its inspect drops a CDI name, `nvidia.com/gpu=all`, and a device's permissions, `:r`),
+    and `--sysctl`."""
+    words = _create_command(config)
     argv: list[str] = []
-    for i, word in enumerate(words[:-1]):
-        value = words[i + 1]
-        if word == "--device" and "=" in value and not value.startswith("/"):
-            argv += ["--device", value]
-        elif word == "--sysctl":
-            argv += ["--sysctl", value]
-    for word in words:
-        flag, _, value = word.partition("=")
-        if flag == "--device" and "=" in value and not value.startswith("/"):
-            argv += ["--device", value]
-        elif flag == "--sysctl" and value:
-            argv += ["--sysctl", value]
+    for i, word in enumerate(words):
+        flag, equals, value = word.partition("=")
+        if not equals and i + 1 < len(words):
+            value = words[i + 1]
+        if flag in ("--device", "--sysctl") and value:
+            argv += [flag, value]
     return argv
 
 
@@ -293,7 +306,8 @@ def trial_run_argv(
         argv.append("--read-only")
     if host.get("Init"):
         argv.append("--init")
-    argv += _list_flags(host)
+    from_create = cli == "podman" and bool(_create_command(config))  # its devices whole, from CreateCommand
+    argv += _list_flags({**host, "Devices": []} if from_create else host)
     if cli == "docker":
         argv += _gpu_flags(host)
         if host.get("Runtime") and host["Runtime"] != "runc":
@@ -304,5 +318,6 @@ def trial_run_argv(
     # Every environment value, inherited, tuned or secret, is in this file; none is on the command line.
     argv += ["--env-file", env_file]
     argv, rest = _with_entrypoint(argv, cli, entrypoint_of(config), image_entrypoint, launch)
-    image = str(config.get("Image") or inspect.get("ImageName") or inspect.get("Image"))
+    # The image the original runs, by its ID: its tag may name a newer image since (a `docker pull`).
+    image = str(inspect.get("Image") or config.get("Image"))
     return [*argv, image, *rest]

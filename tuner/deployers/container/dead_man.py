@@ -13,7 +13,11 @@ first.
 
 from __future__ import annotations
 
+import os
+import secrets
 import shlex
+import socket
+from pathlib import Path
 
 from tuner.transports.base import Transport
 
@@ -42,22 +46,27 @@ class DeadManWatcher:
         stem = f"{state_dir}/container-{container}"
         self.beat, self.script = f"{stem}.beat", f"{stem}.restore.sh"
         self._cli, self._container = cli, container
+        self._token: str | None = None
 
     async def arm(self, *, trial: str, original_ran: bool) -> None:
-        """Writes the heartbeat and starts the watcher; it restores `trial`'s original unless kept beating."""
+        """Writes the heartbeat and starts the watcher; it restores `trial`'s original unless kept beating.
+        The heartbeat holds this arming's token: a watcher whose token is no longer there (disarmed, or armed
+        again by a later run) ends at its next look, so one watcher at most acts for a container."""
         cli, name = shlex.quote(self._cli), shlex.quote(self._container)
         every = max(1, min(30, int(self._seconds // 5)))
+        # The token, and who holds the container (what a later run reads to tell a live study from a dead one).
+        self._token = f"{secrets.token_hex(8)} {socket.gethostname()} {os.getpid()}"
         script = "\n".join([
             "#!/bin/sh",
             f"# serve-tuner: puts container {self._container} back if the controller stopped answering for "
             f"{self._seconds:g} s.",
             f"beat={shlex.quote(self.beat)}",
-            'while [ -e "$beat" ]; do',
+            f'while [ "$(cat -- "$beat" 2>/dev/null)" = {shlex.quote(self._token)} ]; do',
             '  now=$(date +%s); last=$(stat -c %Y -- "$beat" 2>/dev/null || echo "$now")',
             f"  if [ $((now - last)) -ge {int(self._seconds)} ]; then",
             f"    {cli} rm -f {shlex.quote(trial)} >/dev/null 2>&1",
             f"    {cli} start {name} >/dev/null 2>&1" if original_ran else "    :",
-            '    rm -f -- "$beat"',
+            '    rm -f -- "$beat" "$0"',
             "    exit 0",
             "  fi",
             f"  sleep {every}",
@@ -65,23 +74,56 @@ class DeadManWatcher:
             "",
         ])  # fmt: skip
         await self._transport.write_file(self.script, script.encode(), mode=0o700)
-        await self.beat_now()
+        await self._transport.write_file(self.beat, self._token.encode(), mode=0o600)
         await self._transport.run(
             ["sh", "-c", 'setsid sh "$0" </dev/null >/dev/null 2>&1 &', self.script], timeout_s=30, privileged=True
         )
 
     async def armed(self) -> bool:
-        """Whether its heartbeat is still there (the watcher has not fired)."""
+        """Whether this arming's heartbeat is still there (its watcher has not fired, no other run took over)."""
+        if self._token is None:
+            return False
         found = await self._transport.run(
-            ["sh", "-c", 'test -e "$0"', self.beat], timeout_s=30, check=False, privileged=True
+            ["sh", "-c", '[ "$(cat -- "$0" 2>/dev/null)" = "$1" ]', self.beat, self._token],
+            timeout_s=30,
+            check=False,
+            privileged=True,
         )
         return found.exit_status == 0
+
+    async def holder(self) -> tuple[float, str] | None:
+        """Seconds since any run's controller last beat for this container, and what its heartbeat holds (its
+        token, controller's host name and pid); None where no heartbeat is there."""
+        said = await self._transport.run(
+            ["sh", "-c", 'test -e "$0" && echo $(( $(date +%s) - $(stat -c %Y -- "$0") )) && cat -- "$0"', self.beat],
+            timeout_s=30,
+            check=False,
+            privileged=True,
+        )
+        age, _, held = said.stdout.partition("\n")
+        return (float(age), held.strip()) if said.exit_status == 0 and age.strip().isdigit() else None
+
+    def held_by_another_run(self, holder: tuple[float, str] | None) -> str | None:
+        """Why the container is another study's (a heartbeat younger than `seconds`, of a controller that is not
+        known to be gone), or None."""
+        if holder is None or holder[0] >= self._seconds:
+            return None
+        age, (_, host, pid) = holder[0], [*holder[1].split(), "", "", ""][:3]
+        here = host == socket.gethostname() and pid.isdigit()
+        if here and (int(pid) == os.getpid() or not Path(f"/proc/{pid}").exists()):
+            return None  # its controller ran on this machine and is gone (a killed run: put back first), or is us
+        return (
+            f"another serve-tuner study is tuning container {self._container} now (its controller was heard from "
+            f"{age:.0f} s ago); wait for it to end, or if that run is gone, its watcher puts {self._container} back "
+            f"within {self._seconds - age:.0f} s (remove {self.beat} on the host to take over at once)"
+        )
 
     async def beat_now(self) -> None:
         await self._transport.run(["touch", "--", self.beat], timeout_s=30, privileged=True)
 
     async def disarm(self) -> None:
         """The watcher ends at its next look; its script goes with it."""
+        self._token = None
         await self._transport.run(
             ["rm", "-f", "--", self.beat, self.script], timeout_s=30, check=False, privileged=True
         )

@@ -13,20 +13,27 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tuner.config import StrictModel
-from tuner.deployers.base import DEPLOYERS, Deployment, running_values, wait_until_healthy
-from tuner.deployers.container.address import address_refusal, published, reached_at, refusals, status
+from tuner.deployers.base import DEPLOYERS, Deployment, wait_until_healthy
+from tuner.deployers.container.address import (
+    address_refusal,
+    knob_values,
+    reach_address,
+    reached_at,
+    refusals,
+    status,
+)
 from tuner.deployers.container.carry import (
     ORIGINAL_RAN_LABEL,
-    entrypoint_of,
     image_entrypoint,
     trial_run_argv,
 )
+from tuner.deployers.container.cli import ContainerCli
 from tuner.deployers.container.dead_man import DeadManWatcher, host_state_dir
 from tuner.deployers.container.env_file import trial_env_file, without_env_values
-from tuner.errors import CommandFailed, ConfigError, DeployError, ServerNotReady
+from tuner.errors import ConfigError, DeployError, ServerNotReady
 from tuner.models import CheckLine, LaunchSpec, RunningValue, ServerCommand, TunedKnob
 from tuner.redact import redact
-from tuner.transports.base import CommandResult, Transport
+from tuner.transports.base import Transport
 
 __all__ = ["ContainerDeployer", "ContainerOptions"]
 
@@ -77,6 +84,7 @@ class ContainerDeployer:
     def __init__(self, options: ContainerOptions, *, transport: Transport) -> None:
         self._options = options
         self._transport = transport
+        self._runtime = ContainerCli(options.cli, transport)
         self._original: dict[str, Any] | None = None  # its inspect when the study first stopped it
         self._original_ran = False
         self._image_entrypoint: list[str] = []
@@ -110,19 +118,28 @@ class ContainerDeployer:
         await self.restore()
 
     async def _put_back_leftovers(self) -> None:
-        """A controller killed mid-study left its trial running and the original stopped: put it back first."""
-        left = await self._inspect_or_none(self._trial)
+        """A controller killed mid-study left its trial running and the original stopped: put it back first.
+        A study whose controller still beats for this container is another run's: refused, not undone."""
+        left = await self._runtime.inspect(self._trial)
+        busy = await self._busy_with_another_run(left)
+        if busy is not None:
+            raise DeployError(busy)
         if left is not None:
             labels = (left.get("Config") or {}).get("Labels") or {}
-            await self._cli("rm", "-f", self._trial)
-            original = await self._inspect_or_none(self._name)
+            await self._runtime("rm", "-f", self._trial)
+            original = await self._runtime.inspect(self._name)
             if labels.get(ORIGINAL_RAN_LABEL) == "yes" and original is not None and status(original) != "running":
-                await self._cli("start", self._name)
-        if await self._inspect_or_none(self._name + _OLD_BASELINE_SUFFIX) is not None:
-            await self._cli("rename", self._name + _OLD_BASELINE_SUFFIX, self._name)
-            await self._cli("start", self._name)
+                await self._runtime("start", self._name)
+        if await self._runtime.inspect(self._name + _OLD_BASELINE_SUFFIX) is not None:
+            await self._runtime("rename", self._name + _OLD_BASELINE_SUFFIX, self._name)
+            await self._runtime("start", self._name)
         watcher = await self._make_watcher()
         await watcher.disarm()
+
+    async def _busy_with_another_run(self, left: Mapping[str, Any] | None) -> str | None:
+        """Why this container is another study's now (its trial runs and its controller beat lately), or None."""
+        watcher = await self._make_watcher()
+        return None if left is None else watcher.held_by_another_run(await watcher.holder())
 
     async def _make_watcher(self) -> DeadManWatcher:
         if self._watcher is None:
@@ -135,39 +152,8 @@ class ContainerDeployer:
             )
         return self._watcher
 
-    # ---- the CLI --------------------------------------------------------------------------------
-
-    async def _run_cli(self, *args: str, timeout_s: float, check: bool) -> CommandResult:
-        # As the login, or through `sudo -n` where host.sudo is true: every command the same way, so that
-        # all of them see the same containers (rootful and rootless podman keep separate ones), and the env
-        # file, written the same way with mode 0600, is readable by the `run` that reads it.
-        return await self._transport.run([self._options.cli, *args], timeout_s=timeout_s, check=check, privileged=True)
-
-    async def _cli(self, *args: str, timeout_s: float = 120) -> str:
-        try:
-            result = await self._run_cli(*args, timeout_s=timeout_s, check=True)
-        except CommandFailed as exc:
-            said = redact(exc.stderr_tail.strip())[-300:]
-            command = args[2] if args[0] == "--runtime" else args[0]  # podman's global flag comes first
-            raise DeployError(f"`{self._options.cli} {command}` failed: {said}") from None
-        return result.stdout
-
-    async def _inspect_or_none(self, name: str) -> dict[str, Any] | None:
-        result = await self._run_cli("inspect", "--type", "container", name, timeout_s=60, check=False)
-        if result.exit_status != 0:
-            if "permission denied" in result.stderr.lower():
-                raise DeployError(
-                    f"`{self._options.cli} inspect` was refused ({result.stderr.strip()[-160:]}); add the login to "
-                    "the docker group, or set host.sudo = true (docs/production-host.md)"
-                )
-            return None
-        data = json.loads(result.stdout)
-        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-            raise DeployError(f"{self._options.cli} inspect {name} gave no container description")
-        return data[0]
-
     async def _original_now(self) -> dict[str, Any]:
-        found = await self._inspect_or_none(self._name)
+        found = await self._runtime.inspect(self._name)
         if found is None:
             raise ConfigError(
                 f"no container named {self._name!r} ({_LOOKED_AS[self._options.cli]}); set deploy.container to the "
@@ -198,34 +184,28 @@ class ContainerDeployer:
             lines.append(
                 CheckLine("copy", True, f"a trial carries everything but the command line; reached at {reached}")
             )
-        if await self._inspect_or_none(self._trial) is not None:
+        left = await self._runtime.inspect(self._trial)
+        busy = await self._busy_with_another_run(left)
+        if busy is not None:
+            lines.append(CheckLine("leftovers", False, busy))
+        elif left is not None:
             lines.append(CheckLine("leftovers", True, f"an earlier run left {self._trial}: the run restores first"))
         return lines
 
     async def running_url(self, launch: LaunchSpec) -> str | None:
         """Where the original answers now, if it runs: for `--check`'s request."""
-        original = await self._inspect_or_none(self._name)
+        original = await self._runtime.inspect(self._name)
         if original is None or status(original) != "running" or address_refusal(self._name, original, launch):
             return None
         return await self._reach(original, launch)
 
     async def running_values(self, tuned: Sequence[TunedKnob]) -> list[RunningValue] | None:
         """The tuned knobs' values in the original's command line and environment: the study's baseline."""
-        original = await self._inspect_or_none(self._name)
-        if original is None:
-            return None
-        config = original.get("Config") or {}
-        argv = [*entrypoint_of(config), *[str(word) for word in config.get("Cmd") or []]]
-        environ = dict(str(entry).split("=", 1) for entry in config.get("Env") or [] if "=" in str(entry))
-        return running_values(
-            argv, environ, tuned, env_source=lambda env: f"container {self._name}'s environment variable {env}"
-        )
+        original = await self._runtime.inspect(self._name)
+        return None if original is None else knob_values(self._name, original, tuned)
 
     async def _reach(self, original: Mapping[str, Any], launch: LaunchSpec) -> str:
-        bound = published(original, launch.port)
-        if str((original.get("HostConfig") or {}).get("NetworkMode")) == "host" or bound is None:
-            return await self._transport.reach(launch.host, launch.port)
-        return await self._transport.reach(*bound)
+        return await self._transport.reach(*reach_address(original, launch))
 
     # ---- a trial ------------------------------------------------------------------------------
 
@@ -238,7 +218,7 @@ class ContainerDeployer:
         env_text = trial_env_file(self._options.cli, self._name, original, launch)
         if self._original is None:
             self._original, self._original_ran = original, status(original) == "running"
-            found = await self._run_cli(
+            found = await self._runtime.run(
                 "image", "inspect", "--format", "{{json .Config.Entrypoint}}", str(original.get("Image") or ""),
                 timeout_s=60,
                 check=False,
@@ -254,10 +234,10 @@ class ContainerDeployer:
             await watcher.arm(trial=self._trial, original_ran=self._original_ran)
             self._armed = True
         self._last_beat = time.monotonic()
-        now = await self._inspect_or_none(self._name)
+        now = await self._runtime.inspect(self._name)
         if now is not None and status(now) == "running":
-            await self._cli("stop", "-t", str(self._options.stop_timeout_s), self._name)
-        await self._run_cli("rm", "-f", self._trial, timeout_s=120, check=False)
+            await self._runtime("stop", "-t", str(self._options.stop_timeout_s), self._name)
+        await self._runtime.run("rm", "-f", self._trial, timeout_s=120, check=False)
         env_path = f"{watcher.beat.removesuffix('.beat')}.env"
         await self._transport.write_file(env_path, env_text.encode(), mode=0o600)
         argv = trial_run_argv(
@@ -270,7 +250,7 @@ class ContainerDeployer:
             image_entrypoint=self._image_entrypoint,
         )
         try:
-            await self._cli(*argv[1:])
+            await self._runtime(*argv[1:])
         finally:
             # The CLI has read the file by the time `run` returns; a failed `run` must not leave it either.
             await self._transport.remove_file(env_path)
@@ -290,27 +270,32 @@ class ContainerDeployer:
         if self._watcher is not None and time.monotonic() - self._last_beat > min(60.0, self._options.dead_man_s / 4):
             await self._watcher.beat_now()
             self._last_beat = time.monotonic()
-        result = await self._run_cli(
+        result = await self._runtime.run(
             "inspect", "--type", "container", "-f", "{{.State.Status}} {{.State.ExitCode}}", self._trial,
             timeout_s=60,
             check=False,
         )  # fmt: skip
-        if result.exit_status != 0:
-            return "the trial container is gone"
-        trial_status, _, code = result.stdout.strip().partition(" ")
-        if trial_status != "running":
-            return f"the trial container is {trial_status} (exit code {code})"
-        original = await self._inspect_or_none(self._name)
+        original = await self._runtime.inspect(self._name)
         if original is not None and status(original) == "running":
             return (
                 f"the original container {self._name} is running again beside the trial (its restart policy after "
                 "an engine restart, or someone started it): the trial was not measured alone"
             )
-        return None
+        if result.exit_status == 0 and result.stdout.startswith("running "):
+            return None
+        if self._watcher is not None and not await self._watcher.armed():
+            return (
+                f"the host's watcher put {self._name} back: this controller was not heard from for deploy.dead_man_s "
+                f"({self._options.dead_man_s:g} s); make it longer than a trial's longest round"
+            )
+        if result.exit_status != 0:
+            return "the trial container is gone"
+        trial_status, _, code = result.stdout.strip().partition(" ")
+        return f"the trial container is {trial_status} (exit code {code})"
 
     async def read_log(self, since: int) -> tuple[str, int]:
         """The trial container's log; kept whole (redacted) in the run directory as it grows."""
-        result = await self._run_cli("logs", self._trial, timeout_s=120, check=False)
+        result = await self._runtime.run("logs", self._trial, timeout_s=120, check=False)
         if result.exit_status != 0:
             return "", since
         text = result.stdout + result.stderr
@@ -325,20 +310,20 @@ class ContainerDeployer:
     async def restore(self) -> None:
         """The trial container removed, the original started again if it ran, the watcher disarmed; then the
         original compared with what the study found (all but its state)."""
-        await self._run_cli("rm", "-f", self._trial, timeout_s=120, check=False)
+        await self._runtime.run("rm", "-f", self._trial, timeout_s=120, check=False)
         if self._original is None:
             return
         if self._original_ran:
-            now = await self._inspect_or_none(self._name)
+            now = await self._runtime.inspect(self._name)
             if now is not None and status(now) != "running":
-                await self._cli("start", self._name)
+                await self._runtime("start", self._name)
             if self._launch is not None and now is not None:
                 await self._wait_original(now, self._launch)
         if self._watcher is not None:
             await self._watcher.disarm()
             self._armed = False
         before, self._original = self._original, None
-        after = await self._inspect_or_none(self._name)
+        after = await self._runtime.inspect(self._name)
         changed = [key for key in _COMPARED if after is None or after.get(key) != before.get(key)]
         if changed:
             raise DeployError(
@@ -348,7 +333,7 @@ class ContainerDeployer:
 
     async def _wait_original(self, original: Mapping[str, Any], launch: LaunchSpec) -> None:
         async def stopped() -> str | None:
-            now = await self._inspect_or_none(self._name)
+            now = await self._runtime.inspect(self._name)
             return None if now is not None and status(now) == "running" else f"{self._name} is not running"
 
         if address_refusal(self._name, original, launch) is None:

@@ -43,7 +43,8 @@ def foreground_runner(process_lines: str, container: str) -> str | None:
             continue
         for i, word in enumerate(words):
             if word == f"--name={container}" or (word == "--name" and words[i + 1 : i + 2] == [container]):
-                return " ".join(words)[:200]
+                # Named, never quoted: the rest of that command line may hold `-e KEY=SECRET`.
+                return f"{words[0].rsplit('/', 1)[-1]} run --name {container}"
     return None
 
 
@@ -55,14 +56,17 @@ def ownership_refusals(cli: str, container: str, inspect: Mapping[str, Any], run
             f"container {container} was started with --rm: stopping it for a trial would delete it; recreate it "
             f"without --rm (the same `{cli} run` line otherwise) and run again"
         )
-    labels = (inspect.get("Config") or {}).get("Labels") or {}
-    unit = labels.get(SYSTEMD_LABEL)
-    held = f"systemd unit {unit}" if unit else (f"`{runner}`" if runner else None)
-    if held:
-        via = f'unit = "{unit}"' if unit else 'unit = "THE-UNIT.service"'
+    unit = ((inspect.get("Config") or {}).get("Labels") or {}).get(SYSTEMD_LABEL)
+    if unit:  # `podman generate systemd` and Quadlet: a detached `run`, which no drop-in can verify
         refusals.append(
-            f"container {container} is run by {held}: stopping it for a trial would have it started again beside "
-            f'the trial; tune it through its unit instead: [deploy] kind = "systemd", {via}, exec_start = '
-            '"container" (a foreground `run`; docs/production-host.md)'
+            f"container {container} is run by systemd unit {unit}: stopping it for a trial would have it started "
+            f"again beside the trial; for the night, stop {unit} and start the same container by hand (its `{cli} "
+            "run` with -d, without --rm and --replace), tune that, then put the result in the unit"
+        )
+    elif runner:
+        refusals.append(
+            f"container {container} is run by `{runner} ...` in the foreground (a unit's ExecStart=, a terminal): "
+            "stopping it for a trial would have it started again beside the trial; tune it through its unit: "
+            '[deploy] kind = "systemd", unit = "THE-UNIT.service", exec_start = "container" (docs/production-host.md)'
         )
     return refusals

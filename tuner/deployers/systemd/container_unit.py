@@ -29,6 +29,7 @@ _SWITCHES = frozenset({
     "--rm", "--init", "--privileged", "--read-only", "--replace", "--interactive", "--tty", "--publish-all",
     "--oom-kill-disable", "--no-healthcheck", "--no-hosts", "--help", "--quiet", "--rootfs", "--read-only-tmpfs",
     "--detach", "--sig-proxy", "--disable-content-trust", "--http-proxy", "--env-host", "--tls-verify",
+    "--rmi", "--unsetenv-all", "--passwd", "--use-api-socket",
 })  # fmt: skip
 _SHORT_SWITCHES = frozenset("ditPq")
 # Global options before `run` that take no value.
@@ -62,8 +63,11 @@ def _takes_value(word: str) -> bool:
     return len(letters) == 1  # `-p 8080:80`; `-p8080:80` carries its value
 
 
-def _short_detach(word: str) -> bool:
-    """`-d`, or `-d` among other short switches (`-dit`)."""
+def _detaches(word: str) -> bool:
+    """`-d`, `--detach`, `--detach=true`, `-d=True`, or `-d` among other short switches (`-dit`)."""
+    flag, equals, value = word.partition("=")
+    if flag in ("-d", "--detach"):
+        return not equals or value.lower() in ("true", "1")
     return word.startswith("-") and not word.startswith("--") and "d" in word and set(word[1:]) <= _SHORT_SWITCHES
 
 
@@ -90,7 +94,7 @@ def parse_container_run(argv: Sequence[str], *, unit: str) -> ContainerRun:
     if i >= len(argv):
         raise ConfigError(f"{unit}'s ExecStart= names no image; {fix}")
     run = ContainerRun(head=list(argv[:i]), image=argv[i], command=list(argv[i + 1 :]))
-    detached = next((w for w in run.head if w in ("--detach", "--detach=true") or _short_detach(w)), None)
+    detached = next((w for w in run.head if _detaches(w)), None)
     if detached is not None:
         raise ConfigError(
             f"{unit} runs its container detached ({detached}): the unit's main process is not the server's, so a "
