@@ -42,6 +42,7 @@ def test_the_trials_run_is_the_operators_up_to_the_image_with_its_variables_by_n
         ("/usr/bin/podman run -d --name llm img", "runs its container detached (-d)"),
         ("/usr/bin/docker run -dit --name llm img", "runs its container detached (-dit)"),
         ("/usr/bin/docker run --detach --name llm img", "runs its container detached (--detach)"),
+        ("/usr/bin/podman run -d=true --name llm img", "runs its container detached (-d=true)"),
         ("/opt/llama/bin/llama-server -m /m", "runs /opt/llama/bin/llama-server, not docker or podman"),
         ("/usr/bin/podman start -a llm", "runs `/usr/bin/podman start`, not a `run`"),
         ("/usr/bin/podman run --rm --name llm", "names no image"),
@@ -51,6 +52,12 @@ def test_a_unit_command_that_is_not_a_foreground_run_is_refused_with_the_way(com
     with pytest.raises(ConfigError) as refused:
         parse_container_run(shlex.split(command), unit=UNIT)
     assert said in str(refused.value)
+
+
+def test_switches_that_take_no_value_are_not_taken_for_the_image() -> None:
+    run = parse_container_run(shlex.split("/usr/bin/podman run --rm --rmi --passwd --name llm img -m x"), unit=UNIT)
+    assert run.image == "img" and run.command == ["-m", "x"]
+    assert parse_container_run(shlex.split("/usr/bin/podman run --detach=false img"), unit=UNIT).image == "img"
 
 
 def test_the_trial_is_reached_on_the_hosts_network_or_through_the_published_port() -> None:
