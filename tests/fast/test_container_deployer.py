@@ -92,6 +92,10 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
         if container.get("pid"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(container["pid"], signal.SIGTERM)
+    # The deployer's files on this host (a test that plays a killed controller leaves them, as one would);
+    # without its heartbeat a watcher ends at its next look.
+    for left in Path("/run/serve-tuner").glob(f"container-{name}.*"):
+        left.unlink(missing_ok=True)
 
 
 def vllm_launch(port: int, *, host: str = "0.0.0.0", **settings: Any) -> LaunchSpec:
