@@ -340,19 +340,24 @@ def test_an_original_an_older_version_moved_aside_is_put_back_under_its_name(doc
 def test_a_killed_controller_s_watcher_puts_the_original_back_by_itself(docker: Host, tmp_path: Path) -> None:
     state, port, name = docker
 
-    async def killed() -> None:
+    async def killed() -> ContainerDeployer:
         transport = LocalTransport()
         deployer = ContainerDeployer(ContainerOptions(container=name, dead_man_s=5), transport=transport)
         await deployer.__aenter__()
         await deployer.apply(vllm_launch(port), log_path=str(tmp_path / "t.log"))
+        return deployer
 
-    asyncio.run(killed())
+    silent = asyncio.run(killed())
     assert set(containers(state)) == {name, docker.trial}
     deadline = time.monotonic() + 30
     while set(containers(state)) != {name} or containers(state)[name]["State"]["Status"] != "running":
         assert time.monotonic() < deadline, "the watcher put the original back within 30 s"
         time.sleep(0.2)
     assert [c for c in calls(state) if c[0] in ("rm", "start")][-2:] == [["rm", "-f", docker.trial], ["start", name]]
+    # A controller that was only slow learns why its trial is gone, and its heartbeat does not come back.
+    said = asyncio.run(silent.check_alive())
+    assert said is not None and said.startswith(f"the host's watcher put {name} back: this controller was not heard")
+    assert not Path(f"/run/serve-tuner/container-{name}.beat").exists()
 
 
 def test_a_container_name_that_does_not_exist_is_refused_before_anything_changes(docker: Host, tmp_path: Path) -> None:

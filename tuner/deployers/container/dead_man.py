@@ -119,7 +119,8 @@ class DeadManWatcher:
         )
 
     async def beat_now(self) -> None:
-        await self._transport.run(["touch", "--", self.beat], timeout_s=30, privileged=True)
+        # -c: a heartbeat the watcher removed when it acted stays removed (a new one would read as a study's).
+        await self._transport.run(["touch", "-c", "--", self.beat], timeout_s=30, privileged=True)
 
     async def disarm(self) -> None:
         """The watcher ends at its next look; its script goes with it."""

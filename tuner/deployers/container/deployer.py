@@ -276,17 +276,18 @@ class ContainerDeployer:
             check=False,
         )  # fmt: skip
         original = await self._runtime.inspect(self._name)
-        if original is not None and status(original) == "running":
-            return (
-                f"the original container {self._name} is running again beside the trial (its restart policy after "
-                "an engine restart, or someone started it): the trial was not measured alone"
-            )
-        if result.exit_status == 0 and result.stdout.startswith("running "):
+        back = original is not None and status(original) == "running"
+        if not back and result.exit_status == 0 and result.stdout.startswith("running "):
             return None
-        if self._watcher is not None and not await self._watcher.armed():
+        if self._watcher is not None and not await self._watcher.armed():  # it removed the trial, started NAME
             return (
                 f"the host's watcher put {self._name} back: this controller was not heard from for deploy.dead_man_s "
                 f"({self._options.dead_man_s:g} s); make it longer than a trial's longest round"
+            )
+        if back:
+            return (
+                f"the original container {self._name} is running again beside the trial (its restart policy after "
+                "an engine restart, or someone started it): the trial was not measured alone"
             )
         if result.exit_status != 0:
             return "the trial container is gone"
