@@ -455,6 +455,9 @@ def test_a_value_with_a_line_break_is_refused_naming_the_variable_before_anythin
             LocalTransport() as transport,
             ContainerDeployer(ContainerOptions(container=name), transport=transport) as deployer,
         ):
+            checked = [line for line in await deployer.check(launch, tuned=[]) if not line.ok]
+            assert [line.subject for line in checked] == ["environment"]  # `--check` says it first
+            assert re.search(expected, checked[0].detail) and "sk-canary" not in checked[0].detail
             with pytest.raises(ConfigError, match=expected) as refused:
                 await deployer.apply(launch, log_path=str(tmp_path / "t.log"))
             assert "sk-canary" not in str(refused.value) and "line two" not in str(refused.value)

@@ -179,6 +179,10 @@ class ContainerDeployer:
         lines = [CheckLine(subject, True, f"{status(original)}, image {(original.get('Config') or {}).get('Image')}")]
         refused = await self._refusals(original, launch)
         lines += [CheckLine(what, False, why) for what, why in refused]
+        try:  # a value no env file can carry, which the run refuses before anything stops
+            trial_env_file(self._options.cli, self._name, original, launch)
+        except ConfigError as exc:
+            lines.append(CheckLine("environment", False, str(exc)))
         if not refused:
             reached = reached_at(original, launch)
             lines.append(
