@@ -22,15 +22,20 @@ def _records(path: Path) -> list[RequestRecord]:
     return [RequestRecord.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _ollama_processes(binary: Path) -> list[int]:
+def _ollama_processes(binary: Path, home: Path) -> list[int]:
+    """This test's Ollama processes: the build's, with the test's own HOME (another test's, in the other
+    worker, may run beside it)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "exe") == os.path.realpath(binary):
-                    found.append(int(entry.name))
+                if os.readlink(entry / "exe") != os.path.realpath(binary):
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
+            if f"HOME={home}".encode() in environ:
+                found.append(int(entry.name))
     return found
 
 
@@ -65,7 +70,7 @@ def test_five_users_on_a_real_ollama_are_replayed_measured_and_left_no_server(
     board = json.loads(run_tuner("leaderboard", str(run), "--json", cwd=tmp_path, timeout=120).stdout)
     # The trial ran Ollama with four slots (the study's seed draws it; a draw of the baseline's 1 is skipped).
     assert sorted(row["settings"]["num_parallel"] for row in board["rows"]) == [1, 4], board["rows"]
-    assert _ollama_processes(ollama_binary) == []
+    assert _ollama_processes(ollama_binary, tmp_path) == []
 
 
 def _study_of_one_knob(tmp_path: Path, knob: str, choices: str, default: str) -> dict[str, Any]:
@@ -95,7 +100,7 @@ def test_a_setting_ollama_drops_on_this_cpu_fails_its_trial_naming_it_instead_of
     reason = failed[0]["reason"]
     assert "Ollama ignored flash_attention (OLLAMA_FLASH_ATTENTION)" in reason, reason
     assert "leave flash_attention out of search.params" in reason
-    assert _ollama_processes(ollama_binary) == []
+    assert _ollama_processes(ollama_binary, tmp_path) == []
 
 
 def test_num_batch_reaches_ollamas_runner_from_the_requests_and_never_reloads_the_model_mid_trial(
