@@ -270,6 +270,8 @@ def test_a_controller_killed_mid_study_is_cleaned_up_by_the_next_run(docker: Hos
     asyncio.run(killed())
     assert set(containers(state)) == {name, docker.trial}
     assert containers(state)[name]["State"]["Status"] == "exited"
+    left = Path(f"/run/serve-tuner/container-{name}.env")  # killed between writing it and `run` returning
+    left.write_text("HF_TOKEN=hf_canary\n")
 
     async def next_run() -> None:
         async with (
@@ -281,6 +283,7 @@ def test_a_controller_killed_mid_study_is_cleaned_up_by_the_next_run(docker: Hos
 
     asyncio.run(next_run())
     assert_the_original_is_back(docker)
+    assert not left.exists()
 
 
 def test_a_study_another_live_controller_runs_on_the_container_is_refused_not_undone(

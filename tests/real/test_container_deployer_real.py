@@ -205,6 +205,9 @@ def test_a_killed_controller_leaves_the_host_on_the_original_by_itself(
     wait_for("the trial container is gone", lambda: podman_host.containers() == [original], timeout_s=30)
     after = podman_host.inspect(original)
     assert after["State"]["Status"] == "running" and comparable(after) == comparable(before)
+    # Nothing of the study stays on the host: the heartbeat, the watcher's script, and the env file (the
+    # original's environment, secrets included) a controller killed before `run` returned would leave.
+    wait_for("the watcher's files are gone", lambda: not list(Path("/run/serve-tuner").glob(f"container-{original}.*")))
 
 
 @pytest.mark.parametrize("owner", ["--rm", "unit label", "foreground run"])

@@ -45,6 +45,9 @@ class DeadManWatcher:
         self._seconds = seconds
         stem = f"{state_dir}/container-{container}"
         self.beat, self.script = f"{stem}.beat", f"{stem}.restore.sh"
+        # The trial's env file: removed as soon as `run` returns, and by the watcher and the next run where a
+        # controller killed in between left it (it holds the original's environment and any secret).
+        self.env_file = f"{stem}.env"
         self._cli, self._container = cli, container
         self._token: str | None = None
 
@@ -66,7 +69,7 @@ class DeadManWatcher:
             f"  if [ $((now - last)) -ge {int(self._seconds)} ]; then",
             f"    {cli} rm -f {shlex.quote(trial)} >/dev/null 2>&1",
             f"    {cli} start {name} >/dev/null 2>&1" if original_ran else "    :",
-            '    rm -f -- "$beat" "$0"',
+            f'    rm -f -- "$beat" {shlex.quote(self.env_file)} "$0"',
             "    exit 0",
             "  fi",
             f"  sleep {every}",

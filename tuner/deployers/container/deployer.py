@@ -135,6 +135,7 @@ class ContainerDeployer:
             await self._runtime("start", self._name)
         watcher = await self._make_watcher()
         await watcher.disarm()
+        await self._transport.remove_file(watcher.env_file)  # a killed controller's, between writing and `run`
 
     async def _busy_with_another_run(self, left: Mapping[str, Any] | None) -> str | None:
         """Why this container is another study's now (its trial runs and its controller beat lately), or None."""
@@ -242,7 +243,7 @@ class ContainerDeployer:
         if now is not None and status(now) == "running":
             await self._runtime("stop", "-t", str(self._options.stop_timeout_s), self._name)
         await self._runtime.run("rm", "-f", self._trial, timeout_s=120, check=False)
-        env_path = f"{watcher.beat.removesuffix('.beat')}.env"
+        env_path = watcher.env_file
         await self._transport.write_file(env_path, env_text.encode(), mode=0o600)
         argv = trial_run_argv(
             self._options.cli,
