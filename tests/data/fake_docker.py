@@ -42,7 +42,10 @@ def load() -> dict[str, Any]:
 
 
 def save(state: dict[str, Any]) -> None:
-    STATE.write_text(json.dumps(state, indent=1))
+    """Whole or not at all: a test (or the watcher's own `docker`) reading meanwhile never sees a part."""
+    part = STATE.with_name(f".{STATE.name}.{os.getpid()}")
+    part.write_text(json.dumps(state, indent=1))
+    part.replace(STATE)
 
 
 def host_port(inspect: dict[str, Any]) -> int:

@@ -124,7 +124,9 @@ def env_files(state: Path) -> list[dict[str, Any]]:
 def edit_state(state: Path, change: Callable[[dict[str, Any]], None]) -> None:
     data = json.loads(state.read_text())
     change(data)
-    state.write_text(json.dumps(data))
+    part = state.with_name(f".{state.name}.test")  # whole or not at all, as the stand-in writes it
+    part.write_text(json.dumps(data))
+    part.replace(state)
 
 
 def set_status(host: Host, name: str, status: str) -> None:
